@@ -1,0 +1,98 @@
+"""Datasets for the lessons (introduced in lesson 01).
+
+- The bundled real data: UCI handwritten digits, 1797 images of 8x8 pixels, 10 classes (see data/README.md),
+  with a fixed stratified train/test split.
+- Synthetic image classification data of any size, for scaling experiments where the digits are too small.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from common.distributed import LessonError
+
+__all__ = ["DIGITS_PATH", "DIGITS_SHA256", "load_digits", "digits_split", "synthetic_images"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DIGITS_PATH = REPO_ROOT / "data" / "digits.npz"
+DIGITS_SHA256 = "78e5a74b029974419349896fa823a199cbb032ab175f49da25f1f4ca672be40c"
+NUM_CLASSES = 10
+
+
+def load_digits(path: str | Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load the digits as tensors.
+
+    Args:
+        path: an .npz with `images` (N, 8, 8) and `labels` (N,); default: the bundled data/digits.npz, whose
+            SHA-256 is checked.
+
+    Returns:
+        images: float32 (N, 1, 8, 8), pixel counts 0..16 scaled to [0, 1]; labels: int64 (N,), values 0..9.
+
+    Raises:
+        LessonError: the file is missing, unreadable, or (for the bundled file) not the bytes we shipped.
+    """
+    path = DIGITS_PATH if path is None else Path(path)
+    if not path.is_file():
+        raise LessonError(f"data file not found: {path} (the repository bundles data/digits.npz; "
+                          "see data/README.md)")
+    raw = path.read_bytes()
+    if path.resolve() == DIGITS_PATH and hashlib.sha256(raw).hexdigest() != DIGITS_SHA256:
+        raise LessonError(f"{path} does not match its SHA-256 in data/README.md; restore it with git checkout")
+    try:
+        with np.load(path) as f:
+            images, labels = f["images"], f["labels"]
+    except Exception as e:  # a corrupt or foreign file: say which, in one line
+        raise LessonError(f"cannot read {path} as digits data ({type(e).__name__}: {e})") from None
+    if images.ndim != 3 or labels.shape != (images.shape[0],):
+        raise LessonError(f"{path}: expected images (N, H, W) and labels (N,), got {images.shape} and {labels.shape}")
+    x = torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1)  # (N, 1, 8, 8) in [0, 1]
+    y = torch.from_numpy(labels.astype(np.int64))
+    return x, y
+
+
+def digits_split(test_fraction: float = 0.2, seed: int = 0,
+                 path: str | Path | None = None) -> tuple[TensorDataset, TensorDataset]:
+    """The digits split into (train, test), stratified by class and identical on every call and every rank.
+
+    With the defaults: 1438 training and 359 test images, each class in the same proportion in both.
+    Every rank calls this and gets the same split, so no rank needs to broadcast data.
+
+    Raises:
+        LessonError: test_fraction outside (0, 1), or see `load_digits`.
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise LessonError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    x, y = load_digits(path)
+    g = torch.Generator().manual_seed(seed)
+    test_idx = []
+    for c in range(int(y.max()) + 1):
+        idx = torch.nonzero(y == c).flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)]
+        test_idx.append(idx[: round(test_fraction * len(idx))])
+    is_test = torch.zeros(len(y), dtype=torch.bool)
+    is_test[torch.cat(test_idx)] = True
+    return TensorDataset(x[~is_test], y[~is_test]), TensorDataset(x[is_test], y[is_test])
+
+
+def synthetic_images(num_samples: int, image_size: int = 8, channels: int = 1, num_classes: int = NUM_CLASSES,
+                     noise: float = 0.5, seed: int = 0) -> TensorDataset:
+    """A learnable synthetic classification set: one random template per class plus Gaussian noise.
+
+    Returns:
+        TensorDataset of x float32 (num_samples, channels, image_size, image_size) and y int64 (num_samples,).
+
+    Raises:
+        LessonError: a size or count below 1, or negative noise.
+    """
+    if min(num_samples, image_size, channels, num_classes) < 1 or noise < 0:
+        raise LessonError("synthetic_images needs positive sizes and counts and noise >= 0")
+    g = torch.Generator().manual_seed(seed)
+    templates = torch.rand(num_classes, channels, image_size, image_size, generator=g)
+    y = torch.randint(num_classes, (num_samples,), generator=g)
+    x = templates[y] + noise * torch.randn(num_samples, channels, image_size, image_size, generator=g)
+    return TensorDataset(x, y)

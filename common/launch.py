@@ -1,0 +1,159 @@
+"""Run a lesson the way a user does -- under torchrun, or as plain `python` -- from Python, with a timeout.
+
+Notebooks and tests use this (introduced in lesson 01). It runs
+
+    python -m torch.distributed.run --standalone --nproc_per_node=N lessons/NN_x.py ARGS --results TMP.json
+
+(`python -m torch.distributed.run` is the `torchrun` console script, found without relying on PATH), waits at
+most `timeout_s` seconds, kills the whole process tree if that passes, and returns the exit code, rank 0's
+output and the JSON of numbers the lesson reported.
+
+Lessons print run-dependent numbers (times, throughput, memory) on lines that start with `PERF_PREFIX`;
+`LessonRun.show()` leaves them out so that a notebook cell's output is the same on every run (nbval compares
+it), and `show(perf=True)` prints only them (in a cell marked `# NBVAL_IGNORE_OUTPUT`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+__all__ = ["REPO_ROOT", "PERF_PREFIX", "LessonRun", "LessonTimeout", "lesson_path", "torchrun_command",
+           "run_lesson", "run_command"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PERF_PREFIX = "[perf]"
+
+
+class LessonTimeout(RuntimeError):
+    """A launched lesson did not finish within its timeout; it was killed. `.output` holds what it printed."""
+
+    def __init__(self, message: str, output: str):
+        super().__init__(message)
+        self.output = output
+
+
+@dataclass
+class LessonRun:
+    """The outcome of one launch.
+
+    Attributes:
+        command: the argv that was run.
+        returncode: exit status (0 on success; torchrun returns 1 when any rank fails).
+        stdout: everything printed to stdout (lessons print there on rank 0 only).
+        stderr: everything printed to stderr (per-rank errors, torchrun's own messages).
+        results: the JSON the lesson wrote with --results, or None.
+        wall_s: wall-clock seconds of the whole launch.
+    """
+
+    command: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    results: dict | None = None
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def lines(self, perf: bool = False) -> list[str]:
+        """stdout lines without the [perf] lines (default), or only the [perf] lines."""
+        out = self.stdout.splitlines()
+        return [l for l in out if l.startswith(PERF_PREFIX) == perf]
+
+    def show(self, perf: bool = False) -> None:
+        """Print the deterministic lines (default) or the [perf] lines."""
+        print("\n".join(self.lines(perf)))
+
+    def check(self) -> "LessonRun":
+        """Raise RuntimeError with the output when the run failed; return self otherwise."""
+        if self.returncode != 0:
+            raise RuntimeError(f"{' '.join(self.command)} exited with {self.returncode}\n"
+                               f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}")
+        return self
+
+
+def lesson_path(lesson: str | Path) -> Path:
+    """'03_ddp', '03_ddp.py' or a path -> the lesson file. Raises FileNotFoundError if absent."""
+    p = Path(lesson)
+    if not p.suffix:
+        p = p.with_suffix(".py")
+    if not p.is_absolute() and not p.exists():
+        p = REPO_ROOT / "lessons" / p.name
+    if not p.is_file():
+        raise FileNotFoundError(f"no lesson file {p}")
+    return p
+
+
+def torchrun_command(lesson: str | Path, nproc: int | None = 2, args: Sequence[str] = (), *, nnodes: int = 1,
+                     node_rank: int = 0, rdzv_endpoint: str | None = None) -> list[str]:
+    """The argv to launch `lesson` with `nproc` processes per node (None: plain `python lesson.py`).
+
+    With nnodes > 1, pass the same `rdzv_endpoint` ("127.0.0.1:PORT") to every node's launch; each node
+    gets its own `node_rank`, and the c10d rendezvous joins them into one world of nnodes * nproc ranks.
+    """
+    path = str(lesson_path(lesson))
+    if nproc is None:
+        return [sys.executable, path, *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+    if nnodes == 1 and rdzv_endpoint is None:
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--nnodes={nnodes}", f"--node_rank={node_rank}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=lessons"]
+    return [*cmd, path, *args]
+
+
+def _env(env: dict | None) -> dict:
+    e = dict(os.environ)
+    # One thread per process: 2 processes on 2 cores must not each start 2 OpenMP threads. torchrun sets this
+    # only when nproc > 1; setting it always also makes 1-process numbers reproducible (reduction order).
+    e.setdefault("OMP_NUM_THREADS", "1")
+    e["PYTHONUNBUFFERED"] = "1"
+    e.update(env or {})
+    return e
+
+
+def run_command(cmd: Sequence[str], timeout_s: float = 120, env: dict | None = None,
+                cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    """Run `cmd` in its own process group; on timeout kill the whole group and raise LessonTimeout."""
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(env), cwd=cwd or REPO_ROOT, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank it started
+        out, err = proc.communicate()
+        raise LessonTimeout(f"{' '.join(cmd)} did not finish in {timeout_s} s", out + err) from None
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+
+
+def run_lesson(lesson: str | Path, nproc: int | None = 2, args: Sequence[str] = (), timeout_s: float = 120,
+               env: dict | None = None, results: bool = True) -> LessonRun:
+    """Launch a lesson under torchrun with `nproc` processes (None: plain python) and wait for it.
+
+    Args:
+        lesson: "03_ddp" or a path to the file.
+        nproc: processes on this node; None runs `python lesson.py` with no process group.
+        args: the lesson's own command-line arguments.
+        timeout_s: wall-clock limit; the process tree is killed after it.
+        env: extra environment variables.
+        results: append `--results TMP.json` and parse it into `LessonRun.results`.
+
+    Raises:
+        LessonTimeout: the launch took longer than `timeout_s`.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        res_path = Path(tmp) / "results.json"
+        full_args = [*args, "--results", str(res_path)] if results else list(args)
+        cmd = torchrun_command(lesson, nproc, full_args)
+        t0 = time.perf_counter()
+        proc = run_command(cmd, timeout_s, env)
+        wall = time.perf_counter() - t0
+        parsed = json.loads(res_path.read_text()) if results and res_path.is_file() else None
+    return LessonRun(cmd, proc.returncode, proc.stdout, proc.stderr, parsed, wall)
