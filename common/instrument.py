@@ -7,11 +7,9 @@
   `torch.autograd.graph.saved_tensors_hooks` (https://pytorch.org/docs/stable/autograd.html#saved-tensors-hooks).
   Device-independent: the same count on CPU and CUDA, which is what activation checkpointing reduces.
 """
-from __future__ import annotations
-
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -35,8 +33,15 @@ class CommCounter:
         self.calls = 0
         self.bytes = 0
 
+    def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> "CommCounter":
+        """Install this counter as `ddp_model`'s communication hook (once, before the first backward)."""
+        ddp_model.register_comm_hook(self, CommCounter.hook)
+        return self
+
+    # No `from __future__ import annotations` in this module: DDP checks that the hook's annotations are the
+    # real dist.GradBucket and torch.futures.Future classes, and would reject strings.
     @staticmethod
-    def hook(state: "CommCounter", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    def hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """Average the bucket over ranks (what DDP's default hook does) and count it."""
         buf = bucket.buffer()
         state.calls += 1
@@ -55,22 +60,28 @@ class SavedBytes:
     _seen: set = field(default_factory=set, repr=False)
 
 
+def _key(t: torch.Tensor) -> tuple:
+    return (t.untyped_storage().data_ptr(), str(t.device))
+
+
 @contextmanager
-def saved_tensor_bytes() -> Iterator[SavedBytes]:
+def saved_tensor_bytes(exclude: Iterable[torch.Tensor] = ()) -> Iterator[SavedBytes]:
     """Count what autograd saves for backward in this block (storage counted once, however often saved).
 
-    Parameters saved by a layer count too (a Linear saves its weight); they are not activations, but they
-    are the same with and without checkpointing, so differences between two runs are activation bytes.
+    Args:
+        exclude: tensors not to count, typically `model.parameters()`: a Linear saves its weight for backward,
+            which is not an activation. Pass them to count activations only.
 
         with saved_tensor_bytes() as saved:
             loss = model(x).sum()
         print(saved.bytes)
     """
     counter = SavedBytes()
+    skip = {_key(t) for t in exclude}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        key = (t.untyped_storage().data_ptr(), t.device)
-        if key not in counter._seen:
+        key = _key(t)
+        if key not in counter._seen and key not in skip:
             counter._seen.add(key)
             counter.bytes += t.untyped_storage().nbytes()
             counter.tensors += 1

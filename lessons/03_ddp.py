@@ -130,6 +130,7 @@ def main() -> None:
         history, steps, wrote_checkpoint, samples_per_s = [], 0, False, []
         for epoch in range(start_epoch, args.epochs):
             sampler.set_epoch(epoch)  # without it every epoch repeats epoch 0's order
+            first_indices = list(sampler)[:8]  # recorded to show: a new order each epoch, the same on rerun
             model.train()
             loss_sum, seen = 0.0, 0
             if info.device.type == "cuda":
@@ -151,7 +152,7 @@ def main() -> None:
             train_loss = global_mean(loss_sum, seen, info)
             test = evaluate(model, test_set, info)
             history.append({"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test["loss"],
-                            "test_accuracy": test["accuracy"]})
+                            "test_accuracy": test["accuracy"], "rank0_first_indices": first_indices})
             print0(f"epoch {epoch + 1}/{args.epochs}  train_loss {train_loss:.4f}  test_loss {test['loss']:.4f}  "
                    f"test_acc {test['accuracy']:.4f}")
             global_samples = seen * info.world_size  # every rank saw the same count (DistributedSampler pads)

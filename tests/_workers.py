@@ -1,0 +1,88 @@
+"""Helpers for tests that need a real process group inside pytest: spawn gloo worlds on loopback.
+
+Worker functions must live in an importable module (not in a test body) so that `spawn` can pickle them.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, fn, world_size: int, port: int, out_dir: str, args: tuple) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=30))
+    try:
+        result = fn(rank, world_size, *args)
+        torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_world(fn, world_size: int, tmp_path: Path, *args, timeout_s: float = 60) -> list:
+    """Run `fn(rank, world_size, *args)` in `world_size` gloo processes; return each rank's return value.
+
+    Raises:
+        TimeoutError: the world did not finish within `timeout_s` (its processes are terminated).
+    """
+    ctx = mp.start_processes(_entry, args=(fn, world_size, free_port(), str(tmp_path), args),
+                             nprocs=world_size, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise TimeoutError(f"world of {world_size} did not finish in {timeout_s} s")
+    return [torch.load(Path(tmp_path) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+# ---- workers used by tests/test_common.py -------------------------------------------------------------------
+
+class FirstTwoRight(torch.nn.Module):
+    """x (B, 1) holds each sample's index; predicts its label (0) only for indices 0 and 1."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        right = (x[:, 0] < 2).float()
+        return torch.stack([right, 1 - right], dim=1)  # class 0 wins iff index < 2
+
+
+def eval_ten_samples(rank: int, world_size: int):
+    from torch.utils.data import DistributedSampler, TensorDataset
+
+    from common.distributed import DistInfo
+    from common.metrics import evaluate
+    data = TensorDataset(torch.arange(10.0).unsqueeze(1), torch.zeros(10, dtype=torch.long))
+    info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
+    mine = list(DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=False))
+    return {"indices": mine, "eval": evaluate(FirstTwoRight(), data, info, batch_size=3)}
+
+
+def accuracy_4_3_3(rank: int, world_size: int):
+    from common.distributed import DistInfo, global_mean
+    held, correct = [4, 3, 3][rank], [4, 0, 0][rank]
+    info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
+    return {"global": global_mean(correct, held, info), "mean_of_means_part": correct / held}
+
+
+def param_diff(rank: int, world_size: int, perturb: float):
+    from common.distributed import DistInfo, max_param_diff_across_ranks
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    if rank == world_size - 1:
+        with torch.no_grad():
+            model.weight[0, 0] += perturb
+    return max_param_diff_across_ranks(model, DistInfo(rank=rank, world_size=world_size, backend="gloo"))
