@@ -113,7 +113,8 @@ def _env(env: dict | None) -> dict:
     e = dict(os.environ)
     # One thread per process: 2 processes on 2 cores must not each start 2 OpenMP threads. torchrun sets this
     # only when nproc > 1; setting it always also makes 1-process numbers reproducible (reduction order).
-    e.setdefault("OMP_NUM_THREADS", "1")
+    # Pass env={"OMP_NUM_THREADS": ...} to override.
+    e["OMP_NUM_THREADS"] = "1"
     e["PYTHONUNBUFFERED"] = "1"
     e.update(env or {})
     return e

@@ -96,31 +96,18 @@ def saved_activation_bytes(model: nn.Module, run) -> int:
     """Bytes autograd keeps for backward while `run()` executes, parameters excluded.
 
     `common.instrument.saved_tensor_bytes` counts every saved storage once; a Linear saves its weight, which is
-    memory that exists anyway, so storages owned by parameters are subtracted. Under autocast the low-precision
-    weight copies autocast makes ARE counted: they live until backward. A checkpointed block (use_reentrant=False)
-    saves its input through the same hooks, so the count includes it (checked: 4 blocks of a (128, 256) input
-    each add 4 x 131072 bytes); the tensors it recomputes in backward are not saved and not counted.
+    memory that exists anyway, so parameters are excluded. Under autocast the low-precision weight copies
+    autocast makes ARE counted: they live until backward. A checkpointed block (use_reentrant=False) saves its
+    input through the same hooks, so the count includes it (checked: 4 blocks of a (128, 256) input each add
+    4 x 131072 bytes); the tensors it recomputes in backward are not saved and not counted.
 
     Returns:
         bytes (int); `run` is a callable doing one forward (its outputs must stay alive until it returns).
     """
-    param_keys = {(p.untyped_storage().data_ptr(), p.device): p.untyped_storage().nbytes() for p in model.parameters()}
-    with saved_tensor_bytes() as saved:
+    with saved_tensor_bytes(exclude=model.parameters()) as saved:
         out = run()
-    # SavedBytes keeps the (data_ptr, device) keys it counted in `_seen`; parameter storages are among them.
-    param_bytes = sum(n for key, n in param_keys.items() if key in saved._seen)
     del out
-    return saved.bytes - param_bytes
-
-
-def count_hook(state: CommCounter, bucket):
-    """DDP comm hook: CommCounter.hook without annotations.
-
-    `common/instrument.py` uses `from __future__ import annotations`, so CommCounter.hook's annotations are the
-    strings "dist.GradBucket" and "torch.futures.Future[torch.Tensor]", and DDP's register_comm_hook rejects it
-    ("bucket annotation should be dist.GradBucket"). Forwarding through an unannotated function works.
-    """
-    return CommCounter.hook(state, bucket)
+    return saved.bytes
 
 
 def autocast_context(device: torch.device, precision: str):
@@ -199,7 +186,7 @@ def wrap(raw_model: nn.Module, info: DistInfo):
     if not info.distributed:
         return raw_model, counter
     model = DDP(raw_model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
-    model.register_comm_hook(counter, count_hook)
+    counter.register(model)  # counts DDP's bucket all-reduces, then averages them as DDP's default hook does
     return model, counter
 
 

@@ -16,6 +16,21 @@ from common.collectives import (BACKEND_OPS, BACKEND_SUPPORT, bandwidths, bus_ba
 from common.launch import run_lesson
 
 UNEVEN_LENGTHS = ["1", "2", "3", "5", "7", "1001"]  # none divisible by 4; 1, 2, 3 are smaller than 4 ranks
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def run_ok(nproc, args, timeout_s=200):
+    """Launch the lesson and require success; relaunch ONCE if a rank aborted in gloo's C++ teardown.
+
+    With 3-4 gloo ranks on 2 busy cores we saw, in roughly 1 of 15 launches, one rank abort after its Python code
+    had finished (SIGABRT, "terminate called without an active exception", no Python frame) although every check
+    had passed. That is a process-exit problem in the backend, not a wrong result; any other failure fails the
+    test, and the relaunch must pass every assertion on its own.
+    """
+    run = run_lesson("02_collectives", nproc=nproc, args=args, timeout_s=timeout_s)
+    if run.returncode != 0 and TEARDOWN_ABORT in run.stderr and run.results is not None:
+        run = run_lesson("02_collectives", nproc=nproc, args=args, timeout_s=timeout_s)
+    return run.check()
 
 
 # ---------------------------------------------------------------------------------------------------- unit tests
@@ -128,12 +143,10 @@ def _check_collectives(res: dict, n: int) -> None:
         assert ops["reduce_scatter"]["native"] is True  # gloo on CPU supports it in torch 2.13
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(450)
 def test_lesson_two_processes_checks_every_claim():
     sizes = ["4", "64"]
-    run = run_lesson("02_collectives", nproc=2, timeout_s=200,
-                     args=["--sizes-kib", *sizes, "--iters", "3", "--warmup", "1", "--lengths", *UNEVEN_LENGTHS])
-    run.check()
+    run = run_ok(2, ["--sizes-kib", *sizes, "--iters", "3", "--warmup", "1", "--lengths", *UNEVEN_LENGTHS])
     res = run.results
     assert res["world_size"] == 2 and res["distributed"] is True
     assert [(f["rank"], f["local_rank"], f["world_size"]) for f in res["ranks"]] == [(0, 0, 2), (1, 1, 2)]
@@ -164,12 +177,10 @@ def test_lesson_two_processes_checks_every_claim():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(450)
 @pytest.mark.parametrize("nproc", [1, 3, 4])
 def test_ring_equals_all_reduce_in_worlds_of_1_3_4(nproc):
-    run = run_lesson("02_collectives", nproc=nproc, timeout_s=240,
-                     args=["--sizes-kib", "4", "--iters", "1", "--warmup", "0", "--lengths", *UNEVEN_LENGTHS])
-    run.check()
+    run = run_ok(nproc, ["--sizes-kib", "4", "--iters", "1", "--warmup", "0", "--lengths", *UNEVEN_LENGTHS])
     res = run.results
     assert res["world_size"] == nproc
     _check_collectives(res, nproc)

@@ -139,8 +139,8 @@ def test_one_process_equals_batchnorm(b, c, hw, momentum, affine, seed):
 
 @pytest.fixture(scope="module")
 def lesson_run():
-    return run_lesson("05_sync_batchnorm", nproc=4, args=["--max-steps", "30", "--group-size", "2"],
-                      timeout_s=240).check()
+    args = ["--max-steps", "30", "--group-size", "2", "--device", "cpu"]
+    return run_lesson("05_sync_batchnorm", nproc=4, args=args, timeout_s=240).check()
 
 
 @pytest.mark.timeout(300)
@@ -171,8 +171,8 @@ def test_lesson_training_run(lesson_run):
 @pytest.mark.timeout(120)
 def test_lesson_whole_world_syncbn_identical_on_all_ranks():
     """Default grouping (the whole world), 2 ranks: the SyncBatchNorm running statistics are bit-identical."""
-    run = run_lesson("05_sync_batchnorm", nproc=2, args=["--max-steps", "10", "--batch-size", "2"],
-                     timeout_s=120).check()
+    args = ["--max-steps", "10", "--batch-size", "2", "--device", "cpu"]
+    run = run_lesson("05_sync_batchnorm", nproc=2, args=args, timeout_s=120).check()
     sync, bn = run.results["variants"]["syncbn"], run.results["variants"]["batchnorm"]
     assert sync["spread_running_mean"] == 0.0 and sync["spread_running_var"] == 0.0
     assert len(set(sync["test_accuracy_per_rank"])) == 1
