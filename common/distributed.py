@@ -209,10 +209,35 @@ def run_main(main: Callable[[], object]) -> None:
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank is not None else ""
         print(f"{prefix}error: {e}", file=sys.stderr, flush=True)
+        _wait_for_failing_peers()
         code = 2
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _wait_for_failing_peers(timeout_s: float = 10.0) -> None:
+    """Under torchrun, wait (at most `timeout_s`) until every rank has reported an error, then return.
+
+    torchrun terminates all workers as soon as one exits non-zero. A rank that is still importing torch when
+    its peer fails would be killed before printing its own error line. So each failing rank counts itself in
+    torchrun's key-value store (the agent's TCPStore, TORCHELASTIC_USE_AGENT_STORE=True, which exists before any
+    process group) and leaves when all WORLD_SIZE ranks have counted themselves, or when the time is up.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size < 2 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    try:
+        import time
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=timeout_s))
+        key = f"lessons/failed_ranks/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        store.add(key, 1)
+        deadline = time.monotonic() + timeout_s
+        while store.add(key, 0) < world_size and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except Exception:  # no store to reach: exit at once rather than fail differently
+        return
 
 
 def _current_rank() -> int:
