@@ -15,7 +15,7 @@ from torch.utils.data import TensorDataset
 
 from common.distributed import LessonError
 
-__all__ = ["DIGITS_PATH", "DIGITS_SHA256", "load_digits", "digits_split", "synthetic_images"]
+__all__ = ["DIGITS_PATH", "DIGITS_SHA256", "load_digits", "digits_split", "synthetic_images", "synthetic_split"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DIGITS_PATH = REPO_ROOT / "data" / "digits.npz"
@@ -96,3 +96,22 @@ def synthetic_images(num_samples: int, image_size: int = 8, channels: int = 1, n
     y = torch.randint(num_classes, (num_samples,), generator=g)
     x = templates[y] + noise * torch.randn(num_samples, channels, image_size, image_size, generator=g)
     return TensorDataset(x, y)
+
+
+def synthetic_split(num_samples: int, image_size: int = 32, test_fraction: float = 0.2,
+                    seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
+    """`synthetic_images` cut into (train, test) that share the class templates (the test set is learnable).
+
+    Returns:
+        train and test TensorDatasets of x (n, 1, image_size, image_size), y (n,); test has
+        round(test_fraction * num_samples) samples, at least 1.
+
+    Raises:
+        LessonError: test_fraction outside (0, 1) or num_samples < 2, or see `synthetic_images`.
+    """
+    if not 0.0 < test_fraction < 1.0 or num_samples < 2:
+        raise LessonError(f"synthetic_split needs num_samples >= 2 and test_fraction in (0, 1), "
+                          f"got {num_samples} and {test_fraction}")
+    x, y = synthetic_images(num_samples, image_size=image_size, seed=seed).tensors
+    n_test = max(1, round(test_fraction * num_samples))
+    return TensorDataset(x[n_test:], y[n_test:]), TensorDataset(x[:n_test], y[:n_test])

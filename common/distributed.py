@@ -208,7 +208,10 @@ def run_main(main: Callable[[], object]) -> None:
     except LessonError as e:
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank is not None else ""
-        print(f"{prefix}error: {e}", file=sys.stderr, flush=True)
+        sys.stderr.flush()
+        # one write(2) of the whole line: ranks failing together cannot interleave inside it (print() writes
+        # the text and the newline separately, and we saw two ranks' lines run together in one pipe)
+        os.write(2, f"{prefix}error: {e}\n".encode())
         _wait_for_failing_peers()
         code = 2
     sys.stdout.flush()

@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from common.checkpoint import load_checkpoint, save_checkpoint, write_results
-from common.data import digits_split
+from common.data import digits_split, synthetic_split
 from common.distributed import (LessonError, add_distributed_args, barrier, distributed_session, gather_to_rank0,
                                 global_mean, max_param_diff_across_ranks, peak_rss_mb, print0, rank0_progress,
                                 run_main, set_seed)
@@ -49,6 +49,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0, help="model init and data order (same on every rank)")
     p.add_argument("--data", default=None, help="digits .npz (default: the bundled data/digits.npz)")
+    p.add_argument("--dataset", choices=["digits", "synthetic"], default="digits",
+                   help="synthetic: class templates + noise, bigger images, for scaling benchmarks")
+    p.add_argument("--image-size", type=int, default=32, help="synthetic images are 1 x N x N (default %(default)s)")
+    p.add_argument("--synthetic-samples", type=int, default=4096, help="train + test samples (default %(default)s)")
     p.add_argument("--checkpoint", default=None, help="write a checkpoint here after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     p.add_argument("--check-equivalence", action="store_true",
@@ -63,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise LessonError(f"--epochs must be >= 0, got {args.epochs}")
     if args.lr <= 0:
         raise LessonError(f"--lr must be positive, got {args.lr}")
+    if args.dataset == "synthetic" and (args.image_size < 2 or args.image_size % 2 or args.synthetic_samples < 2):
+        raise LessonError("--image-size must be an even number >= 2 and --synthetic-samples >= 2")
     if args.resume and not args.checkpoint:
         raise LessonError("--resume needs --checkpoint PATH")
     if args.resume and args.check_equivalence:
@@ -79,7 +85,7 @@ def replay_on_one_process(train_set, world_size: int, args, device) -> torch.nn.
     gradient is the gradient of.
     """
     set_seed(args.seed)
-    model = DigitsCNN().to(device)
+    model = DigitsCNN(image_size=train_set.tensors[0].shape[-1]).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     samplers = [DistributedSampler(train_set, num_replicas=world_size, rank=r, shuffle=True, seed=args.seed)
                 for r in range(world_size)]
@@ -101,7 +107,12 @@ def main() -> None:
     with distributed_session(args) as info:
         # Same seed on every rank -> same initial weights. (DDP also broadcasts rank 0's weights at wrap time.)
         set_seed(args.seed)
-        train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8) and (359, 1, 8, 8), every rank
+        if args.dataset == "digits":
+            train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8) and (359, 1, 8, 8), every rank
+            image_size = 8
+        else:
+            train_set, test_set = synthetic_split(args.synthetic_samples, args.image_size, seed=args.seed)
+            image_size = args.image_size
 
         # Each rank reads a disjoint 1/world_size of a permutation that depends on (seed, epoch): 1438 / 2 = 719
         # samples, 23 batches of 32 per rank per epoch with 2 processes.
@@ -111,7 +122,7 @@ def main() -> None:
 
         # Wrap order: build -> .to(device) -> DDP. DDP registers its all-reduce hooks on the parameters it
         # finds, which must already be on this rank's device. `raw_model` is what we save and load.
-        raw_model = DigitsCNN().to(info.device)
+        raw_model = DigitsCNN(image_size=image_size).to(info.device)
         model = raw_model
         if info.distributed:
             model = DDP(raw_model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
