@@ -91,11 +91,12 @@ def lesson_path(lesson: str | Path) -> Path:
 
 
 def torchrun_command(lesson: str | Path, nproc: int | None = 2, args: Sequence[str] = (), *, nnodes: int = 1,
-                     node_rank: int = 0, rdzv_endpoint: str | None = None) -> list[str]:
+                     rdzv_endpoint: str | None = None) -> list[str]:
     """The argv to launch `lesson` with `nproc` processes per node (None: plain `python lesson.py`).
 
-    With nnodes > 1, pass the same `rdzv_endpoint` ("127.0.0.1:PORT") to every node's launch; each node
-    gets its own `node_rank`, and the c10d rendezvous joins them into one world of nnodes * nproc ranks.
+    With nnodes > 1, run the same command on every node with the same `rdzv_endpoint` ("HOST:PORT"): the c10d
+    rendezvous joins them into one world of nnodes * nproc ranks and numbers the nodes itself (torchrun
+    ignores --node_rank with c10d).
     """
     path = str(lesson_path(lesson))
     if nproc is None:
@@ -104,8 +105,8 @@ def torchrun_command(lesson: str | Path, nproc: int | None = 2, args: Sequence[s
     if nnodes == 1 and rdzv_endpoint is None:
         cmd.append("--standalone")
     else:
-        cmd += [f"--nnodes={nnodes}", f"--node_rank={node_rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=lessons"]
+        cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
+                "--rdzv-id=lessons"]
     return [*cmd, path, *args]
 
 

@@ -8,9 +8,9 @@ Run it:
     torchrun --standalone --nproc_per_node=4 lessons/02_collectives.py --sizes-kib 64 1024 4096
     torchrun --standalone --nproc_per_node=1 lessons/02_collectives.py  # a world of one: collectives are no-ops
 
-    # two nodes, 2 processes each (a world of 4): run on every node, NODE_RANK = 0 on one and 1 on the other
-    torchrun --nnodes=2 --node_rank=$NODE_RANK --nproc_per_node=2 \\
-        --rdzv-backend=c10d --rdzv-endpoint=$HOST0:29500 lessons/02_collectives.py
+    # two nodes, 2 processes each (a world of 4): the same command on both; $HOST0 is one node's address
+    torchrun --nnodes=2 --nproc_per_node=2 \\
+        --rdzv-backend=c10d --rdzv-endpoint=$HOST0:29500 --rdzv-id=lesson lessons/02_collectives.py
 
 What to look for:
 - The per-rank table: RANK is global (0 .. WORLD_SIZE-1), LOCAL_RANK counts processes on one node; every process

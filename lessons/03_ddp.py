@@ -8,9 +8,9 @@ Run it:
     torchrun --standalone --nproc_per_node=2 lessons/03_ddp.py --checkpoint ckpt.pt --epochs 2
     torchrun --standalone --nproc_per_node=2 lessons/03_ddp.py --checkpoint ckpt.pt --epochs 3 --resume
 
-    # two nodes, 2 processes each (a world of 4): run on every node, NODE_RANK = 0 on one and 1 on the other
-    torchrun --nnodes=2 --node_rank=$NODE_RANK --nproc_per_node=2 \\
-        --rdzv-backend=c10d --rdzv-endpoint=$HOST0:29500 lessons/03_ddp.py
+    # two nodes, 2 processes each (a world of 4): the same command on both; $HOST0 is one node's address
+    torchrun --nnodes=2 --nproc_per_node=2 \\
+        --rdzv-backend=c10d --rdzv-endpoint=$HOST0:29500 --rdzv-id=lesson lessons/03_ddp.py
 
 What to look for:
 - The diff from lesson 01 is small: a process group, a DistributedSampler with set_epoch, the DDP wrap, metrics

@@ -86,3 +86,14 @@ def param_diff(rank: int, world_size: int, perturb: float):
         with torch.no_grad():
             model.weight[0, 0] += perturb
     return max_param_diff_across_ranks(model, DistInfo(rank=rank, world_size=world_size, backend="gloo"))
+
+
+# ---- assertions shared by the lesson tests ---------------------------------------------------------------------
+
+def assert_fails_on_every_rank(run, nproc: int, message: str) -> None:
+    """The launch failed, and each of the `nproc` ranks printed exactly one `[rank R] error: ...` line
+    containing `message` (the promise every lesson makes for bad input)."""
+    assert run.returncode != 0, run.stdout
+    for rank in range(nproc):
+        lines = [l for l in run.stderr.splitlines() if l.startswith(f"[rank {rank}] error:")]
+        assert len(lines) == 1 and message in lines[0], run.stderr

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from common.collectives import (BACKEND_OPS, BACKEND_SUPPORT, bandwidths, bus_bandwidth_factor, chunk_bounds,
                                 ring_schedule, simulate_ring_all_reduce)
 from common.launch import run_lesson
+from tests._workers import assert_fails_on_every_rank
 
 UNEVEN_LENGTHS = ["1", "2", "3", "5", "7", "1001"]  # none divisible by 4; 1, 2, 3 are smaller than 4 ranks
 
@@ -198,10 +199,7 @@ def test_lesson_plain_python_runs_without_a_process_group():
                                           (["--lengths", "3", "-2"], "--lengths must be positive")])
 def test_bad_input_is_one_line_on_every_rank(bad, message):
     run = run_lesson("02_collectives", nproc=2, args=bad, timeout_s=150)
-    assert run.returncode != 0
-    for rank in (0, 1):
-        lines = [l for l in run.stderr.splitlines() if l.startswith(f"[rank {rank}] error:")]
-        assert len(lines) == 1 and message in lines[0], run.stderr
+    assert_fails_on_every_rank(run, 2, message)
     assert run.results is None
 
 

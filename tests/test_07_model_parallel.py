@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 from common.launch import run_lesson
+from tests._workers import assert_fails_on_every_rank
 from common.models import mlp
 from common.pipeline import (default_split_points, gpipe_order, microbatch_sizes, one_f_one_b_order,
                              run_pipeline_step, split_model, theory_bubble)
@@ -138,7 +139,4 @@ def test_plain_python_one_stage():
 ])
 def test_bad_input_fails_on_every_rank(args, message):
     run = run_lesson("07_model_parallel", nproc=2, args=args, timeout_s=120)
-    assert run.returncode != 0
-    for rank in (0, 1):
-        lines = [l for l in run.stderr.splitlines() if l.startswith(f"[rank {rank}] error:")]
-        assert len(lines) == 1 and message in lines[0], run.stderr
+    assert_fails_on_every_rank(run, 2, message)
