@@ -5,7 +5,7 @@ Every lesson runs unchanged in three ways:
     python lessons/03_ddp.py                                        # one process, no process group
     torchrun --standalone --nproc_per_node=2 lessons/03_ddp.py      # one node, 2 processes
     torchrun --nnodes=2 --nproc_per_node=2 \\
-        --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 lessons/03_ddp.py   # on each of two nodes: a world of 4
+        --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 --rdzv-id=lessons lessons/03_ddp.py  # on each node
 
 torchrun tells each process who it is through environment variables (see
 https://pytorch.org/docs/stable/elastic/run.html#environment-variables):

@@ -10,7 +10,7 @@ Run it:
 
     # two nodes, 2 processes each (a world of 4): the same command on both; $HOST0 is one node's address
     torchrun --nnodes=2 --nproc_per_node=2 \\
-        --rdzv-backend=c10d --rdzv-endpoint=$HOST0:29500 --rdzv-id=lesson lessons/02_collectives.py
+        --rdzv-backend=c10d --rdzv-endpoint=$HOST0:29500 --rdzv-id=lessons lessons/02_collectives.py
 
 What to look for:
 - The per-rank table: RANK is global (0 .. WORLD_SIZE-1), LOCAL_RANK counts processes on one node; every process

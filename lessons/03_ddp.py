@@ -10,16 +10,22 @@ Run it:
 
     # two nodes, 2 processes each (a world of 4): the same command on both; $HOST0 is one node's address
     torchrun --nnodes=2 --nproc_per_node=2 \\
-        --rdzv-backend=c10d --rdzv-endpoint=$HOST0:29500 --rdzv-id=lesson lessons/03_ddp.py
+        --rdzv-backend=c10d --rdzv-endpoint=$HOST0:29500 --rdzv-id=lessons lessons/03_ddp.py
 
 What to look for:
 - The diff from lesson 01 is small: a process group, a DistributedSampler with set_epoch, the DDP wrap, metrics
   reduced over ranks, and rank-0-only printing and saving.
 - "--batch-size" is per process: with 2 processes the global batch is 2 x 32 = 64, lesson 01's batch.
 - The per-rank table: RANK is global, LOCAL_RANK picks the device on each node; only global rank 0 writes.
-- "max parameter difference across ranks: 0": there is no parameter server and no rank that averages and
-  broadcasts weights. Every rank applies the same all-reduced gradient and stays identical by itself.
+- "max parameter difference across ranks: 0": there is no parameter server and no rank that averages
+  gradients and broadcasts updated weights. DDP copies rank 0's parameters and buffers to every rank ONCE, when
+  it wraps the model; after that only gradients travel (all-reduced in buckets during backward), every rank
+  applies the same averaged gradient, and the replicas stay identical without sending parameters again.
+  (One exception, on by default: broadcast_buffers=True copies rank 0's BatchNorm running statistics to every
+  rank before each forward; lesson 05 shows why and what that hides.)
 - --check-equivalence: one process replays the same global batches and the DDP parameters match it (< 1e-5).
+  Because BatchNorm normalises each rank's batch with that rank's statistics, the replay forwards each rank's
+  chunk separately; a plain one-process run with --batch-size 64 would differ in its BatchNorm statistics.
 """
 from __future__ import annotations
 
@@ -105,7 +111,8 @@ def replay_on_one_process(train_set, world_size: int, args, device) -> torch.nn.
 def main() -> None:
     args = parse_args()
     with distributed_session(args) as info:
-        # Same seed on every rank -> same initial weights. (DDP also broadcasts rank 0's weights at wrap time.)
+        # Same seed on every rank -> same initial weights. (DDP also broadcasts rank 0's parameters and buffers
+        # when it wraps the model, so a rank with a different seed would be overwritten there, once.)
         set_seed(args.seed)
         if args.dataset == "digits":
             train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8) and (359, 1, 8, 8), every rank
@@ -148,10 +155,12 @@ def main() -> None:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             for x, y in rank0_progress(loader, info, desc=f"epoch {epoch + 1}"):
-                x, y = x.to(info.device), y.to(info.device)  # x (B, 1, 8, 8), y (B,)
+                x, y = x.to(info.device), y.to(info.device)  # x (B, 1, 8, 8) for digits, y (B,); B = 32
                 loss = F.cross_entropy(model(x), y)  # mean over this rank's B samples
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()  # DDP all-reduces gradient buckets (averaged over ranks) while backward runs
+                # DDP groups gradients into buckets (the first ~1 MB, then up to 25 MB each: bucket_cap_mb) and
+                # all-reduces each bucket, averaged over ranks, as soon as backward has filled it.
+                loss.backward()
                 optimizer.step()  # every rank applies the same averaged gradient: no broadcast needed
                 loss_sum += loss.item() * len(y)
                 seen += len(y)
@@ -173,7 +182,8 @@ def main() -> None:
                 state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1}
                 wrote_checkpoint |= save_checkpoint(state, args.checkpoint, info)  # rank 0 writes, all wait
 
-        # No rank ever sent its weights to another, yet they are identical: same start, same averaged gradients.
+        # Since the wrap no rank sent parameters to another, yet they are identical: same start, same averaged
+        # gradients, same optimizer step. (Parameters only: BatchNorm buffers are rank 0's copies, see docstring.)
         max_diff = max_param_diff_across_ranks(raw_model, info)
         final = evaluate(model, test_set, info)
         facts = gather_to_rank0({"rank": info.rank, "local_rank": info.local_rank, "device": str(info.device),
@@ -183,7 +193,10 @@ def main() -> None:
         for f in facts or []:
             print0(f"{f['rank']:>4} {f['local_rank']:>10} {f['device']:>8} {f['steps']:>5}  "
                    f"{'yes' if f['wrote_checkpoint'] else 'no'}")
-        print0(f"max parameter difference across ranks: {max_diff:.1e}")
+        if info.distributed:
+            print0(f"max parameter difference across ranks: {max_diff:.1e}")
+        else:
+            print0("max parameter difference across ranks: n/a (one process, no process group)")
         print0(f"final test_loss {final['loss']:.4f}  test_acc {final['accuracy']:.4f}  "
                f"(on {final['count']} test images, each counted once)")
         rss = ", ".join(f"{f['peak_rss_mb']:.0f}" for f in facts or [])

@@ -39,6 +39,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common.checkpoint import write_results
+from common.data import digits_split
 from common.distributed import (LessonError, add_distributed_args, barrier, distributed_session, gather_to_rank0,
                                 print0, read_torchrun_env, run_main, set_seed)
 from common.models import mlp
@@ -57,7 +58,8 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--widths", default="32,64,64,64,64,10", help="mlp widths: input, hidden..., classes")
+    p.add_argument("--widths", default="64,64,64,64,64,10", help="mlp widths: input, hidden..., classes "
+                   "(64 inputs and 10 classes: the digits, flattened; otherwise random data)")
     p.add_argument("--batch-size", type=int, default=32, help="samples per training step; the whole batch enters "
                    "stage 0 and is cut into micro-batches (default %(default)s)")
     p.add_argument("--microbatches", default="1,2,4,8", help="values of m to run (default %(default)s)")
@@ -131,8 +133,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def make_data(widths: list[int], n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A fixed batch: x (n, widths[0]) standard normal, y (n,) classes in 0..widths[-1]-1 (same on every rank)."""
+    """A fixed batch, the same on every rank: x (n, widths[0]), y (n,) in 0..widths[-1]-1.
+
+    With the default widths (64 inputs, 10 classes) it is n real digits (8x8 images flattened to 64 pixels),
+    drawn by a seeded permutation of the training set; for other widths (the benchmark) standard normal data.
+    """
     g = torch.Generator().manual_seed(seed + 1)
+    if widths[0] == 64 and widths[-1] == 10:
+        images, labels = digits_split()[0].tensors  # (1438, 1, 8, 8), (1438,)
+        pick = torch.randperm(len(labels), generator=g)[:n]
+        return images[pick].flatten(1), labels[pick]  # (n, 64), (n,)
     return torch.randn(n, widths[0], generator=g), torch.randint(0, widths[-1], (n,), generator=g)
 
 
