@@ -111,8 +111,9 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, stats: RingStats | None = 
     and may be empty when the length is smaller than the world size), and any world size (1: nothing to do).
     Every rank must call it with a tensor of the same shape and dtype.
 
-    Each step posts the send to rank+1 and the receive from rank-1 together (`dist.isend`/`dist.irecv`,
-    https://pytorch.org/docs/stable/distributed.html#point-to-point-communication) and waits for both: with
+    Each step posts the send to rank+1 and the receive from rank-1 together (`dist.batch_isend_irecv` of an
+    isend and an irecv, https://pytorch.org/docs/stable/distributed.html#point-to-point-communication) and
+    waits for both: with
     blocking send/recv every rank would first send and nobody would receive (a deadlock on rendezvous-style
     transports). Waits are bounded by the process group's timeout.
 
@@ -142,15 +143,17 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, stats: RingStats | None = 
             # the send must carry the values as they were at the start of the step.
             send_buf = flat[s0:s1].clone()
             recv_buf = torch.empty(r1 - r0, dtype=flat.dtype, device=flat.device)
-            works = []
+            # Post the send and the receive together: with NCCL a lone send to a peer may wait for that peer's
+            # receive, and with 2 ranks both would be sending first (a cycle); batch_isend_irecv groups them.
+            ops = []
             if s1 > s0:
-                works.append(dist.isend(send_buf, right, group=group))
+                ops.append(dist.P2POp(dist.isend, send_buf, right, group=group))
                 if stats is not None:
                     stats.messages_sent += 1
                     stats.bytes_sent += send_buf.numel() * send_buf.element_size()
             if r1 > r0:
-                works.append(dist.irecv(recv_buf, left, group=group))
-            for w in works:
+                ops.append(dist.P2POp(dist.irecv, recv_buf, left, group=group))
+            for w in dist.batch_isend_irecv(ops) if ops else []:
                 w.wait()
             if r1 > r0:
                 if phase == "reduce_scatter":

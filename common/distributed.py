@@ -125,7 +125,8 @@ def choose_backend_and_device(backend: str = "auto", device: str = "auto", local
         else ("gloo", cpu); explicit choices override.
 
     Raises:
-        LessonError: --device cuda or --backend nccl without (enough) GPUs, or nccl with --device cpu.
+        LessonError: --device cuda or --backend nccl without (enough) GPUs, nccl with --device cpu, or gloo
+            with --device cuda.
     """
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if device == "auto":
@@ -139,6 +140,10 @@ def choose_backend_and_device(backend: str = "auto", device: str = "auto", local
                               f"but this node has {n_gpus}; start at most {n_gpus} processes per node")
     if backend == "auto":
         backend = "nccl" if device == "cuda" and dist.is_nccl_available() else "gloo"
+    if backend == "gloo" and device == "cuda":
+        raise LessonError("--backend gloo with --device cuda: gloo's send/recv cannot move CUDA tensors "
+                          "(https://pytorch.org/docs/stable/distributed.html#backends); use nccl on GPUs "
+                          "or --device cpu")
     if backend == "nccl":
         if n_gpus == 0 or not dist.is_nccl_available():
             raise LessonError("--backend nccl: NCCL needs CUDA GPUs and a CUDA build of PyTorch; "

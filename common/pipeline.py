@@ -308,6 +308,14 @@ def run_pipeline_step(stage: nn.Module, order: Sequence[tuple[str, int]], *, pp_
     1F1B deadlocks, both neighbours sending at once) and arrive with blocking `dist.recv`; the per-pair order
     of messages is the same on both ends, so they match.
 
+    Limitation (NCCL, not seen on gloo): NCCL runs a rank's sends and receives to one peer in the order they
+    were posted, and a send larger than NCCL's internal buffer (NCCL_BUFFSIZE, 4 MiB by default) waits for
+    the matching receive. In 1F1B with 2 stages, stage 0 posts "send activation i+1" before "receive gradient
+    i" while stage 1 posts "send gradient i" before "receive activation i+1", so with such large messages
+    the two would wait for each other until the process-group timeout. The lesson's activations are a few KiB.
+    torch.distributed.pipelining's Schedule1F1B avoids it by posting each such send/receive pair together
+    with `dist.batch_isend_irecv`; do the same before using this schedule for large activations on GPUs.
+
     Args:
         stage: this rank's modules; (n_i, *recv_shape) -> next stage's input, or logits on the last stage.
         order: [('F', i) / ('B', i), ...], from `gpipe_order` or `one_f_one_b_order`.

@@ -63,6 +63,8 @@ def main() -> None:
     # and writes files -- but every process trains alone on everything.
     rank, local_rank, world_size, local_world_size = read_torchrun_env()
     _, device = choose_backend_and_device("auto", args.device, local_rank, local_world_size)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # cuda:LOCAL_RANK: synchronize() and new tensors then use this rank's GPU
     master_process = rank == 0  # prints and writes files
     info = DistInfo(device=device)  # a world of one: evaluate() and save_checkpoint() need no process group
 

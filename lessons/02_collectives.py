@@ -124,7 +124,8 @@ def demonstrate_collectives(info) -> dict:
     out: dict[str, dict] = {}
 
     # send/recv: blocking, rank 0 -> rank 1. Then isend/irecv: everybody shifts its tensor one step right on the
-    # ring at once (blocking sends in that pattern could all wait for a receive that nobody has posted yet).
+    # ring at once (blocking sends in that pattern could all wait for a receive that nobody has posted yet;
+    # batch_isend_irecv posts each rank's send and receive together, which NCCL needs to avoid that cycle).
     if n >= 2:
         if r == 0:
             dist.send(x(0), dst=1)
@@ -135,7 +136,8 @@ def demonstrate_collectives(info) -> dict:
         else:
             out["send_recv"] = {"ok": True, "max_abs_err": 0.0}  # nothing to check on this rank
         buf = torch.empty(DEMO_LEN, device=dev)
-        works = [dist.isend(x(r), dst=(r + 1) % n), dist.irecv(buf, src=(r - 1) % n)]
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, x(r), (r + 1) % n),
+                                        dist.P2POp(dist.irecv, buf, (r - 1) % n)])
         for w in works:
             w.wait()
         out["isend_irecv_ring_shift"] = {"ok": torch.equal(buf, x((r - 1) % n)),

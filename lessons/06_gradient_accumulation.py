@@ -521,6 +521,8 @@ def main() -> None:
         def bench_step(kk: int, prec: str, ck: bool):
             mb = per_rank_bench // kk
             opt = torch.optim.SGD(raw_model.parameters(), lr=1e-4)
+            # fp16 needs loss scaling (its gradients underflow); a disabled scaler is a pass-through for the rest
+            scaler = torch.amp.GradScaler(dev.type, enabled=prec == "fp16")
 
             def step():
                 raw_model.checkpointing = ck
@@ -530,9 +532,11 @@ def main() -> None:
                         with autocast_context(dev, prec):
                             loss = F.cross_entropy(model(bench_x[micro_step * mb:(micro_step + 1) * mb]),
                                                    bench_y[micro_step * mb:(micro_step + 1) * mb]) / kk
-                        loss.backward()
+                        scaler.scale(loss).backward()
+                scaler.unscale_(opt)  # once per optimizer step, before clipping
                 torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.clip)
-                opt.step()
+                scaler.step(opt)
+                scaler.update()
                 opt.zero_grad(set_to_none=True)
                 raw_model.checkpointing = False
             return step, mb

@@ -318,7 +318,9 @@ def main() -> None:
 
         # 1. The naive split, in one process (rank 0 only; the other ranks wait at the barrier).
         if info.master_process:
-            naive = naive_split(args.widths, x, y, args.stage_ms, args.seed, want_cuda=info.device.type == "cuda")
+            # Under torchrun cuda:1 belongs to rank 1: use two GPUs for the naive split only in a plain run.
+            naive = naive_split(args.widths, x, y, args.stage_ms, args.seed,
+                                want_cuda=info.device.type == "cuda" and not info.distributed)
             results["naive"] = naive
             print0(f"naive split: stage 0 on {naive['devices'][0]}, stage 1 on {naive['devices'][1]}"
                    f"{' (simulated: both on the CPU)' if naive['simulated'] else ''}")

@@ -63,6 +63,13 @@ def test_too_few_gpus_falls_back_to_cpu_or_errors_when_cuda_is_forced(monkeypatc
         choose_backend_and_device("auto", "cuda", 1, 2)
 
 
+def test_gloo_cannot_carry_cuda_tensors(monkeypatch):
+    _fake_gpus(monkeypatch, 2)
+    with pytest.raises(LessonError, match="gloo's send/recv cannot move CUDA tensors"):
+        choose_backend_and_device("gloo", "cuda", 0, 2)
+    assert choose_backend_and_device("gloo", "auto", 0, 2) == ("gloo", torch.device("cpu"))
+
+
 @pytest.mark.parametrize("backend, device", [("nccl", "auto"), ("auto", "cuda"), ("nccl", "cpu")])
 def test_impossible_requests_on_cpu_only_machine(monkeypatch, backend, device):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
