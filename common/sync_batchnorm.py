@@ -199,8 +199,8 @@ def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
 
     Like `nn.SyncBatchNorm.convert_sync_batchnorm`: the children of `module` are swapped IN PLACE (the module
     you pass is changed) and the return value is `module`, or a new layer when `module` itself is a BatchNorm.
-    Parameters and buffers are the same tensor objects, not copies. Call it before `.to(device)`'s optimizer
-    and before the DDP wrap: DDP records the parameters and buffers it finds at wrap time.
+    Parameters and buffers are the same tensor objects, not copies (an optimizer built earlier still holds the
+    right tensors). Call it before the DDP wrap: DDP records the parameters and buffers it finds at wrap time.
 
     Args:
         process_group: the group each converted layer synchronises over (None: every rank).

@@ -13,7 +13,10 @@ What to look for:
    repeating its start (or drops the tail with drop_last) and takes every world_size-th index from its rank.
    The re-implementation matches PyTorch's indices on every configuration tried.
 2. Myth: "a custom sampler's __len__ returns the dataset's length". It must return what THIS rank yields; the
-   blog-post sampler reports 11 and yields 6 or 5, and with drop_last batching its ranks run 3 and 2 steps.
+   blog-post sampler reports 11 and yields 6 or 5. Two bugs hide here: the wrong __len__ makes len(DataLoader),
+   LR schedules and progress bars wrong; the missing padding makes ranks yield different counts, so with
+   drop_last batching its ranks run 3 and 2 steps, and under DDP the longer rank waits in an all-reduce that the
+   other never joins. Our samplers fix both.
 3. Weighted sampling on an imbalanced subset of the digits: per-rank class histograms before (about 20:1) and
    after (roughly flat); each rank's stream is deterministic and different from the other ranks'.
 4. Length-grouped batches: the padded-token fraction falls from 0.75 to 0.07 (cut by 90%, far more than half),

@@ -12,8 +12,9 @@ What to look for:
   THIS rank's micro-batch (4 samples here, not the global 16) and updates THIS rank's running mean and variance.
   DDP averages gradients but never the BatchNorm buffers (with forward_sync_buffers=False, see below): the table
   "running-stat spread between ranks" shows the BatchNorm replicas drift apart, so the model you save from rank 0
-  is not the one rank 3 evaluates with, and per-rank test accuracies differ.
-- SyncBatchNorm computes mean and variance over the global batch (one all-reduce per layer in forward, one in
+  is not the one rank 3 evaluates with, and per-rank test accuracies can differ (they do in the notebook's 40-step run).
+- SyncBatchNorm computes mean and variance over the global batch (one collective per layer in forward -- an
+  all-gather of per-rank statistics in torch's nn.SyncBatchNorm, an all-reduce of sums in ours -- and one in
   backward): its running statistics are identical on every rank (spread 0).
 - Which SyncBatchNorm ran: `torch.nn.SyncBatchNorm` on CUDA; on CPU (where in torch 2.13 its forward raises and
   DDP refuses it) the from-scratch `common.sync_batchnorm.SyncBatchNorm`, which tests prove equal to BatchNorm on
@@ -26,7 +27,8 @@ What to look for:
   layer in backward (2 + 2 for this CNN), on top of DDP's gradient bucket all-reduce(s).
 - [perf] step-time ratio SyncBatchNorm / BatchNorm, measured in this run.
 
-Why DDP(..., forward_sync_buffers=False) (torch 2.13's name for broadcast_buffers=False): DDP's default copies rank
+Why DDP(..., forward_sync_buffers=False) (torch 2.13's replacement for broadcast_buffers=False; unlike the old flag it
+still broadcasts the buffers once, when DDP is built): DDP's default copies rank
 0's buffers to every rank before each forward. That hides the drift (rank 0's running statistics overwrite the
 others) without fixing it: they remain statistics of rank 0's micro-batches only. We turn it off for both variants
 so the lesson measures what each rank computes. (Buffers are still broadcast once when DDP is built; all ranks

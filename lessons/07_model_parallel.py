@@ -11,11 +11,14 @@ Run it:
 What to look for:
 - Naive split (one process): stage 0 then stage 1, on cuda:0 and cuda:1 with two GPUs, otherwise both on the CPU
   ("simulated"). The activation is moved to the next device at the boundary, and the targets to the last one.
-  The measured overlap of the two devices' busy intervals is 0: only one device works at a time.
+  Only one device works at a time (the stages run one after the other by construction; the recorded busy
+  intervals and the idle fraction of about 0.5 illustrate it).
 - Pipelines (one stage per rank, activations and gradients by send/recv): for every schedule (hand-written GPipe
   and 1F1B, torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B) and m in 1, 2, 4, 8 the loss, every
   gradient and every parameter after an SGD step equal the unsplit model's on the same batch (< 1e-5).
-- The bubble: the measured idle fraction ([perf] lines) follows (p-1)/(m+p-1): 0.5, 0.33, 0.2, 0.11 at p=2.
+- The bubble: the measured idle fraction ([perf] lines) approaches (p-1)/(m+p-1) -- 0.5, 0.33, 0.2, 0.11 at
+  p=2 -- from above: each micro-batch adds a send/recv, so the excess grows with m (about 0.5, 0.34, 0.22-0.25,
+  0.16-0.19 measured here; the tests require each within 0.1 of theory).
   --stage-ms makes each stage busy for a fixed time (a sleep standing in for a GPU kernel), so compute dominates
   communication even on a shared 2-core CPU; it does not change any number the model computes.
 - Memory: GPipe keeps the activations of all m micro-batches on every stage; 1F1B keeps at most p - pp_rank.

@@ -225,9 +225,10 @@ def test_lesson_two_ranks(two_ranks):
     assert wt["class_count"][0] / wt["class_count"][-1] > 10
     assert min(wt["max_min_ratio"]["plain"]) > 5 and max(wt["max_min_ratio"]["weighted"]) < 3
     assert wt["union_equals_torch"] and wt["deterministic"] and wt["epoch_changes_order"] and wt["streams_differ"]
-    # 4. bucketing: padding cut by at least half, same number of batches on every rank, len right
+    # 4. bucketing: padding cut by at least half (the bar; this seeded run cuts 90%, the lesson's claim),
+    #    same number of batches on every rank, len right
     bk = res["bucketing"]
-    assert bk["cut"] >= 0.5 and bk["padded_fraction_bucketed"] < 0.5 * bk["padded_fraction_random"]
+    assert bk["cut"] > 0.85 and bk["padded_fraction_bucketed"] < 0.5 * bk["padded_fraction_random"]
     assert bk["bucket_batches"][0] == bk["bucket_batches"][1] == bk["bucket_len"][0]
     # 5. evaluation: shards 180 + 179, every image once, same numbers as one process and common.metrics.evaluate
     ev = res["eval"]

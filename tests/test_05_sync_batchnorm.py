@@ -46,7 +46,7 @@ def test_matches_batchnorm_on_global_batch(world_size, tmp_path):
             for k in ("out", "dx", "dweight", "dbias", "running_mean", "running_var"):
                 assert d[k] < TOL, f"world {world_size} rank {rank} case {name}: |{k} diff| = {d[k]:.2e}"
             assert d["num_batches_tracked"] == [2, 2], (name, d["num_batches_tracked"])
-            assert d["running_var_scale"] > 0.5  # the stats compared were really updated
+            assert d["running_stats_moved"] > 1e-3  # the statistics compared were really updated
     if world_size == 4:  # eval mode communicates nothing; training makes one all-reduce per layer each way
         for rank, cases in enumerate(per_rank):
             c = cases["counts"]
@@ -164,8 +164,9 @@ def test_lesson_training_run(lesson_run):
     # Collectives per step (deterministic): BatchNorm none, SyncBatchNorm one per layer in forward and backward.
     assert bn["collectives_per_step"] == {"forward": 0, "backward": 0, "ddp_buckets": 1}
     assert sync["collectives_per_step"] == {"forward": 2, "backward": 2, "ddp_buckets": 1}
-    assert r["step_time_ratio"] > 0
-    assert all(0.0 <= a <= 1.0 for a in bn["test_accuracy_per_rank"] + sync["test_accuracy_per_rank"])
+    # SyncBN's eval-mode models are identical within a group, so their test accuracies are too. (BatchNorm's
+    # per-rank accuracies may or may not differ after 30 steps; its statistics' spread, above, is the evidence.)
+    assert len(set(sync["test_accuracy_per_rank"][:2])) == 1 and len(set(sync["test_accuracy_per_rank"][2:])) == 1
 
 
 @pytest.mark.timeout(120)

@@ -105,7 +105,8 @@ def test_mixed_precision(two_ranks):
 def test_checkpointing(two_ranks):
     ck = two_ranks["checkpointing"]
     assert ck["grad_max_abs_diff_vs_plain"] < TOL
-    assert ck["activation_bytes_cut"] >= 0.40
+    assert ck["activation_bytes_cut"] >= 0.40  # the bar
+    assert ck["activation_bytes_cut"] == pytest.approx(0.56, abs=0.01)  # what the lesson's docstring states
     by = ck["activation_bytes_by_micro_batch"]
     for a, b in zip(by, by[1:]):  # activation bytes grow with the micro-batch, with or without checkpointing
         assert b["plain_bytes"] > a["plain_bytes"] and b["checkpointing_bytes"] > a["checkpointing_bytes"]
@@ -120,6 +121,8 @@ def test_table_and_training(two_ranks):
     # k = 4 micro-batches of a quarter: about a quarter of the activations (plus per-forward constants)
     assert rows["accumulation k=4"]["saved_activation_bytes"] < 0.3 * plain
     assert rows["checkpointing"]["saved_activation_bytes"] <= 0.6 * plain
+    # the docstring's bf16 claim: half-size activations, but autocast's bf16 weight copies outweigh the saving here
+    assert rows["bf16 autocast"]["saved_activation_bytes"] > plain
     assert all(row["step_s"] > 0 for row in rows.values())
     hist = two_ranks["history"]
     assert hist[-1]["train_loss"] < hist[0]["train_loss"] - 0.2
