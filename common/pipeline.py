@@ -305,16 +305,15 @@ def run_pipeline_step(stage: nn.Module, order: Sequence[tuple[str, int]], *, pp_
     """Run forward and backward of one batch through this rank's stage in the given order; leaves .grad set.
 
     Activations go to pp_rank+1 and gradients to pp_rank-1 with `dist.isend` (non-blocking: with blocking sends
-    1F1B deadlocks, both neighbours sending at once) and arrive with blocking `dist.recv`; the per-pair order
-    of messages is the same on both ends, so they match.
+    1F1B deadlocks, both neighbours sending at once) and arrive with blocking receives; the per-pair order of
+    messages is the same on both ends, so they match.
 
-    Limitation (NCCL, not seen on gloo): NCCL runs a rank's sends and receives to one peer in the order they
-    were posted, and a send larger than NCCL's internal buffer (NCCL_BUFFSIZE, 4 MiB by default) waits for
-    the matching receive. In 1F1B with 2 stages, stage 0 posts "send activation i+1" before "receive gradient
-    i" while stage 1 posts "send gradient i" before "receive activation i+1", so with such large messages
-    the two would wait for each other until the process-group timeout. The lesson's activations are a few KiB.
-    torch.distributed.pipelining's Schedule1F1B avoids it by posting each such send/receive pair together
-    with `dist.batch_isend_irecv`; do the same before using this schedule for large activations on GPUs.
+    A send that is directly followed by a receive from the same peer is posted together with it in one
+    `dist.batch_isend_irecv` (as torch.distributed.pipelining's Schedule1F1B does). Why: NCCL runs a rank's
+    operations with one peer in the order they were posted, and a send larger than its internal buffer
+    (NCCL_BUFFSIZE, 4 MiB by default) waits for the matching receive. In 1F1B with 2 stages, stage 0 would post
+    "send activation i+1" then "receive gradient i" while stage 1 posts "send gradient i" then "receive
+    activation i+1": posted one by one, large messages would wait for each other until the timeout.
 
     Args:
         stage: this rank's modules; (n_i, *recv_shape) -> next stage's input, or logits on the last stage.
@@ -337,15 +336,37 @@ def run_pipeline_step(stage: nn.Module, order: Sequence[tuple[str, int]], *, pp_
     params = list(stage.parameters())
     kept: dict[int, tuple] = {}  # micro-batch -> (input, output or weighted loss, activation bytes)
     sends: list = []
+    held: list = []  # a send waiting to be posted with the receive that comes right after it
+
+    def recv_peer(step: int) -> int | None:
+        """The rank the op at order[step] starts by receiving from (None: it receives nothing)."""
+        if step >= len(order):
+            return None
+        if order[step][0] == "F":
+            return None if first else rank_of(pp_rank - 1)
+        return None if last else rank_of(pp_rank + 1)
+
+    def send(t: torch.Tensor, dst: int, step: int) -> None:
+        if recv_peer(step + 1) == dst:
+            held.append(dist.P2POp(dist.isend, t, dst))  # posted together with that receive
+        else:
+            sends.append(dist.isend(t, dst=dst))
+
+    def recv(buf: torch.Tensor, src: int) -> None:
+        works = dist.batch_isend_irecv([*held, dist.P2POp(dist.irecv, buf, src)])
+        sends.extend(works[:-1])
+        held.clear()
+        works[-1].wait()
+
     live = peak_live = live_bytes = peak_bytes = 0
     loss_sum = 0.0
-    for kind, i in order:
+    for step, (kind, i) in enumerate(order):
         if kind == "F":
             if first:
                 x = inputs[i].to(device)
             else:
                 x = torch.empty((sizes[i], *recv_shape), device=device, dtype=dtype)
-                dist.recv(x, src=rank_of(pp_rank - 1))
+                recv(x, rank_of(pp_rank - 1))
                 x.requires_grad_()  # we need d loss / d x to send back to the previous stage
             with activation_bytes(params) as saved:
                 out = stage(x)
@@ -353,7 +374,7 @@ def run_pipeline_step(stage: nn.Module, order: Sequence[tuple[str, int]], *, pp_
                     out = loss_fn(out, targets[i].to(device)) * (sizes[i] / total)  # weight n_i / N
             nbytes = saved[0]
             if not last:
-                sends.append(dist.isend(out.detach(), dst=rank_of(pp_rank + 1)))
+                send(out.detach(), rank_of(pp_rank + 1), step)
             else:
                 loss_sum += out.item()
             kept[i] = (x, out, nbytes)
@@ -366,10 +387,10 @@ def run_pipeline_step(stage: nn.Module, order: Sequence[tuple[str, int]], *, pp_
                 out.backward()
             else:
                 g = torch.empty_like(out)
-                dist.recv(g, src=rank_of(pp_rank + 1))
+                recv(g, rank_of(pp_rank + 1))
                 out.backward(g)
             if not first:
-                sends.append(dist.isend(x.grad, dst=rank_of(pp_rank - 1)))
+                send(x.grad, rank_of(pp_rank - 1), step)
             live -= 1
             live_bytes -= nbytes
     for s in sends:
