@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -59,7 +59,6 @@ class LessonRun:
     stderr: str
     results: dict | None = None
     wall_s: float = 0.0
-    extra: dict = field(default_factory=dict)
 
     def lines(self, perf: bool = False) -> list[str]:
         """stdout lines without the [perf] lines (default), or only the [perf] lines."""
