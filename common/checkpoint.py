@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from common.distributed import DistInfo, LessonError, barrier
+from common.session import DistInfo, LessonError, barrier
 
 __all__ = ["atomic_write", "save_checkpoint", "load_checkpoint", "write_results"]
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from common.distributed import LessonError
+from common.session import LessonError
 
 __all__ = ["DIGITS_PATH", "DIGITS_SHA256", "load_digits", "digits_split", "synthetic_images", "synthetic_split"]
 

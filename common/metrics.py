@@ -14,7 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from common.distributed import DistInfo, all_reduce_sum
+from common.ranks import all_reduce_sum
+from common.session import DistInfo, LessonError
 
 __all__ = ["is_padding", "evaluate"]
 
@@ -39,9 +40,19 @@ def evaluate(model: nn.Module, dataset: Dataset, info: DistInfo, batch_size: int
     `all_reduce_sum` adds those sums over ranks and every rank divides once. The answer equals a single-process
     evaluation of the whole dataset for any world size.
 
+    Pass the unwrapped model (`raw_model`), not the DDP wrapper. Here every rank gets the same number of
+    batches (the sampler pads), but with an unpadded sampler a rank can have fewer batches or none, and a DDP
+    forward may broadcast buffers, a collective that such a rank never joins: the others wait until the
+    timeout (lesson 05 shows it). Evaluation needs no gradient sync, so the wrapper adds nothing here.
+
     Returns:
         {"loss": mean cross-entropy, "accuracy": fraction correct, "count": samples counted (= len(dataset))}
+
+    Raises:
+        LessonError: the dataset is empty (every rank sees the same length, so every rank raises alike).
     """
+    if len(dataset) == 0:
+        raise LessonError("evaluate: the dataset is empty; there is nothing to average over")
     was_training = model.training
     model.eval()
     sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank, shuffle=False)

@@ -258,7 +258,7 @@ class TimedStage(nn.Module):
 def activation_bytes(params: Sequence[torch.Tensor] = ()) -> Iterator[list]:
     """Count bytes of the tensors autograd saves for backward in this block, leaving out `params`.
 
-    Unlike `common.instrument.saved_tensor_bytes` (which counts whole storages, right for one model call), this
+    Unlike `common.counters.saved_tensor_bytes` (which counts whole storages, right for one model call), this
     counts each saved tensor's own bytes (numel x element size), once per (address, shape), and skips the weights
     a Linear saves: a micro-batch that is a view into the batch counts its own rows, not the whole batch. What
     remains is the activations a stage keeps per micro-batch until its backward. Yields [bytes].

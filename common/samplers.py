@@ -160,7 +160,7 @@ class UnpaddedDistributedSampler(_EpochSampler):
 
     Rank r takes positions r, r + W, ... of the (optionally shuffled) order, stopping at n: with n = 359 and
     W = 2, rank 0 yields 180 samples and rank 1 yields 179. Because shard sizes differ, reduce (sum, count)
-    pairs over ranks (`common.distributed.all_reduce_sum`) and divide once -- never average per-rank means --
+    pairs over ranks (`common.ranks.all_reduce_sum`) and divide once -- never average per-rank means --
     and never use it for DDP training, where a rank with fewer batches leaves the others waiting in an
     all-reduce (use `torch.distributed.algorithms.join.Join` if you must train on uneven shards).
 

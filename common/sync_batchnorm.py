@@ -29,17 +29,12 @@ https://pytorch.org/docs/stable/notes/extending.html (custom autograd.Function).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Iterator
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-__all__ = ["SyncBatchNormFunction", "SyncBatchNorm", "convert_sync_batchnorm", "count_collectives",
-           "CollectiveCount", "batchnorm_modules", "running_stats"]
+__all__ = ["SyncBatchNormFunction", "SyncBatchNorm", "convert_sync_batchnorm", "batchnorm_modules", "running_stats"]
 
 # The BatchNorm flavours and the input ranks they accept (so a converted BatchNorm2d still rejects a 2-D input
 # with BatchNorm2d's own message, where nn.SyncBatchNorm accepts any input with at least 2 dimensions).
@@ -220,49 +215,6 @@ def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
     for name, child in module.named_children():
         out.add_module(name, convert_sync_batchnorm(child, process_group))
     return out
-
-
-@dataclass
-class CollectiveCount:
-    """Calls to torch.distributed collectives counted by `count_collectives`, by name (e.g. {"all_reduce": 2})."""
-
-    calls: dict = field(default_factory=dict)
-
-    @property
-    def total(self) -> int:
-        return sum(self.calls.values())
-
-
-_COUNTED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast",
-            "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "gather", "scatter", "reduce")
-
-
-@contextmanager
-def count_collectives() -> Iterator[CollectiveCount]:
-    """Count the Python-level calls to torch.distributed collectives inside the block.
-
-    It wraps the functions on the `torch.distributed` module, which is where this module and nn.SyncBatchNorm
-    (torch/nn/modules/_functions.py) look them up. DDP's gradient all-reduce runs in C++ and is not counted here
-    (count it with common.instrument.CommCounter).
-    """
-    counter = CollectiveCount()
-    saved = {}
-    for name in _COUNTED:
-        fn = getattr(dist, name, None)
-        if fn is None:
-            continue
-        saved[name] = fn
-
-        def wrapped(*args, _fn=fn, _name=name, **kwargs):
-            counter.calls[_name] = counter.calls.get(_name, 0) + 1
-            return _fn(*args, **kwargs)
-
-        setattr(dist, name, wrapped)
-    try:
-        yield counter
-    finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
 
 
 def batchnorm_modules(model: nn.Module) -> list[tuple[str, _BatchNorm]]:

@@ -26,8 +26,8 @@ from torch.utils.data import DataLoader
 
 from common.checkpoint import load_checkpoint, save_checkpoint, write_results
 from common.data import digits_split
-from common.distributed import (DistInfo, LessonError, choose_backend_and_device, peak_rss_mb, print0,
-                                rank0_progress, read_torchrun_env, run_main, set_seed)
+from common.ranks import peak_rss_mb, print0, rank0_progress
+from common.session import DistInfo, LessonError, choose_backend_and_device, read_torchrun_env, run_main, set_seed
 from common.metrics import evaluate
 from common.models import DigitsCNN
 

@@ -53,8 +53,9 @@ from common.checkpoint import write_results
 from common.collectives import (BACKEND_OPS, BACKEND_SUPPORT, RingStats, bandwidths, bus_bandwidth_factor,
                                 ring_all_reduce, simulate_ring_all_reduce, time_op)
 from common.data import digits_split
-from common.distributed import (LessonError, add_distributed_args, barrier, distributed_session, gather_to_rank0,
-                                max_param_diff_across_ranks, print0, read_torchrun_env, run_main, set_seed)
+from common.ranks import gather_to_rank0, max_param_diff_across_ranks, print0
+from common.session import (LessonError, add_distributed_args, barrier, distributed_session, read_torchrun_env,
+                            run_main, set_seed)
 from common.models import mlp
 
 DEMO_LEN = 4  # elements in the small tensors each collective demonstrates on (printed, so kept short)

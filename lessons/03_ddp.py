@@ -39,9 +39,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from common.checkpoint import load_checkpoint, save_checkpoint, write_results
 from common.data import digits_split, synthetic_split
-from common.distributed import (LessonError, add_distributed_args, barrier, distributed_session, gather_to_rank0,
-                                global_mean, max_param_diff_across_ranks, peak_rss_mb, print0, rank0_progress,
-                                run_main, set_seed)
+from common.ranks import (gather_to_rank0, global_mean, max_param_diff_across_ranks, peak_rss_mb, print0,
+                          rank0_progress)
+from common.session import LessonError, add_distributed_args, barrier, distributed_session, run_main, set_seed
 from common.metrics import evaluate
 from common.models import DigitsCNN
 

@@ -52,8 +52,8 @@ from torch.utils.data import (DataLoader, Dataset, DistributedSampler, Sampler, 
 
 from common.checkpoint import write_results
 from common.data import digits_split
-from common.distributed import (LessonError, add_distributed_args, all_reduce_sum, barrier, distributed_session,
-                                gather_to_rank0, max_param_diff_across_ranks, print0, run_main, set_seed)
+from common.ranks import all_reduce_sum, gather_to_rank0, max_param_diff_across_ranks, print0
+from common.session import LessonError, add_distributed_args, barrier, distributed_session, run_main, set_seed
 from common.metrics import evaluate
 from common.models import DigitsCNN
 from common.samplers import (DistributedSamplerByHand, LengthGroupedDistributedBatchSampler,

@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from common.session import exit_process
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -31,6 +33,7 @@ def _entry(rank: int, fn, world_size: int, port: int, out_dir: str, args: tuple)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+    exit_process(0)  # skip interpreter finalization: the gloo exit abort (common.session.run_main)
 
 
 def run_world(fn, world_size: int, tmp_path: Path, *args, timeout_s: float = 60) -> list:
@@ -63,7 +66,7 @@ class FirstTwoRight(torch.nn.Module):
 def eval_ten_samples(rank: int, world_size: int):
     from torch.utils.data import DistributedSampler, TensorDataset
 
-    from common.distributed import DistInfo
+    from common.session import DistInfo
     from common.metrics import evaluate
     data = TensorDataset(torch.arange(10.0).unsqueeze(1), torch.zeros(10, dtype=torch.long))
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
@@ -72,14 +75,16 @@ def eval_ten_samples(rank: int, world_size: int):
 
 
 def accuracy_4_3_3(rank: int, world_size: int):
-    from common.distributed import DistInfo, global_mean
+    from common.ranks import global_mean
+    from common.session import DistInfo
     held, correct = [4, 3, 3][rank], [4, 0, 0][rank]
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
     return {"global": global_mean(correct, held, info), "mean_of_means_part": correct / held}
 
 
 def param_diff(rank: int, world_size: int, perturb: float):
-    from common.distributed import DistInfo, max_param_diff_across_ranks
+    from common.ranks import max_param_diff_across_ranks
+    from common.session import DistInfo
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     if rank == world_size - 1:
@@ -88,12 +93,19 @@ def param_diff(rank: int, world_size: int, perturb: float):
     return max_param_diff_across_ranks(model, DistInfo(rank=rank, world_size=world_size, backend="gloo"))
 
 
-# ---- assertions shared by the lesson tests ---------------------------------------------------------------------
+def grid_facts(rank: int, world_size: int, sizes: dict):
+    """This rank's grid coordinates, group members (from the grid and from the process group itself), and the
+    sum of global ranks all-reduced inside each named group."""
+    import torch.distributed as dist
 
-def assert_fails_on_every_rank(run, nproc: int, message: str) -> None:
-    """The launch failed, and each of the `nproc` ranks printed exactly one `[rank R] error: ...` line
-    containing `message` (the promise every lesson makes for bad input)."""
-    assert run.returncode != 0, run.stdout
-    for rank in range(nproc):
-        lines = [l for l in run.stderr.splitlines() if l.startswith(f"[rank {rank}] error:")]
-        assert len(lines) == 1 and message in lines[0], run.stderr
+    from common.grid import Grid
+    from common.session import DistInfo
+    grid = Grid(DistInfo(rank=rank, world_size=world_size, backend="gloo"), **sizes)
+    facts = {"coords": grid.coords, "ranks_in": {}, "group_ranks": {}, "sums": {}, "describe": grid.describe()}
+    for name in sizes:
+        facts["ranks_in"][name] = grid.ranks_in(name)
+        facts["group_ranks"][name] = dist.get_process_group_ranks(grid.group(name))
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=grid.group(name))
+        facts["sums"][name] = t.item()
+    return facts

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.distributed import LessonError
+from common.session import LessonError
 from common.launch import REPO_ROOT, run_lesson
 
-LESSON = "06_gradient_accumulation"
+LESSON = "07_gradient_accumulation"
 TOL = 1e-5
 FAST = ["--steps", "20", "--bench-repeats", "2"]
 

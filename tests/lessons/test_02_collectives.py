@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from common.collectives import (BACKEND_OPS, BACKEND_SUPPORT, bandwidths, bus_bandwidth_factor, chunk_bounds,
                                 ring_schedule, simulate_ring_all_reduce)
 from common.launch import run_lesson
-from tests._workers import assert_fails_on_every_rank
+from tests._lessons import assert_fails_on_every_rank
 
 UNEVEN_LENGTHS = ["1", "2", "3", "5", "7", "1001"]  # none divisible by 4; 1, 2, 3 are smaller than 4 ranks
 

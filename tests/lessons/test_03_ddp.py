@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from common.launch import run_command, run_lesson, torchrun_command
-from tests._workers import assert_fails_on_every_rank, free_port
+from tests._lessons import assert_fails_on_every_rank
+from tests._workers import free_port
 
 
 @pytest.fixture(scope="module")

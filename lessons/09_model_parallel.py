@@ -43,8 +43,9 @@ import torch.nn.functional as F
 
 from common.checkpoint import write_results
 from common.data import digits_split
-from common.distributed import (LessonError, add_distributed_args, barrier, distributed_session, gather_to_rank0,
-                                print0, read_torchrun_env, run_main, set_seed)
+from common.ranks import gather_to_rank0, print0
+from common.session import (LessonError, add_distributed_args, barrier, distributed_session, read_torchrun_env,
+                            run_main, set_seed)
 from common.models import mlp
 from common.pipeline import (SimulatedKernel, TimedStage, default_split_points, gpipe_order, measured_bubble,
                              microbatch_sizes, one_f_one_b_order, run_pipeline_step, split_model, theory_bubble)

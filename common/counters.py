@@ -1,4 +1,4 @@
-"""Counters that make communication and activation memory visible without a GPU (lessons 06 and 07).
+"""Instruments that make communication and activation memory visible without a GPU (lessons 06 to 09 on).
 
 - `CommCounter`: a DDP communication hook that counts the all-reduce calls DDP makes (one per gradient bucket)
   and their bytes, then performs the same averaging all-reduce as DDP's default hook.
@@ -6,6 +6,8 @@
 - `saved_tensor_bytes`: counts the bytes autograd saves for backward inside a `with` block, through
   `torch.autograd.graph.saved_tensors_hooks` (https://pytorch.org/docs/stable/autograd.html#saved-tensors-hooks).
   Device-independent: the same count on CPU and CUDA, which is what activation checkpointing reduces.
+- `count_collectives`: counts the Python-level calls to `torch.distributed` collectives in a block, with their
+  bytes and the ranks of the group each travelled in.
 """
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,7 +16,7 @@ from typing import Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-__all__ = ["CommCounter", "SavedBytes", "saved_tensor_bytes"]
+__all__ = ["CommCounter", "SavedBytes", "saved_tensor_bytes", "CollectiveCount", "count_collectives"]
 
 
 @dataclass
@@ -89,3 +91,78 @@ def saved_tensor_bytes(exclude: Iterable[torch.Tensor] = ()) -> Iterator[SavedBy
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield counter
+
+
+@dataclass
+class CollectiveCount:
+    """What `count_collectives` saw.
+
+    Attributes:
+        calls: {op name: calls}, e.g. {"all_reduce": 2}.
+        bytes: {op name: bytes}: per call, the bytes of the largest tensor argument, i.e. the full buffer (the
+            all-reduced tensor, an all-gather's output, a reduce-scatter's input): the Psi of the cost formulas.
+        groups: {(op name, ranks of the group): calls}: which collective travelled in which group.
+    """
+
+    calls: dict = field(default_factory=dict)
+    bytes: dict = field(default_factory=dict)
+    groups: dict = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+_COUNTED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast",
+            "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter",
+            "reduce")
+
+
+def _nbytes(args, kwargs) -> int:
+    sizes = [0]
+    for a in [*args, *kwargs.values()]:
+        for t in (a if isinstance(a, (list, tuple)) else [a]):
+            if isinstance(t, torch.Tensor):
+                sizes.append(t.numel() * t.element_size())
+    return max(sizes)
+
+
+def _group_ranks(args, kwargs) -> tuple:
+    group = kwargs.get("group")
+    if group is None:
+        group = next((a for a in args if isinstance(a, dist.ProcessGroup)), None)
+    if group is None:
+        return tuple(range(dist.get_world_size())) if dist.is_initialized() else (0,)
+    return tuple(dist.get_process_group_ranks(group))
+
+
+@contextmanager
+def count_collectives() -> Iterator[CollectiveCount]:
+    """Count the Python-level calls to torch.distributed collectives inside the block (calls, bytes, groups).
+
+    It wraps the functions on the `torch.distributed` module, which is where the lessons' code and
+    nn.SyncBatchNorm (torch/nn/modules/_functions.py) look them up. Not counted: DDP's gradient all-reduce
+    (C++; count it with `CommCounter`) and DTensor's functional collectives (count those with
+    `torch.distributed.tensor.debug.CommDebugMode`). Restores the functions on exit, even on error.
+    """
+    counter = CollectiveCount()
+    saved = {}
+    for name in _COUNTED:
+        fn = getattr(dist, name, None)
+        if fn is None:
+            continue
+        saved[name] = fn
+
+        def wrapped(*args, _fn=fn, _name=name, **kwargs):
+            counter.calls[_name] = counter.calls.get(_name, 0) + 1
+            counter.bytes[_name] = counter.bytes.get(_name, 0) + _nbytes(args, kwargs)
+            key = (_name, _group_ranks(args, kwargs))
+            counter.groups[key] = counter.groups.get(key, 0) + 1
+            return _fn(*args, **kwargs)
+
+        setattr(dist, name, wrapped)
+    try:
+        yield counter
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)

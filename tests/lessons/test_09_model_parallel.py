@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 from common.launch import run_lesson
-from tests._workers import assert_fails_on_every_rank
+from tests._lessons import assert_fails_on_every_rank
 from common.models import mlp
 from common.pipeline import (default_split_points, gpipe_order, microbatch_sizes, one_f_one_b_order,
                              run_pipeline_step, split_model, theory_bubble)
@@ -88,7 +88,7 @@ def _check_rows(rows, p, schedules, ms):
 def test_two_stages_equal_unsplit_bubble_memory_uneven():
     # 120 ms of simulated stage work per batch: at m=8 a micro-batch forward is 15 ms, backward 30 ms, far above
     # send/recv latency and scheduler noise, so the measured idle fraction tracks (p-1)/(m+p-1).
-    run = run_lesson("07_model_parallel", nproc=2, args=["--stage-ms", "120", "--bench-steps", "1",
+    run = run_lesson("09_model_parallel", nproc=2, args=["--stage-ms", "120", "--bench-steps", "1",
                                                          "--bench-width", "256", "--bench-batch", "32"],
                      timeout_s=360).check()
     res = run.results
@@ -113,7 +113,7 @@ def test_two_stages_equal_unsplit_bubble_memory_uneven():
 
 @pytest.mark.timeout(400)
 def test_four_stages_equal_unsplit():
-    run = run_lesson("07_model_parallel", nproc=4, args=["--stage-ms", "0", "--bench-steps", "0",
+    run = run_lesson("09_model_parallel", nproc=4, args=["--stage-ms", "0", "--bench-steps", "0",
                                                          "--batch-size", "16"], timeout_s=360).check()
     assert run.results["world_size"] == 4
     _check_rows(run.results["rows"], 4, ["gpipe", "1f1b", "torch-gpipe", "torch-1f1b"], [1, 2, 4, 8])
@@ -122,7 +122,7 @@ def test_four_stages_equal_unsplit():
 
 @pytest.mark.timeout(200)
 def test_plain_python_one_stage():
-    run = run_lesson("07_model_parallel", nproc=None, args=["--stage-ms", "0", "--microbatches", "1,4"],
+    run = run_lesson("09_model_parallel", nproc=None, args=["--stage-ms", "0", "--microbatches", "1,4"],
                      timeout_s=120).check()
     rows = run.results["rows"]
     assert [(r["schedule"], r["m"]) for r in rows] == [("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)]
@@ -137,5 +137,5 @@ def test_plain_python_one_stage():
     (["--split-points", "12"], "split point 12 is outside the model"),
 ])
 def test_bad_input_fails_on_every_rank(args, message):
-    run = run_lesson("07_model_parallel", nproc=2, args=args, timeout_s=120)
+    run = run_lesson("09_model_parallel", nproc=2, args=args, timeout_s=120)
     assert_fails_on_every_rank(run, 2, message)

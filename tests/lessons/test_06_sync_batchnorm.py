@@ -18,13 +18,14 @@ from hypothesis import strategies as st
 
 from common.launch import run_lesson
 from common.models import DigitsCNN
-from common.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm, count_collectives, running_stats
+from common.counters import count_collectives
+from common.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm, running_stats
 
 TOL = 1e-5  # float32
 
 
 def _spawn(world_size: int, tmp_path, device_type: str = "cpu") -> list[dict]:
-    from tests._05_workers import proof_worker
+    from tests._06_workers import proof_worker
     init_file = tmp_path / "store"
     ctx = mp.start_processes(proof_worker, args=(world_size, str(init_file), str(tmp_path), device_type),
                              nprocs=world_size, join=False, start_method="spawn")
@@ -140,7 +141,7 @@ def test_one_process_equals_batchnorm(b, c, hw, momentum, affine, seed):
 @pytest.fixture(scope="module")
 def lesson_run():
     args = ["--max-steps", "30", "--group-size", "2", "--device", "cpu"]
-    return run_lesson("05_sync_batchnorm", nproc=4, args=args, timeout_s=240).check()
+    return run_lesson("06_sync_batchnorm", nproc=4, args=args, timeout_s=240).check()
 
 
 @pytest.mark.timeout(300)
@@ -173,7 +174,7 @@ def test_lesson_training_run(lesson_run):
 def test_lesson_whole_world_syncbn_identical_on_all_ranks():
     """Default grouping (the whole world), 2 ranks: the SyncBatchNorm running statistics are bit-identical."""
     args = ["--max-steps", "10", "--batch-size", "2", "--device", "cpu"]
-    run = run_lesson("05_sync_batchnorm", nproc=2, args=args, timeout_s=120).check()
+    run = run_lesson("06_sync_batchnorm", nproc=2, args=args, timeout_s=120).check()
     sync, bn = run.results["variants"]["syncbn"], run.results["variants"]["batchnorm"]
     assert sync["spread_running_mean"] == 0.0 and sync["spread_running_var"] == 0.0
     assert len(set(sync["test_accuracy_per_rank"])) == 1
@@ -182,10 +183,10 @@ def test_lesson_whole_world_syncbn_identical_on_all_ranks():
 
 @pytest.mark.timeout(90)
 def test_lesson_bad_input():
-    run = run_lesson("05_sync_batchnorm", nproc=2, args=["--group-size", "3"], timeout_s=90)
+    run = run_lesson("06_sync_batchnorm", nproc=2, args=["--group-size", "3"], timeout_s=90)
     assert run.returncode != 0
     for rank in (0, 1):
         assert f"[rank {rank}] error: --group-size 3 must be 0 or divide the world size 2" in run.stderr
-    run = run_lesson("05_sync_batchnorm", nproc=None, args=["--sync-impl", "torch", "--device", "cpu"],
+    run = run_lesson("06_sync_batchnorm", nproc=None, args=["--sync-impl", "torch", "--device", "cpu"],
                      timeout_s=60)
     assert run.returncode == 2 and "error: --sync-impl torch: nn.SyncBatchNorm runs on GPUs only" in run.stderr

@@ -16,7 +16,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from common.models import DigitsCNN
-from common.sync_batchnorm import convert_sync_batchnorm, count_collectives
+from common.counters import count_collectives
+from common.sync_batchnorm import convert_sync_batchnorm
 
 C = 3  # channels
 

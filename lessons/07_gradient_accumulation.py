@@ -47,10 +47,10 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from common.checkpoint import write_results
 from common.data import digits_split
-from common.distributed import (DistInfo, LessonError, add_distributed_args, distributed_session, gather_to_rank0,
-                                global_mean, max_param_diff_across_ranks, print0, read_torchrun_env, run_main,
-                                set_seed)
-from common.instrument import CommCounter, saved_tensor_bytes
+from common.ranks import gather_to_rank0, global_mean, max_param_diff_across_ranks, print0
+from common.session import (DistInfo, LessonError, add_distributed_args, distributed_session, read_torchrun_env,
+                            run_main, set_seed)
+from common.counters import CommCounter, saved_tensor_bytes
 from common.metrics import evaluate
 from common.models import mlp
 
@@ -98,7 +98,7 @@ class ResidualMLP(nn.Module):
 def saved_activation_bytes(model: nn.Module, run) -> int:
     """Bytes autograd keeps for backward while `run()` executes, parameters excluded.
 
-    `common.instrument.saved_tensor_bytes` counts every saved storage once; a Linear saves its weight, which is
+    `common.counters.saved_tensor_bytes` counts every saved storage once; a Linear saves its weight, which is
     memory that exists anyway, so parameters are excluded. Under autocast the low-precision weight copies
     autocast makes ARE counted: they live until backward. A checkpointed block (use_reentrant=False) saves its
     input through the same hooks, so the count includes it (checked: 4 blocks of a (128, 256) input each add

@@ -48,12 +48,13 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from common.checkpoint import write_results
 from common.data import digits_split
-from common.distributed import (LessonError, add_distributed_args, choose_backend_and_device, distributed_session,
-                                gather_to_rank0, max_param_diff_across_ranks, print0, read_torchrun_env, run_main,
-                                set_seed)
-from common.instrument import CommCounter
+from common.ranks import gather_to_rank0, max_param_diff_across_ranks, print0
+from common.session import (LessonError, add_distributed_args, choose_backend_and_device, distributed_session,
+                            read_torchrun_env, run_main, set_seed)
+from common.counters import CommCounter
 from common.models import DigitsCNN
-from common.sync_batchnorm import batchnorm_modules, convert_sync_batchnorm, count_collectives, running_stats
+from common.counters import count_collectives
+from common.sync_batchnorm import batchnorm_modules, convert_sync_batchnorm, running_stats
 
 VARIANTS = ("batchnorm", "syncbn")
 

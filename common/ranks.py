@@ -1,0 +1,108 @@
+"""Talking across ranks about results: rank-0 printing, exact metric reduction, gathering, replica checks.
+
+Introduced in lesson 03 and used by every lesson after it. Rules these helpers encode:
+- one process prints (rank 0), flushed: several ranks writing one pipe interleave byte by byte;
+- metrics are reduced as (sum, count) pairs and divided once, never averaged as per-rank means;
+- per-rank facts travel to rank 0 (`gather_to_rank0`) and are printed there in rank order.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from common.env import DistInfo
+
+__all__ = ["print0", "all_reduce_sum", "global_mean", "gather_to_rank0", "max_param_diff_across_ranks",
+           "rank0_progress", "peak_rss_mb"]
+
+
+def _current_rank() -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", 0))
+
+
+def print0(*args, **kwargs) -> None:
+    """print() on global rank 0 only, flushed (several ranks writing one pipe interleave byte by byte)."""
+    if _current_rank() == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def all_reduce_sum(values: Sequence[float], info: DistInfo) -> list[float]:
+    """Sum a few numbers over all ranks; every rank gets the sums (float64, so counts stay exact).
+
+    This is how metrics are combined: reduce (sum, count) pairs, then divide once. Averaging per-rank means
+    is wrong whenever ranks hold different numbers of samples.
+    """
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=info.device)
+    if info.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def global_mean(value_sum: float, count: float, info: DistInfo) -> float:
+    """sum over ranks of value_sum / sum over ranks of count (the same on every rank).
+
+    Example: ranks holding 4, 3 and 3 samples with 4, 0 and 0 correct give 4/10 = 0.4, where the mean of
+    per-rank accuracies would give (1 + 0 + 0)/3 = 0.333.
+
+    Raises:
+        ZeroDivisionError: no rank holds any sample.
+    """
+    total, n = all_reduce_sum([value_sum, count], info)
+    if n == 0:
+        raise ZeroDivisionError("global_mean over zero samples")
+    return total / n
+
+
+def gather_to_rank0(obj: object, info: DistInfo) -> list | None:
+    """Collect one picklable object per rank on rank 0, in rank order; other ranks get None.
+
+    Uses `dist.gather_object` (https://pytorch.org/docs/stable/distributed.html#torch.distributed.gather_object),
+    so rank 0 can print per-rank facts in order instead of every rank printing at once.
+    """
+    if not info.distributed:
+        return [obj]
+    out = [None] * info.world_size if info.master_process else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+@torch.no_grad()
+def max_param_diff_across_ranks(model: nn.Module, info: DistInfo) -> float:
+    """Largest |p_rank - p_rank0| over every parameter and rank (0.0 means bit-identical replicas).
+
+    Rank 0's parameters are broadcast and compared on each rank; the maxima are all-reduced with MAX, so every
+    rank returns the same number.
+    """
+    if not info.distributed:
+        return 0.0
+    worst = torch.zeros((), dtype=torch.float64, device=info.device)
+    for p in model.parameters():
+        ref = p.detach().clone()
+        dist.broadcast(ref, src=0)
+        worst = torch.maximum(worst, (p.detach() - ref).abs().max().double())
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return worst.item()
+
+
+def rank0_progress(iterable: Iterable, info: DistInfo, **tqdm_kwargs) -> Iterable:
+    """A tqdm progress bar on rank 0 when stderr is a terminal; the bare iterable otherwise.
+
+    Captured runs (tests, notebooks, CI logs) therefore show only the lesson's deterministic per-epoch lines.
+    """
+    if info.master_process and sys.stderr.isatty():
+        from tqdm.auto import tqdm
+        return tqdm(iterable, leave=False, **tqdm_kwargs)
+    return iterable
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MB (Linux `ru_maxrss` is in KiB)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,0 +1,63 @@
+"""Claims recorded once (common/results.py): printed on rank 0 and recorded under the same name."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from common.results import Report, holds
+from common.session import DistInfo
+from tests._lessons import assert_claims
+
+
+@pytest.mark.parametrize("value, relation, bound, expected", [
+    (1e-9, "<=", 1e-5, True), (2e-5, "<=", 1e-5, False), (0.9, ">=", 0.85, True), (0.8, ">=", 0.85, False),
+    (0.0, "==", 0.0, True), (1e-12, "==", 0.0, False), (float("nan"), "<=", 1.0, False), (3, "==", 3, True)])
+def test_holds(value, relation, bound, expected):
+    assert holds(value, relation, bound) is expected
+
+
+def test_unknown_relation_is_refused():
+    with pytest.raises(ValueError, match="relation"):
+        holds(1.0, "<", 2.0)
+
+
+def test_claim_is_printed_with_its_bound_and_recorded_under_its_name(tmp_path, capsys):
+    report = Report(DistInfo())
+    assert report.claim("ddp_equals_one_process", torch.tensor(3e-9), "<=", 1e-5, "max |diff| = {value:.1e}")
+    assert not report.claim("too_slow", 0.5, ">=", 0.85, "efficiency {value:.2f}", perf=True)
+    report.value("final_test_accuracy", 0.9833, "final test_acc {value:.4f}")
+    report.perf("samples_per_s", 1234.5, "{value:.0f} samples/s")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "max |diff| = 3.0e-09  [claim <= 1e-05: holds]"
+    assert out[1] == "[perf] efficiency 0.50  [claim >= 0.85: DOES NOT HOLD]"
+    assert out[2:] == ["final test_acc 0.9833", "[perf] 1234 samples/s"]
+    report.write(tmp_path / "r.json")
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["claims"]["ddp_equals_one_process"] == {"value": pytest.approx(3e-9), "bound": 1e-5, "relation": "<=",
+                                                     "holds": True, "text": "max |diff| = 3.0e-09"}
+    assert r["final_test_accuracy"] == 0.9833 and r["samples_per_s"] == 1234.5
+    with pytest.raises(AssertionError, match="too_slow"):
+        assert_claims(r, {"ddp_equals_one_process"})
+
+
+def test_a_claim_is_recorded_once():
+    report = Report()
+    report.claim("x", 1, "==", 1, "x")
+    with pytest.raises(ValueError, match="twice"):
+        report.claim("x", 1, "==", 1, "x")
+
+
+def test_only_rank0_prints_and_writes(tmp_path, capsys):
+    report = Report(DistInfo(rank=1, world_size=2, backend="gloo"))
+    report.claim("x", 1, "==", 1, "x")
+    report.write(tmp_path / "r.json")
+    assert capsys.readouterr().out == "" and not (tmp_path / "r.json").exists()
+    assert report.results["claims"]["x"]["holds"]
+
+
+def test_assert_claims_names_the_missing_claim():
+    with pytest.raises(AssertionError, match="not recorded: \\['b'\\]"):
+        assert_claims({"claims": {"a": {"value": 1, "bound": 1, "relation": "==", "holds": True}}}, {"a", "b"})
