@@ -109,3 +109,42 @@ def grid_facts(rank: int, world_size: int, sizes: dict):
         dist.all_reduce(t, group=grid.group(name))
         facts["sums"][name] = t.item()
     return facts
+
+
+def rank0_phase(rank: int, world_size: int, mode: str):
+    """Rank 0 works alone for 2.5 s while the collective timeout is 1 s: with `rank0_only` the others wait
+    without that bound and a collective afterwards succeeds; with a plain barrier the waiting rank times out."""
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from common.session import DistInfo, rank0_only
+    short = dist.new_group(backend="gloo", timeout=timedelta(seconds=1))  # stands for --timeout-s 1
+    info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
+    if mode == "rank0_only":
+        with rank0_only(info, "a slow rank-0 phase") as mine:
+            if mine:
+                time.sleep(2.5)
+        t = torch.ones(1)
+        dist.all_reduce(t, group=short)
+        return t.item()
+    if rank == 0:
+        time.sleep(2.5)
+    try:
+        dist.barrier(group=short)
+        return "no error"
+    except Exception as e:  # gloo raises on timeout (DistBackendError / RuntimeError)
+        return type(e).__name__
+
+
+def count_two_collectives(rank: int, world_size: int):
+    """count_collectives in a real world: an all_reduce of 10 float32 and an all_gather_into_tensor to 2 x 3."""
+    import torch.distributed as dist
+
+    from common.counters import count_collectives
+    with count_collectives() as c:
+        dist.all_reduce(torch.ones(10))
+        out = torch.empty(world_size * 3)
+        dist.all_gather_into_tensor(out, torch.ones(3))
+    return {"calls": c.calls, "bytes": c.bytes, "groups": c.groups, "restored": dist.all_reduce.__name__}

@@ -1,0 +1,53 @@
+"""The harness through the paths lessons use: atomic save_checkpoint, evaluate's mode and empty data, rank0_only."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.data import TensorDataset
+
+from common import checkpoint
+from common.checkpoint import load_checkpoint, save_checkpoint
+from common.metrics import evaluate
+from common.session import DistInfo, LessonError
+from tests._workers import rank0_phase, run_world
+
+
+def test_save_checkpoint_that_fails_half_way_keeps_the_previous_one(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint({"epoch": torch.tensor(1)}, path, DistInfo())
+
+    def crash_half_way(obj, f):  # torch.save writing some bytes, then the process "dies"
+        f.write(b"PK\x03\x04 half a zip")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint.torch, "save", crash_half_way)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint({"epoch": torch.tensor(2)}, path, DistInfo())
+    monkeypatch.undo()
+    assert load_checkpoint(path)["epoch"].item() == 1              # the previous checkpoint still loads
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]     # and no temporary file is left
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_evaluate_restores_the_mode_it_found(training):
+    model = nn.Sequential(nn.Linear(2, 3), nn.Dropout(0.5))
+    model.train(training)
+    data = TensorDataset(torch.randn(5, 2), torch.zeros(5, dtype=torch.long))
+    out = evaluate(model, data, DistInfo())
+    assert out["count"] == 5
+    assert model.training is training and model[1].training is training
+
+
+def test_evaluate_on_an_empty_dataset_is_a_clear_error():
+    empty = TensorDataset(torch.zeros(0, 2), torch.zeros(0, dtype=torch.long))
+    with pytest.raises(LessonError, match="empty"):
+        evaluate(nn.Linear(2, 3), empty, DistInfo())
+
+
+@pytest.mark.timeout(120)
+def test_rank0_only_phase_is_not_bounded_by_the_collective_timeout(tmp_path):
+    assert run_world(rank0_phase, 2, tmp_path, "rank0_only", timeout_s=90) == [2.0, 2.0]
+    (tmp_path / "plain").mkdir()
+    plain = run_world(rank0_phase, 2, tmp_path / "plain", "barrier", timeout_s=90)
+    assert plain[1] != "no error"                                  # the old way: the waiting rank times out
