@@ -1,4 +1,4 @@
-"""A ring all-reduce built from send/recv, its schedule, and bandwidth helpers (introduced in lesson 02).
+"""The ring all-reduce built from send/recv, its schedule, and what its links carry (lesson 02).
 
 The ring all-reduce (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations",
 JPDC 2009; the algorithm Baidu brought to deep learning in 2017) splits a tensor of S bytes into n chunks, one
@@ -10,44 +10,28 @@ per rank, and runs two phases of n-1 steps each on a ring rank -> rank+1:
     all-gather      at step s rank r sends chunk (r + 1 - s) mod n, receives chunk (r - s) mod n and
                     OVERWRITES its copy. After n-1 more steps every rank holds every summed chunk.
 
-Each rank sends 2(n-1) chunks of about S/n bytes: 2(n-1)/n * S in all, independent of n for large n. That is
-why nccl-tests reports a "bus bandwidth" busbw = algbw * 2(n-1)/n for all-reduce
-(https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md): it is the speed each link must sustain.
+Each rank sends 2(n-1) chunks of about S/n bytes, 2(n-1)/n * S in all, and receives as much: its link carries
+4(n-1)/n * S in + out. A parameter server's link carries 2(n-1) * S (n-1 gradients in, n-1 sums out), n/2 times
+more (`ring_link_bytes`, `server_link_bytes`). nccl-tests' bus bandwidth uses the 2(n-1)/n factor
+(`common.bandwidth`).
 
 The same `ring_schedule` drives the real implementation (`ring_all_reduce`, isend/irecv between processes) and
 the in-process simulation (`simulate_ring_all_reduce`) that the notebook draws, so the picture shows the code.
 
-DDP does not call this function: it hands gradient buckets to the backend's all_reduce, and NCCL picks ring or
-tree algorithms by message size and topology. The ring is the model for the *bandwidth* cost of all-reduce.
+DDP does not call this function: it hands gradient buckets to the backend's all_reduce, and NCCL chooses ring or
+tree algorithms by message size and topology (GPU-only, not checked here; NCCL_ALGO in
+https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html). The ring is the model for the bandwidth cost.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
-__all__ = [
-    "BACKEND_SUPPORT", "BACKEND_OPS", "chunk_bounds", "ring_schedule", "RingStats", "ring_all_reduce",
-    "simulate_ring_all_reduce", "bus_bandwidth_factor", "bandwidths", "time_op",
-]
-
-# The table in https://pytorch.org/docs/stable/distributed.html#backends (torch 2.x): which backend supports
-# which function on CPU / GPU tensors. True = supported, False = not, None = "?" (MPI on GPU depends on how MPI
-# was built). The lesson prints it and measures the column of the backend it actually runs on.
-BACKEND_OPS = ["send", "recv", "broadcast", "all_reduce", "reduce", "all_gather", "gather", "scatter",
-               "reduce_scatter", "all_to_all", "barrier"]
-_Y, _N, _Q = True, False, None
-BACKEND_SUPPORT: dict[tuple[str, str], dict[str, bool | None]] = {
-    ("gloo", "cpu"): dict.fromkeys(BACKEND_OPS, _Y),
-    ("gloo", "cuda"): {**dict.fromkeys(BACKEND_OPS, _Y), "send": _N, "recv": _N, "barrier": _N},
-    ("mpi", "cpu"): {**dict.fromkeys(BACKEND_OPS, _Y), "reduce_scatter": _N},
-    ("mpi", "cuda"): {**dict.fromkeys(BACKEND_OPS, _Q), "reduce_scatter": _N},
-    ("nccl", "cpu"): dict.fromkeys(BACKEND_OPS, _N),
-    ("nccl", "cuda"): dict.fromkeys(BACKEND_OPS, _Y),
-}
+__all__ = ["chunk_bounds", "ring_schedule", "LinkStats", "ring_all_reduce", "simulate_ring_all_reduce",
+           "simulation_equals_sum", "parameter_server_all_reduce", "ring_link_bytes", "server_link_bytes"]
 
 
 def chunk_bounds(length: int, world_size: int) -> list[tuple[int, int]]:
@@ -92,35 +76,39 @@ def ring_schedule(rank: int, world_size: int, phase: str, step: int) -> tuple[in
 
 
 @dataclass
-class RingStats:
-    """What one rank did in `ring_all_reduce`.
+class LinkStats:
+    """What one rank put on, and took off, its link (counted by `ring_all_reduce` and lesson 02's server).
 
     Attributes:
-        messages_sent: non-empty chunks sent (2(n-1) when every chunk is non-empty).
-        bytes_sent: bytes this rank put on the wire; 2(n-1)/n * tensor bytes when n divides the length.
+        messages_sent: non-empty messages sent (2(n-1) in a ring when every chunk is non-empty).
+        bytes_sent: bytes sent; 2(n-1)/n * tensor bytes in a ring when n divides the length.
+        bytes_received: bytes received; the same as sent in a ring.
     """
 
     messages_sent: int = 0
     bytes_sent: int = 0
+    bytes_received: int = 0
+
+    @property
+    def link_bytes(self) -> int:
+        """In + out: what the rank's one link carries (a full-duplex link carries both at once)."""
+        return self.bytes_sent + self.bytes_received
 
 
-def ring_all_reduce(tensor: torch.Tensor, group=None, stats: RingStats | None = None) -> torch.Tensor:
+def ring_all_reduce(tensor: torch.Tensor, group=None, stats: LinkStats | None = None) -> torch.Tensor:
     """Sum `tensor` over all ranks of `group` in place with a ring of isend/irecv; returns `tensor`.
 
     Works for any 1-D or N-D contiguous tensor (it is viewed as 1-D), any length (chunks need not be equal,
     and may be empty when the length is smaller than the world size), and any world size (1: nothing to do).
-    Every rank must call it with a tensor of the same shape and dtype.
+    Every rank of `group` must call it with a tensor of the same shape and dtype.
 
-    Each step posts the send to rank+1 and the receive from rank-1 together (`dist.batch_isend_irecv` of an
-    isend and an irecv, https://pytorch.org/docs/stable/distributed.html#point-to-point-communication) and
-    waits for both: with
-    blocking send/recv every rank would first send and nobody would receive (a deadlock on rendezvous-style
-    transports). Waits are bounded by the process group's timeout.
+    Each step posts the send to rank+1 and the receive from rank-1 together (`dist.batch_isend_irecv`) and waits
+    for both, bounded by the process group's timeout.
 
     Args:
         tensor: this rank's contribution, overwritten with the sum; e.g. shape (L,), float32.
         group: the process group (default: the world).
-        stats: if given, counts the messages and bytes this rank sent.
+        stats: if given, counts the messages and bytes this rank sent and received.
 
     Raises:
         ValueError: tensor is not contiguous.
@@ -143,18 +131,20 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, stats: RingStats | None = 
             # the send must carry the values as they were at the start of the step.
             send_buf = flat[s0:s1].clone()
             recv_buf = torch.empty(r1 - r0, dtype=flat.dtype, device=flat.device)
-            # Post the send and the receive together: with NCCL a lone send to a peer may wait for that peer's
-            # receive, and with 2 ranks both would be sending first (a cycle); batch_isend_irecv groups them.
+            # Post the send and the receive together. With NCCL a lone send may wait for the peer's receive,
+            # and with 2 ranks both would be sending first (a cycle) (GPU-only, not checked here; the
+            # batch_isend_irecv docs above). Empty chunks send nothing.
             ops = []
             if s1 > s0:
                 ops.append(dist.P2POp(dist.isend, send_buf, right, group=group))
-                if stats is not None:
-                    stats.messages_sent += 1
-                    stats.bytes_sent += send_buf.numel() * send_buf.element_size()
             if r1 > r0:
                 ops.append(dist.P2POp(dist.irecv, recv_buf, left, group=group))
             for w in dist.batch_isend_irecv(ops) if ops else []:
                 w.wait()
+            if stats is not None:
+                stats.messages_sent += int(s1 > s0)
+                stats.bytes_sent += send_buf.numel() * send_buf.element_size()
+                stats.bytes_received += recv_buf.numel() * recv_buf.element_size()
             if r1 > r0:
                 if phase == "reduce_scatter":
                     flat[r0:r1] += recv_buf
@@ -177,7 +167,7 @@ def simulate_ring_all_reduce(tensors: Sequence[torch.Tensor],
 
     Returns:
         (results, log): results[r] is rank r's buffer at the end (each should equal sum(tensors));
-        log has one dict per message: phase, step, src, dst, chunk, start, end (element range).
+        log has one dict per message: phase, step, src, dst, chunk, start, end (element range), bytes.
     """
     n = len(tensors)
     bufs = [t.detach().clone().reshape(-1) for t in tensors]
@@ -191,7 +181,7 @@ def simulate_ring_all_reduce(tensors: Sequence[torch.Tensor],
                 s0, s1 = bounds[c]
                 sent.append((c, bufs[r][s0:s1].clone()))
                 log.append({"phase": phase, "step": step, "src": r, "dst": (r + 1) % n, "chunk": c,
-                            "start": s0, "end": s1})
+                            "start": s0, "end": s1, "bytes": (s1 - s0) * bufs[r].element_size()})
             for r in range(n):
                 c, payload = sent[(r - 1) % n]  # what rank r-1 sent to rank r
                 assert c == ring_schedule(r, n, phase, step)[1]
@@ -205,60 +195,54 @@ def simulate_ring_all_reduce(tensors: Sequence[torch.Tensor],
     return [b.reshape(tensors[0].shape) for b in bufs], log
 
 
-def bus_bandwidth_factor(op: str, world_size: int) -> float:
-    """busbw / algbw for a collective on `world_size` ranks, as nccl-tests defines it.
+def simulation_equals_sum(world_sizes: Sequence[int], lengths: Sequence[int], seed: int = 0) -> bool:
+    """True when, for every world size and length, every simulated rank ends with the plain sum of random
+    integer-valued float32 inputs (exact) and the log holds 2(n-1) steps x n messages."""
+    g = torch.Generator().manual_seed(seed)
+    ok = True
+    for n in world_sizes:
+        for length in lengths:
+            inputs = [torch.randint(-1000, 1000, (length,), generator=g).float() for _ in range(n)]
+            results, log = simulate_ring_all_reduce(inputs)
+            ok &= all(torch.equal(res, sum(inputs)) for res in results) and len(log) == 2 * (n - 1) * n
+    return bool(ok)
 
-    all_reduce: 2(n-1)/n; reduce_scatter, all_gather: (n-1)/n; broadcast, reduce: 1
-    (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md). 0 for n = 1: nothing moves.
 
-    Raises:
-        ValueError: unknown op or world_size < 1.
+def parameter_server_all_reduce(tensor: torch.Tensor, group=None, stats: LinkStats | None = None) -> torch.Tensor:
+    """The design DDP does NOT use, for comparison: the group's first rank acts as the server, receives every
+    rank's tensor, sums, and sends the sum back; returns `tensor`, overwritten with the sum on every rank.
+
+    The server's link carries 2(n-1) * tensor bytes (`server_link_bytes`); every other link carries 2x the tensor.
+    `stats` counts what this rank sent and received.
     """
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    n = world_size
-    factors = {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n,
-               "broadcast": 1.0, "reduce": 1.0}
-    if op not in factors:
-        raise ValueError(f"unknown op {op!r}; one of {sorted(factors)}")
-    return factors[op] if n > 1 else 0.0
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    nbytes, others = tensor.numel() * tensor.element_size(), len(ranks) - 1
+    stats = stats if stats is not None else LinkStats()
+    if dist.get_rank() == ranks[0]:
+        buf = torch.empty_like(tensor)
+        for src in ranks[1:]:  # n-1 tensors in ...
+            dist.recv(buf, src=src, group=group)
+            tensor += buf
+        for dst in ranks[1:]:  # ... and n-1 sums out, all through this one rank's link
+            dist.send(tensor, dst=dst, group=group)
+        stats.bytes_received += others * nbytes
+        stats.bytes_sent += others * nbytes
+        stats.messages_sent += others
+    else:
+        dist.send(tensor, dst=ranks[0], group=group)
+        dist.recv(tensor, src=ranks[0], group=group)
+        stats.bytes_sent += nbytes
+        stats.bytes_received += nbytes
+        stats.messages_sent += 1
+    return tensor
 
 
-def bandwidths(size_bytes: int, seconds: float, world_size: int, op: str = "all_reduce") -> tuple[float, float]:
-    """(algbw, busbw) in GB/s (1e9 bytes/s) for one call moving `size_bytes` per rank in `seconds`.
-
-    algbw = size / time (what the caller sees); busbw = algbw * bus_bandwidth_factor(op, n) (what each link
-    carries, comparable across world sizes).
-
-    Raises:
-        ValueError: seconds <= 0 or size_bytes < 0.
-    """
-    if seconds <= 0 or size_bytes < 0:
-        raise ValueError(f"need seconds > 0 and size_bytes >= 0, got {seconds}, {size_bytes}")
-    algbw = size_bytes / seconds / 1e9
-    return algbw, algbw * bus_bandwidth_factor(op, world_size)
+def ring_link_bytes(world_size: int, nbytes: int) -> float:
+    """In + out on one ring rank's link for an all-reduce of `nbytes`: 2 * 2(n-1)/n * nbytes = 4(n-1)/n * nbytes."""
+    return 4 * (world_size - 1) * nbytes / world_size
 
 
-def time_op(fn: Callable[[], object], iters: int, warmup: int, device: torch.device,
-            distributed: bool) -> float:
-    """Mean seconds per call of `fn` over `iters` calls after `warmup` calls, the max over ranks.
-
-    A barrier lines the ranks up before the clock starts; on CUDA the device is synchronised before each
-    clock read (kernels are asynchronous). The slowest rank's time is returned (all-reduced with MAX), since
-    a collective is finished only when every rank has its result. Every rank returns the same number.
-    """
-    for _ in range(warmup):
-        fn()
-    if distributed:
-        dist.barrier()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    per_call = torch.tensor((time.perf_counter() - t0) / max(iters, 1), dtype=torch.float64, device=device)
-    if distributed:
-        dist.all_reduce(per_call, op=dist.ReduceOp.MAX)
-    return per_call.item()
+def server_link_bytes(world_size: int, nbytes: int) -> int:
+    """In + out on a parameter server's link (the busiest) when one of n ranks serves the n-1 others:
+    n-1 gradients in and n-1 results out, 2(n-1) * nbytes. `server / ring` = n/2: equal at n = 2."""
+    return 2 * (world_size - 1) * nbytes
