@@ -1,0 +1,63 @@
+"""common/memory.py, common/precision.py and lesson 08's byte count, in one process (no torchrun)."""
+from __future__ import annotations
+
+import importlib
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+from common.memory import ResidualMLP, residual_mlp_activation_bytes, saved_activation_bytes, storage_bytes
+from common.precision import autocast_context, max_diff
+
+lesson = importlib.import_module("lessons.08_memory")
+
+
+def test_storage_bytes_counts_each_storage_once():
+    x = torch.zeros(10, 4)  # 160 bytes
+    assert storage_bytes([x, x, x[:2], x.view(40), None]) == 160  # views and repeats add nothing
+    assert storage_bytes([x, torch.zeros(3, dtype=torch.float16)]) == 166
+    assert storage_bytes([x[:2].clone()]) == 32  # a copy owns only its own bytes
+
+
+@pytest.mark.parametrize("width, depth, batch", [(16, 1, 3), (32, 2, 8), (64, 3, 5)])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_saved_activation_bytes_match_the_shapes_exactly(width, depth, batch, checkpointing):
+    torch.manual_seed(0)
+    model = ResidualMLP(width, depth)
+    model.checkpointing = checkpointing
+    measured = saved_activation_bytes(model, lambda: model(torch.randn(batch, 1, 8, 8)))
+    assert measured == residual_mlp_activation_bytes(batch, width, depth, checkpointing)
+
+
+def test_checkpointing_keeps_the_gradients():
+    torch.manual_seed(0)
+    model, x, y = ResidualMLP(32, 2), torch.randn(8, 1, 8, 8), torch.randint(10, (8,))
+    grads = []
+    for ck in (False, True):
+        model.checkpointing = ck
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert max_diff(*grads) < 1e-6
+
+
+def test_bytes_a_rank_holds_with_adam_exactly():
+    torch.manual_seed(0)
+    model = ResidualMLP(32, 2)
+    n = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.Adam(model.parameters())
+    torch.nn.functional.cross_entropy(model(torch.randn(4, 64)), torch.randint(10, (4,))).backward()
+    opt.step()
+    held = lesson.bytes_a_rank_holds(model, opt)
+    tensors = len(list(model.parameters()))
+    assert held == {"parameters": 4 * n, "gradients": 4 * n, "optimizer_state": 8 * n + 4 * tensors,
+                    "all_three_counted_together": 16 * n + 4 * tensors}
+
+
+def test_autocast_context_by_name():
+    assert isinstance(autocast_context(torch.device("cpu"), "fp32"), nullcontext)
+    with autocast_context(torch.device("cpu"), "bf16"):
+        assert torch.nn.functional.linear(torch.ones(2, 3), torch.ones(4, 3)).dtype == torch.bfloat16
+    with pytest.raises(ValueError):
+        autocast_context(torch.device("cpu"), "fp8")
