@@ -1,0 +1,66 @@
+"""Worker functions for tests/unit/test_tensor_parallel.py (spawned by tests._workers.run_world; importable so
+that `spawn` can pickle them)."""
+from __future__ import annotations
+
+import torch
+
+
+def hand_built_blocks(rank: int, world_size: int) -> dict:
+    """The hand-built split MLP, attention and whole model against the unsplit ones on this tp group: output,
+    input-gradient and weight-gradient differences, and the collectives counted in forward and in backward."""
+    from common.counters import count_collectives
+    from common.grid import Grid
+    from common.session import DistInfo
+    from common.tensor_parallel import (MLP, SelfAttention, TPAttention, TPMLP, digits_transformer,
+                                        max_shard_diff, tensor_parallelize)
+    grid = Grid(DistInfo(rank=rank, world_size=world_size, backend="gloo"), tp=world_size)
+    tp = (grid.coords["tp"], grid.size("tp"), grid.group("tp"))
+    torch.manual_seed(0)
+    cases = {"mlp": (MLP(16), TPMLP), "attention": (SelfAttention(16, 4), TPAttention)}
+    out = {}
+    for name, (full, split_cls) in cases.items():
+        split = split_cls(full, *tp)
+        x = torch.randn(3, 5, 16)  # (B, S, H), the same on every rank (same seed)
+        xs, xf = x.clone().requires_grad_(), x.clone().requires_grad_()
+        full(xf).square().sum().backward()
+        with count_collectives() as fwd:
+            y = split(xs)
+        with count_collectives() as bwd:
+            y.square().sum().backward()
+        out[name] = {"out": (y - full(xf)).abs().max().item(), "in_grad": (xs.grad - xf.grad).abs().max().item(),
+                     "w_grad": max_shard_diff(full, split, tp[0], grads=True),
+                     "fwd": (fwd.calls, fwd.bytes, fwd.groups), "bwd": (bwd.calls, bwd.bytes, bwd.groups),
+                     "weight_numel": sum(p.numel() for n, p in split.named_parameters() if n.endswith("weight")),
+                     "full_weight_numel": sum(p.numel() for n, p in full.named_parameters() if n.endswith("weight"))}
+    model = digits_transformer(16, 4, 2)
+    split = tensor_parallelize(model, *tp)
+    x = torch.rand(4, 8, 8)
+    model(x).sum().backward()
+    split(x).sum().backward()
+    out["model"] = {"w_grad": max_shard_diff(model, split, tp[0], grads=True),
+                    "names": [n for n, _ in split.named_parameters()] == [n for n, _ in model.named_parameters()]}
+    return out
+
+
+def dtensor_mlp_counts(rank: int, world_size: int) -> dict:
+    """parallelize_module on the tp mesh: output difference, and DTensor's collectives in forward and backward as
+    common.dtensor_counts sees them."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from common.dtensor_counts import count_dtensor_collectives
+    from common.grid import Grid
+    from common.session import DistInfo
+    from common.tensor_parallel import MLP
+    import copy
+    grid = Grid(DistInfo(rank=rank, world_size=world_size, backend="gloo"), tp=world_size)
+    torch.manual_seed(0)
+    full = MLP(16)
+    split = parallelize_module(copy.deepcopy(full), grid.submesh("tp"),
+                               {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    with count_dtensor_collectives() as fwd:
+        y = split(x)
+    with count_dtensor_collectives() as bwd:
+        y.sum().backward()
+    return {"out": (y - full(x)).abs().max().item(), "fwd": (fwd.calls, fwd.bytes, fwd.groups),
+            "bwd": (bwd.calls, bwd.bytes, bwd.groups)}
