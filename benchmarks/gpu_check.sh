@@ -18,30 +18,31 @@ PY=${PYTHON:-python3}
 OUT_DIR=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT_DIR/runs"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
-PER_RUN_S=${GPU_CHECK_TIMEOUT_S:-120}
+PER_RUN_S=${GPU_CHECK_TIMEOUT_S:-150}
 
-# Extra runs: "name|lesson|args" (the lesson's own options; see each lesson's docstring).
+# Extra runs: "name|script|args" (the script's own options; see its docstring). Lesson 08 itself runs the fp16 +
+# GradScaler path on whatever device it is given; the benchmark adds peak CUDA memory per setting (fp32,
+# accumulation, bf16, fp16 + GradScaler, activation checkpointing).
 EXTRA=(
-  "fp16 autocast + GradScaler|08_memory|--precision fp16"
-  "bf16 autocast|08_memory|--precision bf16"
-  "activation checkpointing, peak CUDA memory|08_memory|--checkpointing"
-  "nn.SyncBatchNorm (PyTorch's), world of one|06_sync_batchnorm|--sync-impl torch"
+  "peak CUDA memory per setting (benchmarks/memory_speed.py)|benchmarks/memory_speed.py|--repeats 3"
+  "peak CUDA memory where activations dominate|benchmarks/memory_speed.py|--repeats 3 --batch 16384 --width 1024"
+  "nn.SyncBatchNorm (PyTorch's), world of one|lessons/06_sync_batchnorm.py|--sync-impl torch"
 )
 
-run_one() {  # name, launcher (python|torchrun), lesson, args...
-  local name=$1 launcher=$2 lesson=$3; shift 3
+run_one() {  # name, launcher (python|torchrun), script path, args...
+  local name=$1 launcher=$2 script=$3; shift 3
   local tag log json cmd
   tag=$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_')
   log="$OUT_DIR/runs/$tag.log"; json="$OUT_DIR/runs/$tag.json"
   if [ "$launcher" = torchrun ]; then
-    cmd=("$PY" -m torch.distributed.run --standalone --nproc_per_node=1 "lessons/$lesson.py")
+    cmd=("$PY" -m torch.distributed.run --standalone --nproc_per_node=1 "$script")
   else
-    cmd=("$PY" "lessons/$lesson.py")
+    cmd=("$PY" "$script")
   fi
   local t0=$SECONDS
   timeout -k 5 "$PER_RUN_S" "${cmd[@]}" --device "$DEVICE" "$@" --results "$json" >"$log" 2>&1
   local rc=$?
-  echo "$name|$launcher|$lesson|$*|$rc|$((SECONDS - t0))" >>"$OUT_DIR/runs/index.txt"
+  echo "$name|$launcher|$script|$*|$rc|$((SECONDS - t0))" >>"$OUT_DIR/runs/index.txt"
 }
 export -f run_one
 export OUT_DIR PY DEVICE PER_RUN_S
@@ -61,12 +62,12 @@ fi
 jobs_list=()
 for f in lessons/[0-9][0-9]_*.py; do
   l=$(basename "$f" .py)
-  jobs_list+=("$l (python)|python|$l" "$l (torchrun, 1 process)|torchrun|$l")
+  jobs_list+=("$l (python)|python|$f" "$l (torchrun, 1 process)|torchrun|$f")
 done
 for e in "${EXTRA[@]}"; do
-  IFS='|' read -r name lesson args <<<"$e"
-  jobs_list+=("$name|python|$lesson|$args")
+  IFS='|' read -r name script args <<<"$e"
+  jobs_list+=("$name|python|$script|$args")
 done
 # 4 at a time: they share the one GPU (fine for correctness; timings here are not comparable)
-printf '%s\n' "${jobs_list[@]}" | xargs -P 4 -I{} bash -c 'IFS="|" read -r n la le ar <<<"$1"; run_one "$n" "$la" "$le" $ar' _ {}
+printf '%s\n' "${jobs_list[@]}" | xargs -d '\n' -P 4 -I{} bash -c 'IFS="|" read -r n la le ar <<<"$1"; run_one "$n" "$la" "$le" $ar' _ {}
 "$PY" benchmarks/gpu_summary.py "$OUT_DIR/runs"

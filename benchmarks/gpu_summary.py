@@ -16,7 +16,7 @@ def main(runs: Path) -> int:
     print("\n| run | launcher | args | exit | s | claims holding | device in results | note |")
     print("|---|---|---|---|---|---|---|---|")
     failed_claims, errors = [], []
-    for name, launcher, lesson, args, rc, secs in sorted(rows):
+    for name, launcher, script, args, rc, secs in sorted(rows):
         stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name + "\n")  # as `tr -c` in the script (newline included)
         log, res = runs / f"{stem}.log", runs / f"{stem}.json"
         results = json.loads(res.read_text()) if res.is_file() else {}
@@ -36,11 +36,13 @@ def main(runs: Path) -> int:
     peak = []
     for res in sorted(runs.glob("*.json")):
         r = json.loads(res.read_text())
-        for k, v in r.items():
-            if "cuda" in k.lower() and ("mem" in k.lower() or "peak" in k.lower()):
-                peak.append(f"- {res.stem}: {k} = {v}")
-    print("\n## CUDA memory figures reported\n")
-    print("\n".join(peak) or "none")
+        for row in r.get("table", []) if isinstance(r.get("table"), list) else []:
+            if isinstance(row, dict) and row.get("peak_cuda_bytes") is not None:
+                peak.append(f"| {row.get('name')} | {row.get('micro_batch')} | {row.get('saved_activation_bytes')} | "
+                            f"{row['peak_cuda_bytes'] / 2**20:.1f} |")
+    print("\n## Peak CUDA memory per setting (benchmarks/memory_speed.py, one step)\n")
+    print("\n".join(["| setting | micro-batch | saved activation bytes | peak CUDA MiB |", "|---|---|---|---|", *peak])
+          if peak else "none")
     for name, text in errors:
         print(f"\n## Failed run: {name}\n\n```\n{text}\n```")
     return 0
