@@ -1,10 +1,10 @@
-"""SyncBatchNorm built from two all-reduces (introduced in lesson 05; reusable wherever BatchNorm meets DDP).
+"""SyncBatchNorm built from two all-reduces (introduced in lesson 06; reusable wherever BatchNorm meets DDP).
 
 Under DDP each process runs its own copy of the model, so a plain BatchNorm normalises with the mean and variance
 of *this rank's* micro-batch and updates *this rank's* running statistics. `torch.nn.SyncBatchNorm` computes the
-statistics over the global batch instead, but in torch 2.13 it runs on GPUs only (its forward raises on CPU and
-DDP refuses a CPU module that holds one). This module computes exactly what it computes, on any device and
-backend, with collectives you can read:
+statistics over the global batch instead, but in torch 2.13 only on accelerators: its forward accepts cuda, hpu,
+xpu and the PrivateUse1 backend, raises on CPU, and DDP refuses a CPU module that holds one. This module computes
+exactly what it computes, on any device and backend, with collectives you can read:
 
     forward, per layer:   ONE all-reduce of [sum_x (C), sum_x2 (C), count (1)]       -> global mean, variance
     backward, per layer:  ONE all-reduce of [sum_dy (C), sum_dy_xhat (C)]             -> global gradient sums
@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-__all__ = ["SyncBatchNormFunction", "SyncBatchNorm", "convert_sync_batchnorm", "batchnorm_modules", "running_stats"]
+__all__ = ["SyncBatchNormFunction", "SyncBatchNorm", "convert_sync_batchnorm"]
 
 # The BatchNorm flavours and the input ranks they accept (so a converted BatchNorm2d still rejects a 2-D input
 # with BatchNorm2d's own message, where nn.SyncBatchNorm accepts any input with at least 2 dimensions).
@@ -215,21 +215,3 @@ def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
     for name, child in module.named_children():
         out.add_module(name, convert_sync_batchnorm(child, process_group))
     return out
-
-
-def batchnorm_modules(model: nn.Module) -> list[tuple[str, _BatchNorm]]:
-    """(name, layer) for every BatchNorm-like layer (BatchNorm*d, nn.SyncBatchNorm, this SyncBatchNorm)."""
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, _BatchNorm)]
-
-
-@torch.no_grad()
-def running_stats(model: nn.Module) -> torch.Tensor:
-    """All running means and variances of `model`'s BatchNorm layers as one float64 vector (on CPU).
-
-    Shape: (sum over layers of 2 * C,), in module order. Comparing it between ranks measures the drift.
-    """
-    parts = []
-    for _, m in batchnorm_modules(model):
-        if m.running_mean is not None:
-            parts += [m.running_mean.double().cpu(), m.running_var.double().cpu()]
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)

@@ -1,69 +1,70 @@
-"""Lesson 05: SyncBatchNorm -- BatchNorm statistics over the global batch, and a SyncBatchNorm built from collectives.
+"""Lesson 06: SyncBatchNorm -- BatchNorm statistics over the global batch, and what DDP does with BatchNorm buffers.
 
 Run it:
 
-    python lessons/05_sync_batchnorm.py                                       # one process: both variants agree
-    torchrun --standalone --nproc_per_node=4 lessons/05_sync_batchnorm.py     # 4 processes x 4 samples per step
-    torchrun --standalone --nproc_per_node=4 lessons/05_sync_batchnorm.py --group-size 2   # sync {0,1} and {2,3}
-    torchrun --standalone --nproc_per_node=2 lessons/05_sync_batchnorm.py --batch-size 2 --sync-impl scratch
+    python lessons/06_sync_batchnorm.py                                       # one process: the variants agree
+    torchrun --standalone --nproc_per_node=4 lessons/06_sync_batchnorm.py     # 4 processes x 4 samples per step
+    torchrun --standalone --nproc_per_node=4 lessons/06_sync_batchnorm.py --group-size 2   # sync {0,1} and {2,3}
+    torchrun --standalone --nproc_per_node=2 lessons/06_sync_batchnorm.py --batch-size 2 --sync-impl scratch
 
-What to look for:
-- Under DDP every process runs its own copy of the model, so a plain BatchNorm normalises with the statistics of
-  THIS rank's micro-batch (4 samples here, not the global 16) and updates THIS rank's running mean and variance.
-  DDP averages gradients but never the BatchNorm buffers (with forward_sync_buffers=False, see below): the table
-  "running-stat spread between ranks" shows the BatchNorm replicas drift apart, so the model you save from rank 0
-  is not the one rank 3 evaluates with, and per-rank test accuracies can differ (they do in the notebook's 40-step run).
-- SyncBatchNorm computes mean and variance over the global batch (one collective per layer in forward -- an
-  all-gather of per-rank statistics in torch's nn.SyncBatchNorm, an all-reduce of sums in ours -- and one in
-  backward): its running statistics are identical on every rank (spread 0).
-- Which SyncBatchNorm ran: `torch.nn.SyncBatchNorm` on CUDA; on CPU (where in torch 2.13 its forward raises and
-  DDP refuses it) the from-scratch `common.sync_batchnorm.SyncBatchNorm`, which tests prove equal to BatchNorm on
-  the concatenated global batch and to nn.SyncBatchNorm on CUDA.
-- convert_sync_batchnorm swaps the BatchNorm children of the model you pass IN PLACE and must run BEFORE the DDP
-  wrap (DDP records the parameters and buffers it finds when it is built).
-- --group-size 2 at world size 4: statistics are synchronised within {0,1} and within {2,3} (spread 0 inside a
-  group, not between groups), the usual way to keep the all-reduce inside one node.
-- "collectives per step": BatchNorm layers make 0; SyncBatchNorm makes one per layer in forward and one per
-  layer in backward (2 + 2 for this CNN), on top of DDP's gradient bucket all-reduce(s).
-- [perf] step-time ratio SyncBatchNorm / BatchNorm, measured in this run.
+What to look for (each number is a claim with its bound, recorded in --results):
+1. The code to copy: `convert_sync_batchnorm(raw_model, group)` BEFORE the DDP wrap (DDP records the modules and
+   buffers it finds when built); it swaps the BatchNorm children of the model you pass IN PLACE. SyncBatchNorm
+   normalises with its group's global batch: one collective per layer in forward (an all-gather in
+   nn.SyncBatchNorm, an all-reduce of sums in ours) and one in backward; identical running statistics.
+2. Plain BatchNorm under DDP(..., forward_sync_buffers=False): each rank normalises with ITS micro-batch (4 samples,
+   not the global 16) and updates ITS running statistics; DDP averages gradients, never buffers: they drift apart.
+3. DDP's default, forward_sync_buffers=True (torch 2.13's name; `broadcast_buffers` is deprecated), broadcasts rank
+   0's buffers before a forward only when the previous forward ran with gradient sync (common/ddp_buffers.py
+   quotes the source): once per training step, once per optimizer step under no_sync, once per evaluation loop
+   (at its first batch), not at the training step after it. It hides the drift (every rank evaluates rank 0's
+   statistics) without fixing it: they are rank 0's micro-batches' statistics, not the global batch's.
+4. --group-size 2: `Grid(info, replica=2, bn=2)`; dimension `bn` holds the ranks that share statistics, {0,1} and
+   {2,3} (consecutive ranks: on GPUs, one node); `replica` numbers those groups.
+5. `replay` computes rank 0's run in one process (claims `replay_equals_ddp_*`); notebook 06 uses it to sweep the
+   per-rank batch: on 8x8 digits (64 values per channel per sample) SyncBatchNorm gains no more than the spread of
+   seeds at any per-rank batch; Wu & He report BatchNorm 10.6 points worse on ImageNet at 2 images per GPU.
+6. [perf] step time SyncBatchNorm / BatchNorm: 4 more collectives per step (large here: 4 processes, 2 cores).
+7. Which SyncBatchNorm runs: `torch.nn.SyncBatchNorm` on CUDA; on CPU, where torch 2.13's raises (its forward
+   accepts cuda, hpu, xpu and PrivateUse1 devices) and DDP refuses it, the from-scratch `common.sync_batchnorm`.
 
-Why DDP(..., forward_sync_buffers=False) (torch 2.13's replacement for broadcast_buffers=False; unlike the old flag it
-still broadcasts the buffers once, when DDP is built): DDP's default copies rank
-0's buffers to every rank before each forward. That hides the drift (rank 0's running statistics overwrite the
-others) without fixing it: they remain statistics of rank 0's micro-batches only. We turn it off for both variants
-so the lesson measures what each rank computes. (Buffers are still broadcast once when DDP is built; all ranks
-start from the same seed, so that changes nothing here.)
+Sources: Ioffe & Szegedy 2015 (https://arxiv.org/abs/1502.03167); MegDet's cross-GPU BatchNorm, Peng et al. 2018
+(https://arxiv.org/abs/1711.07240); Group Normalization, Wu & He 2018 (https://arxiv.org/abs/1803.08494);
+https://pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html; torch/nn/parallel/distributed.py.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
+from contextlib import nullcontext
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common.checkpoint import write_results
+from common.bn_stats import (batchnorm_modules, gather_stats, global_batch_tracker, local_accuracy, running_stats,
+                             spread)
+from common.counters import CommCounter, count_collectives
 from common.data import digits_split
-from common.ranks import gather_to_rank0, max_param_diff_across_ranks, print0
-from common.session import (LessonError, add_distributed_args, choose_backend_and_device, distributed_session,
-                            read_torchrun_env, run_main, set_seed)
-from common.counters import CommCounter
+from common.ddp_buffers import count_buffer_broadcasts
+from common.grid import Grid
 from common.models import DigitsCNN
-from common.counters import count_collectives
-from common.sync_batchnorm import batchnorm_modules, convert_sync_batchnorm, running_stats
+from common.ranks import gather_to_rank0, max_param_diff_across_ranks
+from common.results import Report
+from common.session import (LessonError, add_distributed_args, choose_backend_and_device, distributed_session,
+                            rank0_only, read_torchrun_env, run_main, set_seed)
+from common.sync_batchnorm import convert_sync_batchnorm
 
-VARIANTS = ("batchnorm", "syncbn")
+DRIFT = 1e-3  # a spread of running statistics at least this large is drift, not rounding (float32: ~1e-7)
+ROUNDING = 1e-4  # the replay adds gradients in another order than DDP: ~1e-7 per step, grown over 60 steps
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=1, help="passes over the training set (default %(default)s)")
-    p.add_argument("--max-steps", type=int, default=60,
-                   help="stop each variant after this many steps, 0 = no limit (default %(default)s)")
+    p.add_argument("--max-steps", type=int, default=60, help="steps per variant, 0 = one epoch (default %(default)s)")
     p.add_argument("--batch-size", type=int, default=4, help="samples per process per step (small on purpose); "
                    "the global batch is batch-size x world_size (default %(default)s)")
     p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate (default %(default)s)")
@@ -71,188 +72,228 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="model init and data order (same on every rank)")
     p.add_argument("--data", default=None, help="digits .npz (default: the bundled data/digits.npz)")
     p.add_argument("--sync-impl", choices=["auto", "torch", "scratch"], default="auto",
-                   help="SyncBatchNorm to use: torch's nn.SyncBatchNorm (CUDA only), the from-scratch one, or "
-                   "auto = torch on CUDA, scratch on CPU")
+                   help="torch's nn.SyncBatchNorm (CUDA), the from-scratch one, or auto: torch on CUDA, else scratch")
     p.add_argument("--group-size", type=int, default=0,
                    help="synchronise within groups of this many consecutive ranks (0 = all ranks)")
-    p.add_argument("--log-every", type=int, default=10, help="measure the running-stat spread every N steps")
     p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
     add_distributed_args(p)
     args = p.parse_args(argv)
     # Validate before any process group exists: every rank sees the same argv and environment, so all fail alike.
-    if args.batch_size < 1:
-        raise LessonError(f"--batch-size must be a positive integer, got {args.batch_size}")
-    if args.epochs < 1:
-        raise LessonError(f"--epochs must be >= 1, got {args.epochs}")
-    if args.max_steps < 0 or args.log_every < 1:
-        raise LessonError("--max-steps must be >= 0 and --log-every >= 1")
-    if args.lr <= 0:
-        raise LessonError(f"--lr must be positive, got {args.lr}")
+    if args.batch_size < 1 or args.max_steps < 0 or args.lr <= 0:
+        raise LessonError(f"need --batch-size >= 1, --max-steps >= 0, --lr > 0; got {args.batch_size}, "
+                          f"{args.max_steps}, {args.lr}")
     _, local_rank, world_size, local_world_size = read_torchrun_env()
     _, device = choose_backend_and_device(args.backend, args.device, local_rank, local_world_size)
     if args.sync_impl == "auto":
-        args.sync_impl = "torch" if device.type == "cuda" else "scratch"
-    if args.sync_impl == "torch" and device.type != "cuda":
-        raise LessonError("--sync-impl torch: nn.SyncBatchNorm runs on GPUs only in torch 2.13 (its forward "
-                          "raises on CPU); use --sync-impl scratch or auto")
+        args.sync_impl = "scratch" if device.type == "cpu" else "torch"
+    if args.sync_impl == "torch" and device.type == "cpu":
+        raise LessonError("--sync-impl torch: nn.SyncBatchNorm runs on accelerators only in torch 2.13 (cuda, "
+                          "hpu, xpu, PrivateUse1; its forward raises on CPU); use --sync-impl scratch or auto")
     if args.group_size < 0 or (args.group_size and world_size % args.group_size):
         raise LessonError(f"--group-size {args.group_size} must be 0 or divide the world size {world_size}")
     return args
 
 
-def convert(model: nn.Module, impl: str, process_group) -> nn.Module:
-    """BatchNorm -> SyncBatchNorm, PyTorch's or ours; both swap the children of `model` in place."""
-    if impl == "torch":
-        return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)
-    return convert_sync_batchnorm(model, process_group)
-
-
-def gather_vector(t: torch.Tensor, info) -> torch.Tensor:
-    """(world_size, n) float64 on CPU: every rank's copy of the vector t (n,), every rank gets all of them."""
+def build(variant: str, args, info, bn_group) -> tuple[nn.Module, nn.Module]:
+    """(raw_model, model): "syncbn" is the code to copy; "batchnorm" keeps each rank's buffers;
+    "batchnorm_default" is BatchNorm under DDP's default buffer broadcast. One seed: the same init for all."""
+    set_seed(args.seed)
+    raw_model = DigitsCNN().to(info.device)
+    if variant == "syncbn":  # BEFORE the DDP wrap, which records the layers it finds. Both converters swap the
+        convert = nn.SyncBatchNorm.convert_sync_batchnorm if args.sync_impl == "torch" else convert_sync_batchnorm
+        convert(raw_model, bn_group)  # BatchNorm children of raw_model IN PLACE (and return raw_model itself)
     if not info.distributed:
-        return t.double().cpu().unsqueeze(0)
-    t = t.to(info.device, torch.float64)  # NCCL moves CUDA tensors only
-    out = [torch.empty_like(t) for _ in range(info.world_size)]
-    dist.all_gather(out, t)
-    return torch.stack(out).cpu()
+        return raw_model, raw_model
+    return raw_model, DDP(raw_model, device_ids=[info.local_rank] if info.device.type == "cuda" else None,
+                          forward_sync_buffers=variant == "batchnorm_default")  # False: what each rank computes
 
 
-def spread(stats: torch.Tensor, n_means: list[int]) -> dict:
-    """Largest difference between ranks, over every channel, of running means and of running variances.
-
-    stats (world_size, sum 2C) as returned by running_stats on each rank; n_means gives C per layer.
-    """
-    diff = stats.max(0).values - stats.min(0).values  # (sum 2C,) max_r - min_r per entry
-    means, variances, i = [], [], 0
-    for c in n_means:
-        means.append(diff[i:i + c])
-        variances.append(diff[i + c:i + 2 * c])
-        i += 2 * c
-    return {"mean": torch.cat(means).max().item(), "var": torch.cat(variances).max().item()}
+def loader_for(train_set, batch_size: int, world_size: int, rank: int, seed: int) -> DataLoader:
+    return DataLoader(train_set, batch_size=batch_size, sampler=DistributedSampler(
+        train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=seed))
 
 
-@torch.no_grad()
-def test_accuracy(model: nn.Module, test_set, device) -> float:
-    """Accuracy of THIS rank's model (its own running statistics) on the whole test set; no communication."""
-    model.eval()
-    x, y = test_set.tensors
-    correct = (model(x.to(device)).argmax(1) == y.to(device)).sum().item()
-    model.train()
-    return correct / len(y)
+def batches(loader: DataLoader, steps: int):
+    """`steps` (x, y) batches over as many epochs as needed (set_epoch reshuffles each, alike on every rank)."""
+    epochs = (loader.sampler.set_epoch(epoch) or loader for epoch in itertools.count())  # lazy: one epoch at a time
+    return itertools.islice(itertools.chain.from_iterable(epochs), steps)
+
+
+def train(model, raw_model, data, args, info, log=None) -> dict:
+    """SGD over `data`; counts the collectives of the first step; `log(step)` every 10 steps."""
+    optimizer = torch.optim.SGD(raw_model.parameters(), lr=args.lr, momentum=args.momentum)
+    comm, counts, times = CommCounter().register(model) if info.distributed else CommCounter(), {}, []
+    for step, (x, y) in enumerate(data, 1):
+        x, y = x.to(info.device), y.to(info.device)  # x (B, 1, 8, 8), B = samples on this rank
+        t0 = time.perf_counter()
+        with count_collectives() as fwd:
+            loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        with count_collectives() as bwd:
+            loss.backward()  # SyncBatchNorm's backward all-reduces; DDP all-reduces gradient buckets
+        optimizer.step()
+        if info.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        if step == 1:  # the comm hook calls dist.all_reduce too: take DDP's buckets out of "backward"
+            counts = {"forward": fwd.total, "backward": bwd.total - comm.calls, "ddp_buckets": comm.calls}
+        if log and step % 10 == 0:
+            log(step)
+    warm = times[min(5, len(times) - 1):]  # skip the first steps (allocation, counting)
+    return {"steps": len(times), "final_loss": loss.item(), "collectives_per_step": counts,
+            "mean_step_s": sum(warm) / len(warm)}
+
+
+def replay(variant: str, train_set, batch_size: int, world_size: int, steps: int, lr: float, seed: int,
+           momentum: float = 0.9) -> nn.Module:
+    """What rank 0 of `world_size` DDP ranks ends with, computed in one process: every rank's micro-batch from its
+    own DistributedSampler; "syncbn" normalises their concatenation (what SyncBatchNorm computes, tests prove it),
+    "batchnorm" each micro-batch alone, rank 0's updating the running statistics; gradients averaged as DDP."""
+    set_seed(seed)
+    model = DigitsCNN()
+    optimizer, layers = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum), batchnorm_modules(model)
+    ranks = [batches(loader_for(train_set, batch_size, world_size, r, seed), steps) for r in range(world_size)]
+    for micro in zip(*ranks):  # one (x, y) per rank
+        optimizer.zero_grad(set_to_none=True)
+        if variant == "syncbn":  # one batch, the concatenation: SyncBatchNorm's statistics
+            micro = [(torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro]))]
+        for rank, (x, y) in reversed(list(enumerate(micro))):  # rank 0 last: it leaves momentum at 0.1
+            for _, m in layers:
+                m.momentum = 0.1 if rank == 0 else 0.0  # momentum 0: ranks 1.. leave rank 0's statistics alone
+            (F.cross_entropy(model(x), y) / len(micro)).backward()  # DDP's average of per-rank gradients
+        optimizer.step()
+    return model
 
 
 def main() -> None:
     args = parse_args()
     with distributed_session(args) as info:
+        report = Report(info)
+        g = args.group_size or info.world_size
+        grid = Grid(info, replica=info.world_size // g, bn=g)  # bn: the ranks that share BatchNorm statistics
+        groups = sorted({tuple(m) for m in gather_to_rank0(grid.ranks_in("bn"), info) or [[0]]})  # rank 0 reports
         train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8) and (359, 1, 8, 8), every rank
-        sampler = DistributedSampler(train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True,
-                                     seed=args.seed)
-        loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
-        # Process groups: every rank must call new_group for EVERY group, even those it is not in.
-        process_group, group_of = None, [0] * info.world_size
-        if info.distributed and 0 < args.group_size < info.world_size:
-            process_group, _ = dist.new_subgroups(group_size=args.group_size)
-            group_of = [r // args.group_size for r in range(info.world_size)]
-        impl_name = {"torch": "torch.nn.SyncBatchNorm",
-                     "scratch": "common.sync_batchnorm.SyncBatchNorm (from scratch)"}[args.sync_impl]
-        print0(f"world_size {info.world_size}  backend {info.backend or 'none'}  device {info.device.type}  "
-               f"global batch {args.batch_size * info.world_size} ({info.world_size} x {args.batch_size})")
-        print0(f"SyncBatchNorm implementation: {impl_name}")
-        if args.group_size and info.world_size > 1:
-            groups = sorted({tuple(r for r in range(info.world_size) if group_of[r] == g) for g in group_of})
-            print0(f"SyncBatchNorm process groups: {' '.join('{' + ','.join(map(str, g)) + '}' for g in groups)}")
+        loader = loader_for(train_set, args.batch_size, info.world_size, info.rank, args.seed)
+        steps = args.max_steps or len(loader)
+        report.value("setup", [info.world_size, args.batch_size, steps], "world_size {value[0]}, {value[2]} steps of "
+                     f"{{value[0]}} x {{value[1]}} samples ({info.backend}, {info.device.type})")
+        report.value("sync_impl", args.sync_impl, "SyncBatchNorm implementation: " + ("torch.nn.SyncBatchNorm" if
+                     args.sync_impl == "torch" else "common.sync_batchnorm.SyncBatchNorm (from scratch)"))
+        report.value("bn_groups", [list(m) for m in groups], "SyncBatchNorm process groups (Grid dimension bn): "
+                     + " ".join(str(list(m)) for m in groups))
+        report.record("group_of_rank", gather_to_rank0(grid.coords["replica"], info))
+        channels = [m.num_features for _, m in batchnorm_modules(DigitsCNN())]  # [16, 32]
+        variants, rank0 = report.record("variants", {}), {}
 
-        results = {"world_size": info.world_size, "backend": info.backend, "device": info.device.type,
-                   "sync_impl": args.sync_impl, "batch_size_per_process": args.batch_size,
-                   "global_batch_size": args.batch_size * info.world_size, "group_size": args.group_size,
-                   "group_of_rank": group_of, "variants": {}}
-        for variant in VARIANTS:
-            set_seed(args.seed)  # same initial weights and the same data order for both variants
-            raw_model = DigitsCNN().to(info.device)
-            n_means = [m.num_features for _, m in batchnorm_modules(raw_model)]
-            if variant == "syncbn":
-                # BEFORE the DDP wrap: DDP registers hooks on, and records, the modules it finds when built.
-                before = [type(m).__name__ for _, m in batchnorm_modules(raw_model)]
-                converted = convert(raw_model, args.sync_impl, process_group)
-                after = [type(m).__name__ for _, m in batchnorm_modules(converted)]
-                results["convert"] = {"same_object": converted is raw_model, "before": before, "after": after}
-                print0(f"convert_sync_batchnorm: {', '.join(before)} -> {', '.join(after)}; "
-                       f"returned the model passed in (swapped in place): {converted is raw_model}")
-            model = raw_model
-            comm = CommCounter()
-            if info.distributed:
-                # forward_sync_buffers=False: keep each rank's own running statistics (see the docstring).
-                model = DDP(raw_model, device_ids=[info.local_rank] if info.device.type == "cuda" else None,
-                            forward_sync_buffers=False)
-                model.register_comm_hook(comm, CommCounter.hook)  # counts DDP's gradient all-reduces
-            optimizer = torch.optim.SGD(raw_model.parameters(), lr=args.lr, momentum=args.momentum)
+        # ---- 1. SyncBatchNorm (the code to copy), then 2. plain BatchNorm, each rank its own buffers -------------
+        for variant in ("syncbn", "batchnorm"):
+            variants[variant], rank0[variant] = measure(variant, args, info, grid.group("bn"), groups, loader,
+                                                        steps, test_set, channels, report)
+        report.perf("step_time_ratio", variants["syncbn"]["mean_step_s"] / variants["batchnorm"]["mean_step_s"],
+                    "mean step time SyncBatchNorm / BatchNorm: {value:.2f}")
+        with rank0_only(info, "the one-process replay") as mine:
+            for variant in ("syncbn", "batchnorm") if mine and (g == info.world_size) else ():
+                twin = replay(variant, train_set, args.batch_size, info.world_size, steps, args.lr, args.seed,
+                              args.momentum)
+                pairs = zip([*rank0[variant].parameters(), running_stats(rank0[variant])],
+                            [*twin.parameters(), running_stats(twin)])  # parameters, running statistics
+                report.claim(f"replay_equals_ddp_{variant}", max((a.cpu() - b).abs().max().item() for a, b in pairs),
+                             "<=", ROUNDING, f"one-process replay of rank 0's {variant} run: max |diff| {{value:.1e}}")
 
-            steps, step_times, spread_curve, counts = 0, [], [], {}
-            for epoch in range(args.epochs):
-                sampler.set_epoch(epoch)
-                for x, y in loader:
-                    if args.max_steps and steps >= args.max_steps:
-                        break
-                    x, y = x.to(info.device), y.to(info.device)  # x (B, 1, 8, 8), B = batch-size on this rank
-                    if info.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    if steps == 0:  # count once: the numbers are the same at every step
-                        comm.reset()
-                        with count_collectives() as fwd:
-                            loss = F.cross_entropy(model(x), y)
-                        with count_collectives() as bwd:
-                            optimizer.zero_grad(set_to_none=True)
-                            loss.backward()  # SyncBN's backward all-reduces; DDP all-reduces gradient buckets
-                        # The comm hook issues DDP's bucket all-reduces from Python too: take them out of the
-                        # backward count so that "backward" is what the BatchNorm layers themselves call.
-                        counts = {"forward": fwd.total, "backward": bwd.total - comm.calls,
-                                  "ddp_buckets": comm.calls}
-                    else:
-                        loss = F.cross_entropy(model(x), y)
-                        optimizer.zero_grad(set_to_none=True)
-                        loss.backward()
-                    optimizer.step()
-                    if info.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    step_times.append(time.perf_counter() - t0)
-                    steps += 1
-                    if steps % args.log_every == 0:
-                        spread_curve.append([steps, spread(gather_vector(running_stats(raw_model), info),
-                                                           n_means)["mean"]])
-            # Final per-rank statistics, all ranks' copies side by side: (world_size, 96) for this CNN.
-            stats = gather_vector(running_stats(raw_model), info)
-            s = spread(stats, n_means)
-            within = across = 0.0
-            if args.group_size and info.world_size > 1:
-                for g in set(group_of):
-                    members = [r for r in range(info.world_size) if group_of[r] == g]
-                    within = max(within, spread(stats[members], n_means)["mean"])
-                across = spread(stats[[min(r for r in range(info.world_size) if group_of[r] == g)
-                                       for g in sorted(set(group_of))]], n_means)["mean"]
-            acc = gather_to_rank0(test_accuracy(raw_model, test_set, info.device), info)
-            max_param_diff = max_param_diff_across_ranks(raw_model, info)
-            warm = step_times[min(5, len(step_times) - 1):]  # skip the first steps (allocation, counting)
-            v = {"steps": steps, "final_loss": loss.item(), "spread_running_mean": s["mean"],
-                 "spread_running_var": s["var"], "spread_within_groups": within, "spread_across_groups": across,
-                 "spread_curve": spread_curve, "collectives_per_step": counts, "max_param_diff": max_param_diff,
-                 "first_layer_running_mean": stats[:, :n_means[0]].tolist(), "test_accuracy_per_rank": acc,
-                 "mean_step_s": sum(warm) / len(warm)}
-            results["variants"][variant] = v
-            if info.master_process:
-                accs = " ".join(f"{a:.4f}" for a in acc)
-                print0(f"{variant:>9}: {steps} steps  test_acc per rank {accs}  running-stat spread between ranks: "
-                       f"mean {s['mean']:.2e} var {s['var']:.2e}")
-                print0(f"{'':>9}  collectives per step: forward {counts.get('forward', 0)}, backward "
-                       f"{counts.get('backward', 0)} (BatchNorm layers) + {counts.get('ddp_buckets', 0)} DDP "
-                       f"gradient all-reduce(s); max parameter difference across ranks {max_param_diff:.1e}")
-                if args.group_size and info.world_size > 1:
-                    print0(f"{'':>9}  running-mean spread within groups {within:.2e}, across groups {across:.2e}")
-        ratio = results["variants"]["syncbn"]["mean_step_s"] / results["variants"]["batchnorm"]["mean_step_s"]
-        results["step_time_ratio"] = ratio
-        print0(f"[perf] mean step time: BatchNorm {results['variants']['batchnorm']['mean_step_s'] * 1e3:.2f} ms, "
-               f"SyncBatchNorm {results['variants']['syncbn']['mean_step_s'] * 1e3:.2f} ms, ratio {ratio:.2f}")
-        write_results(args.results, results, info)
+        # ---- 3. DDP's default, forward_sync_buffers=True: when it broadcasts, and what it hides ------------------
+        if info.distributed:
+            default_buffer_sync(args, info, loader, steps, test_set, channels, report, rank0["batchnorm"])
+        report.write(args.results)
+
+
+def measure(variant, args, info, bn_group, groups, loader, steps, test_set, channels, report):
+    """Train one variant on every rank; report its collectives, its buffers' spread and broadcasts, its accuracy."""
+    with count_buffer_broadcasts() as built:
+        raw_model, model = build(variant, args, info, bn_group)
+    if variant == "syncbn":  # raw_model is the DigitsCNN object passed in: were its 2 BatchNorm2d layers swapped?
+        report.claim("convert_swaps_in_place", sum(type(m).__name__ == "SyncBatchNorm" for _, m in batchnorm_modules(
+            raw_model)), "==", len(channels), "convert_sync_batchnorm swapped {value} BatchNorm2d for SyncBatchNorm")
+    curve = []
+    with count_buffer_broadcasts() as sent:
+        v = train(model, raw_model, batches(loader, steps), args, info, log=lambda s: curve.append(
+            [s, spread(gather_stats(raw_model, info), channels)[0]]))
+    stats = gather_stats(raw_model, info)  # (world_size, 96) for this CNN
+    acc = gather_to_rank0(local_accuracy(raw_model, test_set), info) or []  # [] off rank 0
+    v.update(spread_curve=curve, first_layer_running_mean=stats[:, :channels[0]].tolist(),
+             max_param_diff=max_param_diff_across_ranks(raw_model, info), test_accuracy_per_rank=acc)
+    v["spread_running_mean"], v["spread_running_var"] = spread(stats, channels)
+    v["spread_within_groups"] = max(max(spread(stats[list(m)], channels)) for m in groups)
+    report.value(f"{variant}_test_accuracy", acc, f"{variant:>9}: {v['steps']} steps, test accuracy per rank "
+                 + " ".join(f"{a:.4f}" for a in acc))
+    c, pad = v["collectives_per_step"], " " * 11
+    layers = len(channels) if variant == "syncbn" and len(groups[0]) > 1 else 0
+    report.claim(f"{variant}_forward_collectives", c["forward"], "==", layers,
+                 pad + "collectives per step of the BatchNorm layers: forward {value}")
+    report.claim(f"{variant}_backward_collectives", c["backward"], "==", layers, pad + "... backward {value}")
+    report.claim(f"{variant}_ddp_bucket_allreduces", c["ddp_buckets"], "==", int(info.distributed), pad + "... plus"
+                 " {value} DDP gradient bucket all-reduce (150 KB of gradients < the 1 MiB first bucket)")
+    report.claim(f"{variant}_params_identical_across_ranks", v["max_param_diff"], "==", 0.0,
+                 pad + "max |parameter difference| across ranks: {value:.1e} (DDP)")
+    report.claim(f"{variant}_no_forward_broadcasts", len(sent), "==", 0,
+                 pad + "buffer broadcasts in training (forward_sync_buffers=False): {value}")
+    if variant == "syncbn":
+        report.claim("syncbn_stats_identical_within_group", v["spread_within_groups"], "==", 0.0,
+                     pad + "running-statistics spread within each group: {value:.1e}")
+        if acc:
+            report.claim("syncbn_accuracy_identical_within_group", max(max(acc[r] for r in m) - min(acc[r] for r in m)
+                         for m in groups), "==", 0.0, pad + "test-accuracy spread within each group: {value}")
+        if len(groups) > 1:
+            v["spread_across_groups"] = spread(stats[[m[0] for m in groups]], channels)[0]
+            report.claim("syncbn_stats_differ_between_groups", v["spread_across_groups"], ">=", DRIFT,
+                         pad + "running-mean spread between groups: {value:.2e}")
+    elif info.world_size > 1:
+        report.claim("batchnorm_running_mean_drifts", v["spread_running_mean"], ">=", DRIFT,
+                     pad + "running-mean spread between ranks: {value:.2e} (each rank its own)")
+        report.claim("batchnorm_running_var_drifts", v["spread_running_var"], ">=", DRIFT,
+                     pad + "running-var spread between ranks: {value:.2e}")
+        params = sum(p.numel() * p.element_size() for p in raw_model.parameters())
+        report.claim("construction_sends_buffers", built[0] - params, "==", sum(
+            b.numel() * b.element_size() for b in raw_model.buffers()), "DDP's construction, even with "
+            "forward_sync_buffers=False, broadcast the parameters and {value} bytes of buffers")
+    return v, raw_model
+
+
+def default_buffer_sync(args, info, loader, steps, test_set, channels, report, no_sync_model) -> None:
+    """Plain BatchNorm under DDP's default: count the broadcasts of each kind of forward, measure the drift."""
+    raw_model, model = build("batchnorm_default", args, info, None)
+    with global_batch_tracker(raw_model) as tracker, count_buffer_broadcasts() as sent:  # tracker: world's batch
+        train(model, raw_model, batches(loader, steps), args, info)
+    report.claim("broadcasts_per_training_step", len(sent) / steps, "==", 1, f"forward_sync_buffers=True: {len(sent)} "
+                 f"buffer broadcasts in {steps} training steps ({{value:g}} per step, {sent[0]} bytes each)")
+    mine = running_stats(raw_model)
+    if info.master_process:  # rank 0's statistics are the source of every broadcast: never overwritten
+        report.claim("default_rank0_same_as_without_sync", (mine - running_stats(no_sync_model)).abs().max(), "==", 0.0,
+                     "rank 0's running statistics equal those of the forward_sync_buffers=False run: {value:.1e}")
+        report.claim("default_rank0_differs_from_global_batch", (mine - running_stats(tracker)).abs().max(), ">=",
+                     DRIFT * (info.world_size > 1), "... and differ from the global batch's (tracked) by {value:.2e}")
+    with count_buffer_broadcasts() as sent:  # evaluate THROUGH the wrapper: 3 forwards of 128 under no_grad
+        acc = gather_to_rank0(local_accuracy(model, test_set), info)
+    report.claim("broadcasts_per_evaluation", len(sent), "==", 1, "evaluation, 3 forwards under no_grad: {value} "
+                 "broadcast (the first: the forward before it synced gradients; no_grad ones do not)")
+    report.claim("default_stats_equal_after_eval", max(spread(gather_stats(raw_model, info), channels)), "==", 0.0,
+                 "spread of running statistics between ranks after it: {value:.1e} (all hold rank 0's: hidden)")
+    if acc:
+        report.claim("default_accuracy_identical", max(acc) - min(acc), "==", 0.0,
+                     f"test accuracy {acc[0]:.4f} on every rank (spread {{value}}): rank 0's model everywhere")
+
+    def micro_step(x, y, sync: bool) -> None:  # forward + backward; no optimizer: only the broadcasts matter
+        with nullcontext() if sync else model.no_sync():
+            F.cross_entropy(model(x.to(info.device)), y.to(info.device)).backward()
+    data = batches(loader, 7)
+    with count_buffer_broadcasts() as sent:  # the training step after the evaluation
+        micro_step(*next(data), sync=True)
+    report.claim("broadcasts_first_step_after_eval", len(sent), "==", 0,
+                 "first training step after it: {value} broadcasts (the forward before it ran under no_grad)")
+    with count_buffer_broadcasts() as sent:  # 2 optimizer steps of 3 micro-steps, no_sync on the first 2
+        for micro, (x, y) in enumerate(data):
+            micro_step(x, y, sync=micro % 3 == 2)
+    report.claim("broadcasts_per_accumulation_step", len(sent) / 2, "==", 1, f"2 optimizer steps of 3 micro-steps, "
+                 f"no_sync on 2: {len(sent)} broadcasts ({{value:g}} per optimizer step, at its first micro-step)")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
-"""Worker functions for tests/test_05_sync_batchnorm.py (spawned by torch.multiprocessing, so importable).
+"""Worker functions for lesson 06's tests (spawned by torch.multiprocessing, so importable).
 
-Each worker joins a gloo process group through a FileStore, runs every case for its world size and writes
-rank{R}.json into `out_dir`: the largest differences between the from-scratch SyncBatchNorm on this rank's share
-of a global batch and nn.BatchNorm on the whole (concatenated) batch of this rank's process group.
+- `proof_worker` (tests/lessons/test_06_sync_batchnorm.py) joins a gloo process group through a FileStore, runs
+  every case for its world size and writes rank{R}.json into `out_dir`: the largest differences between the
+  from-scratch SyncBatchNorm on this rank's share of a global batch and nn.BatchNorm on the whole (concatenated)
+  batch of this rank's process group.
+- `buffer_broadcast_rule` (tests/unit/test_sync_batchnorm.py, through tests._workers.run_world) counts DDP's
+  buffer broadcasts per kind of forward and checks `global_batch_tracker` against BatchNorm on the global batch.
 """
 from __future__ import annotations
 
@@ -15,8 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from common.models import DigitsCNN
 from common.counters import count_collectives
+from common.models import DigitsCNN
+from common.session import exit_process
 from common.sync_batchnorm import convert_sync_batchnorm
 
 C = 3  # channels
@@ -149,3 +153,57 @@ def proof_worker(rank: int, world_size: int, init_file: str, out_dir: str, devic
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
     finally:
         dist.destroy_process_group()
+    exit_process(0)  # skip interpreter finalization: the gloo exit abort (common.session.run_main)
+
+
+def buffer_broadcast_rule(rank: int, world_size: int) -> dict:
+    """DDP(forward_sync_buffers=True) on Linear + BatchNorm1d: broadcasts counted per kind of forward, in order;
+    whether `broadcast_buffers=` warns; and the global-batch tracker against BatchNorm on the concatenated batch."""
+    import warnings
+    from contextlib import nullcontext
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from common.bn_stats import global_batch_tracker, running_stats
+    from common.ddp_buffers import count_buffer_broadcasts
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DDP(copy.deepcopy(model), broadcast_buffers=False)
+    warned = any(issubclass(w.category, FutureWarning) and "broadcast_buffers" in str(w.message) for w in caught)
+    ddp, off = DDP(copy.deepcopy(model)), DDP(copy.deepcopy(model), forward_sync_buffers=False)
+    xs = [torch.randn(6, 4, generator=torch.Generator().manual_seed(r)) * (r + 1) for r in range(world_size)]
+    x = xs[rank]  # different data on every rank: the buffers drift unless they are broadcast
+
+    def step(m=ddp, sync=True, grad=True):
+        with nullcontext() if sync else m.no_sync(), nullcontext() if grad else torch.no_grad():
+            out = m(x).sum()
+            if grad:
+                out.backward()
+
+    counts = {}
+    scenarios = [("3 training steps", [{}] * 3), ("3 forwards under no_grad", [{"grad": False}] * 3),
+                 ("the training step after them", [{}]),
+                 ("2 optimizer steps of 3 micro-steps, no_sync on 2", [{"sync": False}] * 2 + [{}]
+                  + [{"sync": False}] * 2 + [{}]),
+                 ("1 no_sync micro-step, then 1 synced", [{"sync": False}, {}]),
+                 ("forward_sync_buffers=False, 3 training steps", [{"m": off}] * 3)]
+    for name, kinds in scenarios:
+        with count_buffer_broadcasts() as sent:
+            for kw in kinds:
+                step(**kw)
+        counts[name] = len(sent)
+    gathered = [torch.empty(8, dtype=torch.float64) for _ in range(world_size)]
+    dist.all_gather(gathered, running_stats(off))
+    off_spread = (torch.stack(gathered).max(0).values - torch.stack(gathered).min(0).values).max().item()
+    # The tracker beside a plain copy: its statistics against BatchNorm1d over every rank's x concatenated.
+    plain, twin, ref = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model[1])
+    with global_batch_tracker(plain) as tracker, torch.no_grad():
+        for _ in range(2):
+            out, out_twin = plain(x), twin(x)
+            ref(model[0](torch.cat(xs)))
+    return {"counts": counts, "warned": warned, "off_spread": off_spread,
+            "tracker_vs_global": (running_stats(tracker) - running_stats(ref)).abs().max().item(),
+            "tracker_moved": (running_stats(ref) - running_stats(model)).abs().max().item(),
+            "output_changed": (out - out_twin).abs().max().item(), "hooks_left": len(plain[1]._forward_pre_hooks)}

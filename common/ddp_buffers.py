@@ -1,0 +1,45 @@
+"""When DDP sends module buffers (BatchNorm's running statistics): count it (lesson 06; any lesson with no_sync).
+
+DDP(..., forward_sync_buffers=True), the default (torch 2.13's name; `broadcast_buffers` is deprecated and warns
+with a FutureWarning), copies rank 0's buffers to every rank before a forward ONLY when the previous forward ran
+with gradient sync: `_post_forward` sets `require_forward_param_sync` to `torch.is_grad_enabled() and
+require_backward_grad_sync`, and `_pre_forward` broadcasts only while it is True (it starts True). So a forward
+after one under `no_grad` or `no_sync` sends nothing. Source: torch/nn/parallel/distributed.py
+(`will_sync_module_buffers`, `_sync_buffers`, `_default_broadcast_coalesced`).
+
+Both that broadcast and DDP's construction-time broadcast of parameters and buffers (`_sync_module_states`, which
+`forward_sync_buffers=False` does not turn off) end in `torch.distributed._broadcast_coalesced`;
+`count_buffer_broadcasts` counts its calls.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch.distributed as dist
+
+__all__ = ["count_buffer_broadcasts"]
+
+
+@contextmanager
+def count_buffer_broadcasts() -> Iterator[list[int]]:
+    """Count the calls of `dist._broadcast_coalesced` in the block. Yields a list: the bytes of each call.
+
+        with count_buffer_broadcasts() as sent:
+            loss = ddp_model(x).sum()
+        len(sent)   # 1 if this forward broadcast rank 0's buffers, 0 otherwise
+
+    DDP looks the function up on the `torch.distributed` module at call time, so replacing it there sees every
+    call; it is restored on exit, even on error.
+    """
+    real, calls = dist._broadcast_coalesced, []
+
+    def counting(group, tensors, *args, **kwargs):
+        calls.append(sum(t.numel() * t.element_size() for t in tensors))
+        return real(group, tensors, *args, **kwargs)
+
+    dist._broadcast_coalesced = counting
+    try:
+        yield calls
+    finally:
+        dist._broadcast_coalesced = real
