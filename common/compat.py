@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import inspect
 
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["ddp_buffer_sync"]
+__all__ = ["ddp_buffer_sync", "batchnorm_has_bias_flag"]
 
 
 def ddp_buffer_sync(sync: bool) -> dict:
@@ -23,3 +24,8 @@ def ddp_buffer_sync(sync: bool) -> dict:
     """
     params = inspect.signature(DistributedDataParallel.__init__).parameters
     return {"forward_sync_buffers": sync} if "forward_sync_buffers" in params else {"broadcast_buffers": sync}
+
+
+def batchnorm_has_bias_flag() -> bool:
+    """Whether BatchNorm's constructor takes `bias=` (torch 2.13 does, 2.11 does not and always has a bias)."""
+    return "bias" in inspect.signature(_BatchNorm.__init__).parameters

@@ -18,7 +18,7 @@ class DigitsCNN(nn.Module):
         flatten -> Linear(2w*H*W/4 -> 64) + ReLU -> Linear(64 -> num_classes)
 
     Args:
-        norm: "batch" (BatchNorm2d, the default) or "none"; lesson 05 swaps BatchNorm for SyncBatchNorm.
+        norm: "batch" (BatchNorm2d, the default) or "none"; lesson 06 swaps BatchNorm for SyncBatchNorm.
     """
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 16, image_size: int = 8,

@@ -17,8 +17,8 @@ import torch.nn as nn
 
 from common.env import DistInfo
 
-__all__ = ["print0", "all_reduce_sum", "global_mean", "gather_to_rank0", "max_param_diff_across_ranks",
-           "rank0_progress", "peak_rss_mb"]
+__all__ = ["print0", "all_reduce_sum", "global_mean", "gather_to_rank0", "all_gather_objects",
+           "max_param_diff_across_ranks", "rank0_progress", "peak_rss_mb"]
 
 
 def _current_rank() -> int:
@@ -70,6 +70,18 @@ def gather_to_rank0(obj: object, info: DistInfo) -> list | None:
         return [obj]
     out = [None] * info.world_size if info.master_process else None
     dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def all_gather_objects(obj: object, info: DistInfo) -> list:
+    """[obj of rank 0, obj of rank 1, ...] on EVERY rank (`dist.all_gather_object`), so every rank can report.
+
+    Use it when every rank must take the same decision from all ranks' facts; `gather_to_rank0` when only rank 0
+    prints them. A world of one (no process group) gets [obj].
+    """
+    out = [obj] * info.world_size
+    if info.distributed:
+        dist.all_gather_object(out, obj)
     return out
 
 

@@ -34,6 +34,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from common.compat import batchnorm_has_bias_flag
+
 __all__ = ["SyncBatchNormFunction", "SyncBatchNorm", "convert_sync_batchnorm"]
 
 # The BatchNorm flavours and the input ranks they accept (so a converted BatchNorm2d still rejects a 2-D input
@@ -159,7 +161,9 @@ class SyncBatchNorm(_BatchNorm):
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                  track_running_stats: bool = True, process_group=None, device=None, dtype=None, *,
                  bias: bool = True, expected_dims: tuple[int, ...] | None = None):
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
+        # `bias=` exists on BatchNorm since torch 2.13; older releases always have a bias (common.compat)
+        extra = {"bias": bias} if batchnorm_has_bias_flag() else {}
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, **extra)
         self.process_group = process_group
         self.expected_dims = expected_dims
 

@@ -36,12 +36,11 @@ from itertools import product
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler, Subset, WeightedRandomSampler
 
 from common.bucketing import LengthGroupedDistributedBatchSampler, padded_tokens, synthetic_lengths
 from common.data import digits_split
-from common.ranks import print0
+from common.ranks import all_gather_objects, print0
 from common.results import Report
 from common.session import LessonError, add_distributed_args, distributed_session, run_main
 from common.samplers import DistributedSamplerByHand, WeightedDistributedSampler, distributed_indices
@@ -71,14 +70,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 0.0 < args.imbalance <= 1.0:
         raise LessonError(f"--imbalance must be in (0, 1], got {args.imbalance}")
     return args
-
-
-def everyone(obj, info) -> list:
-    """[obj of rank 0, obj of rank 1, ...] on every rank (all_gather_object), so every rank can report."""
-    out = [obj] * info.world_size  # a world of one: [obj]
-    if info.distributed:
-        dist.all_gather_object(out, obj)
-    return out
 
 
 # 1. DistributedSampler by hand --------------------------------------------------------------------------------------
@@ -172,7 +163,7 @@ def main() -> None:
             ref = DistributedSampler(range(n), W, rank, shuffle=True, seed=seed)
             ref.set_epoch(epoch)  # permutation seed = seed + epoch, the same on every rank
             mine.append((list(ref), distributed_indices(n, W, rank, True, seed, epoch).tolist()))
-        per_rank = everyone(mine, info)
+        per_rank = all_gather_objects(mine, info)
         indices = report.record("indices", [[f[e][0] for f in per_rank] for e in (0, 1)])  # [epoch][rank]
         print0("\n".join(f"  epoch {e} rank {r}: {indices[e][r]}" for e in (0, 1) for r in range(W)))
         report.claim("padding_repeats", sum(map(len, indices[0])) - n, "==", (-n) % W,
@@ -195,7 +186,7 @@ def main() -> None:
                 "length_grouped": {"len": len(grouped), "yielded": sum(1 for _ in grouped)},
                 "blog": len_vs_yield(BlogShardSampler(n, W, rank), b, False),
                 "blog_drop_last": len_vs_yield(BlogShardSampler(n, W, rank), b, True)}
-        rows = {k: [m[k] for m in everyone(mine, info)] for k in mine}  # name -> [rank 0's, rank 1's, ...]
+        rows = {k: [m[k] for m in all_gather_objects(mine, info)] for k in mine}  # name -> [rank 0's, rank 1's, ...]
         for name, cells in rows.items():
             print0(f"  {name:<18} " + "  ".join(f"r{r}: {c['len']:>2}/{c['yielded']:>2}" for r, c in enumerate(cells)))
         report.record("len_check", rows)
@@ -235,7 +226,7 @@ def main() -> None:
                 "deterministic": first == list(WeightedDistributedSampler(weights, W, rank, seed=seed)),
                 "epoch_changes_order": list(weighted) != first,
                 "no_replacement": list(WeightedDistributedSampler(weights, W, rank, 50 * W + 1, False, seed))}
-        per_rank = everyone(mine, info)
+        per_rank = all_gather_objects(mine, info)
         hists = {k: [f[k] for f in per_rank] for k in ("plain", "weighted")}
         ratio = {k: [max(h) / max(min(h), 1) for h in v] for k, v in hists.items()}
         print0("\n".join(f"  {k:<8} rank {r}: {h}  max/min {ratio[k][r]:.2f}"
@@ -275,7 +266,7 @@ def main() -> None:
         rand_batches = [rand_idx[i:i + args.seq_batch] for i in range(0, len(rand_idx), args.seq_batch)]
         bucket = LengthGroupedDistributedBatchSampler(lengths, args.seq_batch, W, rank, seed, args.pool_batches)
         bucket_batches = list(bucket)
-        per_rank = everyone([*padded_tokens(rand_batches, lengths), *padded_tokens(bucket_batches, lengths),
+        per_rank = all_gather_objects([*padded_tokens(rand_batches, lengths), *padded_tokens(bucket_batches, lengths),
                              len(bucket_batches), len(bucket)], info)
         real_r, pad_r, real_b, pad_b = (sum(f[i] for f in per_rank) for i in range(4))  # (sum, count) over ranks
         frac_r, frac_b = 1 - real_r / pad_r, 1 - real_b / pad_b

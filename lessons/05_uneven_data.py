@@ -50,7 +50,7 @@ from common.data import digits_split
 from common.launch import run_command, torchrun_command
 from common.metrics import evaluate
 from common.models import DigitsCNN
-from common.ranks import all_reduce_sum, max_param_diff_across_ranks, print0
+from common.ranks import all_gather_objects, all_reduce_sum, max_param_diff_across_ranks, print0
 from common.results import Report
 from common.samplers import UnpaddedDistributedSampler
 from common.seeding import augmentation_streams, generator_draws, loader_generator, seed_data_rngs, stream_summary
@@ -79,14 +79,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 0.0 < args.hang_timeout_s < args.timeout_s:
         raise LessonError(f"--hang-timeout-s must be in (0, --timeout-s={args.timeout_s}), got {args.hang_timeout_s}")
     return args
-
-
-def everyone(obj, info) -> list:
-    """[obj of rank 0, obj of rank 1, ...] on every rank (all_gather_object), so every rank can report."""
-    out = [obj] * info.world_size  # a world of one: [obj]
-    if info.distributed:
-        dist.all_gather_object(out, obj)
-    return out
 
 
 def run_until_timeout(steps) -> dict:
@@ -202,7 +194,7 @@ def main() -> None:
         # 1. Evaluation of the (untrained, accuracy about 0.1) model: what matters is that the exact ways agree.
         print0(f"\n1. Evaluation on {len(test_set)} test images")
         ev = evaluate_unpadded(raw_model, test_set, info)
-        shards = report.record("eval_shards", everyone(ev["shard"], info))
+        shards = report.record("eval_shards", all_gather_objects(ev["shard"], info))
         report.claim("unpadded_counts_every_image_once", ev["count"], "==", len(test_set),
                      f"  UnpaddedDistributedSampler shards {shards}, (sum, count) reduced: {{value}} images")
         xs, ys = test_set.tensors  # one process, the whole test set: the reference
@@ -221,9 +213,9 @@ def main() -> None:
         tiny = Subset(test_set, [0])  # 1 image: with 2 ranks, rank 1's shard is empty
         t, one = evaluate_unpadded(raw_model, tiny, info), F.cross_entropy(logits[:1], ys[:1]).item()
         report.claim("tiny_eval_unwrapped_equals_one_process", abs(t["loss"] - one), "<=", 1e-5,
-                     f"  1 test image, shards {everyone(t['shard'], info)}: |loss - 1 process| {{value:.1e}} unwrapped")
+                     f"  1 test image, shards {all_gather_objects(t['shard'], info)}: |loss - 1 process| {{value:.1e}} unwrapped")
         if W > 1:
-            hang = everyone(ddp_eval_with_empty_shard(tiny, info, args.hang_timeout_s), info)
+            hang = all_gather_objects(ddp_eval_with_empty_shard(tiny, info, args.hang_timeout_s), info)
             report.claim("ddp_eval_empty_shard_times_out", int(hang[0]["outcome"] == "timed out"), "==", 1,
                          "  the same through the DDP wrapper: rank 0 timed out in the buffer broadcast: {value}")
 
@@ -232,14 +224,14 @@ def main() -> None:
         loader = uneven_loader(train_set, info, args)
         out = train_with_join(model, raw_model, loader, info)
         want = [args.join_batches + r for r in range(W)]
-        steps = report.value("join_steps", everyone(out["steps"], info), "  with Join: steps per rank {value}")
+        steps = report.value("join_steps", all_gather_objects(out["steps"], info), "  with Join: steps per rank {value}")
         report.claim("join_every_rank_finishes", int(steps == want), "==", 1, f"  ... = {want}: {{value}}")
         report.claim("join_replicas_identical", max_param_diff_across_ranks(raw_model, info), "==", 0.0,
                      "  max parameter difference across ranks {value:.1e}")
         report.claim("loss_reduced_after_loop", out["count"], "==", sum(want) * args.batch_size,
                      f"  mean training loss {out['loss']:.4f} reduced after the loop over {{value}} samples")
         if W > 1:
-            plain = everyone(train_without_join(loader, info, args.hang_timeout_s), info)
+            plain = all_gather_objects(train_without_join(loader, info, args.hang_timeout_s), info)
             outcomes = report.record("no_join", [h["outcome"] for h in plain])
             report.claim("no_join_last_rank_times_out", int(outcomes == ["finished"] * (W - 1) + ["timed out"]), "==",
                          1, f"  without Join: {outcomes} after {[h['steps'] for h in plain]} full steps: {{value}}")
@@ -269,20 +261,20 @@ def main() -> None:
             runs = []
             for _ in range(2):  # a run and its rerun
                 set_seed(seed)  # as in lesson 03: the model is built from this seed, the same on every rank
-                runs.append(stream_summary(everyone(augmentation_streams(n, w, seed_data_rngs(seed, rank)), info)))
+                runs.append(stream_summary(all_gather_objects(augmentation_streams(n, w, seed_data_rngs(seed, rank)), info)))
             fixed[w] = runs[0]
             report.claim(f"seed_data_rngs_distinct_{w}_workers", min(libs(runs[0])), "==", W * max(w, 1),
                          f"  seed_data_rngs, {w} workers: distinct torch/numpy/random streams {libs(runs[0])}")
             report.claim(f"seed_data_rngs_rerun_identical_{w}_workers", int(runs[0] == runs[1]), "==", 1,
                          "  ... and a rerun reproduces every stream: {value}")
         set_seed(seed)  # the mistakes: the same seed on every rank and no generator (k workers) ...
-        same = stream_summary(everyone(augmentation_streams(n, k, None), info))
+        same = stream_summary(all_gather_objects(augmentation_streams(n, k, None), info))
         report.claim("same_seed_duplicates_across_ranks", len(same["identical_pairs"]), "==", k * W * (W - 1) // 2,
                      f"  same seed, {k} workers: identical streams {same['identical_pairs']}: {{value}} pair(s)")
         report.claim("workers_of_a_rank_differ", min(libs(same)), "==", k,
                      f"  ... though PyTorch seeds each worker: distinct torch/numpy/random streams {libs(same)}")
         set_seed(seed)  # ... and loader_generator(seed, rank) alone with 0 workers: it never reaches the main process
-        gen_only = stream_summary(everyone(augmentation_streams(n, 0, loader_generator(seed, rank)), info))
+        gen_only = stream_summary(all_gather_objects(augmentation_streams(n, 0, loader_generator(seed, rank)), info))
         report.claim("zero_workers_generator_only_duplicates", len(gen_only["identical_pairs"]), "==",
                      W * (W - 1) // 2, f"  0 workers, loader_generator only: identical {gen_only['identical_pairs']}")
         report.record("seeding", {"same_seed": same, "rank_seed": fixed[k], "zero_workers": fixed[0]})

@@ -1,7 +1,5 @@
 """Lesson 06: SyncBatchNorm -- BatchNorm statistics over the global batch, and what DDP does with BatchNorm buffers.
 
-Run it:
-
     python lessons/06_sync_batchnorm.py                                       # one process: the variants agree
     torchrun --standalone --nproc_per_node=4 lessons/06_sync_batchnorm.py     # 4 processes x 4 samples per step
     torchrun --standalone --nproc_per_node=4 lessons/06_sync_batchnorm.py --group-size 2   # sync {0,1} and {2,3}
@@ -47,6 +45,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from common.bn_stats import (batchnorm_modules, gather_stats, global_batch_tracker, local_accuracy, running_stats,
                              spread)
+from common.compat import ddp_buffer_sync  # forward_sync_buffers= on torch >= 2.13
 from common.counters import CommCounter, count_collectives
 from common.data import digits_split
 from common.ddp_buffers import count_buffer_broadcasts
@@ -105,7 +104,7 @@ def build(variant: str, args, info, bn_group) -> tuple[nn.Module, nn.Module]:
     if not info.distributed:
         return raw_model, raw_model
     return raw_model, DDP(raw_model, device_ids=[info.local_rank] if info.device.type == "cuda" else None,
-                          forward_sync_buffers=variant == "batchnorm_default")  # False: what each rank computes
+                          **ddp_buffer_sync(variant == "batchnorm_default"))  # False: each rank keeps its stats
 
 
 def loader_for(train_set, batch_size: int, world_size: int, rank: int, seed: int) -> DataLoader:

@@ -1,10 +1,8 @@
 """The parallelism grid (common/grid.py): coordinates, groups by name, and one clear error for bad sizes."""
 from __future__ import annotations
 
-import math
 
 import pytest
-import torch
 
 from common.grid import Grid, grid_layout
 from common.session import DistInfo, LessonError
