@@ -26,10 +26,13 @@ class CommCounter:
     Attributes:
         calls: all-reduce calls (one per bucket per synchronised backward).
         bytes: bytes of gradient handed to those all-reduces (this rank's buffer sizes).
+        group: the process group DDP averages over (None: the default group); `register` takes it from the DDP
+            model, so a DDP on a sub-group (e.g. `process_group=grid.group("dp")`) is averaged over that group.
     """
 
     calls: int = 0
     bytes: int = 0
+    group: object = None
 
     def reset(self) -> None:
         self.calls = 0
@@ -37,6 +40,7 @@ class CommCounter:
 
     def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> "CommCounter":
         """Install this counter as `ddp_model`'s communication hook (once, before the first backward)."""
+        self.group = ddp_model.process_group
         ddp_model.register_comm_hook(self, CommCounter.hook)
         return self
 
@@ -48,8 +52,8 @@ class CommCounter:
         buf = bucket.buffer()
         state.calls += 1
         state.bytes += buf.numel() * buf.element_size()
-        buf.div_(dist.get_world_size())
-        fut = dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True).get_future()
+        buf.div_(dist.get_world_size(state.group))
+        fut = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=state.group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0])
 
 
@@ -62,7 +66,13 @@ class SavedBytes:
     _seen: set = field(default_factory=set, repr=False)
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (what this rank really stores); any other tensor itself."""
+    return getattr(t, "_local_tensor", t)
+
+
 def _key(t: torch.Tensor) -> tuple:
+    t = _local(t)
     return (t.untyped_storage().data_ptr(), str(t.device))
 
 
@@ -85,7 +95,7 @@ def saved_tensor_bytes(exclude: Iterable[torch.Tensor] = ()) -> Iterator[SavedBy
         key = _key(t)
         if key not in counter._seen and key not in skip:
             counter._seen.add(key)
-            counter.bytes += t.untyped_storage().nbytes()
+            counter.bytes += _local(t).untyped_storage().nbytes()
             counter.tensors += 1
         return t
 
@@ -113,6 +123,7 @@ class CollectiveCount:
         return sum(self.calls.values())
 
 
+_P2P = ("send", "recv", "isend", "irecv")
 _COUNTED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast",
             "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter",
             "reduce")
@@ -137,8 +148,11 @@ def _group_ranks(args, kwargs) -> tuple:
 
 
 @contextmanager
-def count_collectives() -> Iterator[CollectiveCount]:
+def count_collectives(p2p: bool = False) -> Iterator[CollectiveCount]:
     """Count the Python-level calls to torch.distributed collectives inside the block (calls, bytes, groups).
+
+    With `p2p=True`, point-to-point calls (send, recv, isend, irecv; a `P2POp` built inside the block for
+    `batch_isend_irecv` captures the counting function too) are counted as well; their group is the `group=` passed.
 
     It wraps the functions on the `torch.distributed` module, which is where the lessons' code and
     nn.SyncBatchNorm (torch/nn/modules/_functions.py) look them up. Not counted: DDP's gradient all-reduce
@@ -147,7 +161,7 @@ def count_collectives() -> Iterator[CollectiveCount]:
     """
     counter = CollectiveCount()
     saved = {}
-    for name in _COUNTED:
+    for name in _COUNTED + (_P2P if p2p else ()):
         fn = getattr(dist, name, None)
         if fn is None:
             continue
