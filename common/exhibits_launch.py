@@ -1,0 +1,208 @@
+"""Lesson 12's exhibits of launch mistakes: each runs real launchers as bounded subprocesses on rank 0.
+
+The scripts they launch are the modes of `common.exhibits_worker` (most import no torch, so a launch costs only
+the launcher's start). Every subprocess has a timeout and is killed with its whole process group after it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common.exhibits import Ctx, exhibit, first_line, normalise
+from common.launch import REPO_ROOT
+from common.session import add_legacy_launcher_args
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+WORKER = ["-m", "common.exhibits_worker"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@exhibit("legacy_launcher_local_rank", "launch", lesson="03",
+         symptom="error: unrecognized arguments: --local-rank=0 (python -m torch.distributed.launch)",
+         cause="the deprecated launcher appends --local-rank=N to the script's arguments; torchrun does not")
+def legacy_launcher_local_rank(ctx: Ctx) -> None:
+    with ctx.rank0("the legacy launcher") as mine:
+        if not mine:
+            return
+        code, out = ctx.launch([sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=1",
+                                *WORKER, "strict_args"], 60)
+        line = first_line(out, "unrecognized arguments")
+        ctx.step("symptom", "python -m torch.distributed.launch --nproc_per_node=1 train.py")
+        ctx.say(f"    {line}")
+        ctx.record("symptom", line)
+        ctx.claim("broken_rejected", int(code != 0 and "--local-rank=0" in line), "==", 1,
+                  "the script's argparse rejects --local-rank=0: {value}")
+        warning = first_line(out, "is deprecated", limit=400)
+        ctx.step("diagnosis", "the launcher warned: " + warning[warning.find("The module"):][:90])
+        p = add_legacy_launcher_args(argparse.ArgumentParser(prog="train.py"))
+        p.add_argument("mode")
+        parsed = p.parse_args(["--local-rank=0", "strict_args"])
+        ctx.step("fix", "torchrun (no --local-rank; LOCAL_RANK in the environment), or accept and ignore it: "
+                 "common.session.add_legacy_launcher_args")
+        ctx.claim("fixed_parses", int(parsed.mode == "strict_args"), "==", 1, "the same argv parses: {value}")
+
+
+@exhibit("local_rank_from_global_rank", "launch", lesson="03",
+         symptom="RuntimeError: CUDA error: invalid device ordinal (GPU only), on the second node only",
+         cause="local_rank = dist.get_rank(): the global rank (2, 3 on node 1) used as this node's GPU index")
+def local_rank_from_global_rank(ctx: Ctx) -> None:
+    # what torchrun sets on 2 nodes x 2 processes (measured by lesson 03's two-node test on loopback)
+    world = [dict(RANK=r, LOCAL_RANK=r % 2, WORLD_SIZE=4, LOCAL_WORLD_SIZE=2) for r in range(4)]
+    gpus_per_node = 2
+    wrong = [w["RANK"] for w in world]  # torch.cuda.set_device(dist.get_rank())
+    bad = [i for i in wrong if i >= gpus_per_node]
+    ctx.step("symptom", f"2 nodes x 2 GPUs, device index = dist.get_rank(): {wrong}; indices {bad} do not "
+             "exist on a 2-GPU node -> 'CUDA error: invalid device ordinal' (the GPU message; nothing on CPU)")
+    ctx.claim("broken_invalid_indices", len(bad), "==", 2, "device indices out of range on node 1: {value}")
+    ctx.step("diagnosis", "print RANK, LOCAL_RANK and torch.cuda.device_count() on each node")
+    right = [w["LOCAL_RANK"] for w in world]
+    ctx.step("fix", f"device = cuda:LOCAL_RANK (common.env.read_torchrun_env): {right}")
+    ctx.claim("fixed_invalid_indices", sum(i >= gpus_per_node for i in right), "==", 0,
+              "device indices out of range with LOCAL_RANK: {value}")
+
+
+SPAWN_SCRIPT = '''
+import torch.multiprocessing as mp
+def worker(rank):           # defined where the children cannot import it: a notebook cell, python -c, stdin
+    print("worker", rank)
+if __name__ == "__main__":
+    try:
+        mp.spawn(worker, nprocs=1)
+    except Exception as e:
+        print("parent:", type(e).__name__ + ":", str(e).splitlines()[0], flush=True)
+    from common.exhibits_worker import spawn_worker   # importable: the fix
+    mp.spawn(spawn_worker, args=(2, {port}), nprocs=2)
+'''
+
+
+@exhibit("mp_spawn_inline_function", "launch", lesson="03",
+         symptom="AttributeError: Can't get attribute 'worker' on <module '__main__' (built-in)> "
+                 "(mp.spawn from a notebook)",
+         cause="spawn starts fresh interpreters that unpickle the function by name; a notebook's __main__ has none")
+def mp_spawn_inline_function(ctx: Ctx) -> None:
+    with ctx.rank0("mp.spawn") as mine:
+        if not mine:
+            return
+        port = _free_port()
+        code, out = ctx.launch([sys.executable, "-c", SPAWN_SCRIPT.format(port=port)], 90)
+        child = first_line(out, "Can't get attribute")
+        ctx.step("symptom", "mp.spawn(worker) with worker defined in a notebook cell (here: python -c)")
+        ctx.say(f"    child:  {child}")
+        ctx.say(f"    {first_line(out, 'parent:')}")
+        ctx.record("symptom", child)
+        ctx.claim("broken_child_fails", int("Can't get attribute 'worker'" in child), "==", 1,
+                  "the child cannot find the function: {value}")
+        ctx.step("diagnosis", "the child's traceback ends in pickle: it imports the function by module and name")
+        sums = sorted(re.findall(r"spawned rank \d+: all_reduce sum \d+", out))
+        ctx.step("fix", "define the worker in a module and import it: " + "; ".join(sums))
+        ctx.claim("fixed_ranks", len(sums), "==", 2, "ranks that ran the imported worker: {value}")
+
+
+@exhibit("rendezvous_port_taken", "launch", lesson="03",
+         symptom="torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+                 "network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE",
+         cause="a second job on the same machine with the same --master-port (29500 by default)")
+def rendezvous_port_taken(ctx: Ctx) -> None:
+    with ctx.rank0("a launch on a taken port") as mine:
+        if not mine:
+            return
+        with socket.socket() as other_job:  # another job's store listens here
+            other_job.bind(("127.0.0.1", 0))
+            other_job.listen()
+            port = other_job.getsockname()[1]
+            code, out = ctx.launch([*TORCHRUN, "--nnodes=1", "--nproc_per_node=1", f"--master-port={port}",
+                                    *WORKER, "env", "job"], 60)
+            line = normalise(first_line(out, "EADDRINUSE", limit=400), [port])
+            line = line[line.find("The server socket"):][:150]
+            ctx.step("symptom", "torchrun --nproc_per_node=1 --master-port=PORT while another job holds PORT")
+            ctx.say(f"    {line}")
+            ctx.record("symptom", line)
+            ctx.claim("broken_fails", int(code != 0 and "EADDRINUSE" in line), "==", 1,
+                      "the launch fails with EADDRINUSE: {value}")
+            ctx.step("diagnosis", "ss -ltnp | grep PORT (or lsof -i :PORT) shows who listens there")
+            code, out = ctx.launch([*TORCHRUN, "--standalone", "--nproc_per_node=1", *WORKER, "env", "job"], 60)
+        ctx.step("fix", "--standalone (a free port and a fresh run id) on one machine, or a different --master-port")
+        ctx.claim("fixed_runs", int(code == 0 and "job RANK=0" in out), "==", 1,
+                  "the --standalone launch runs beside it: {value}")
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([*TORCHRUN, *args], stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                            env=env, start_new_session=True)
+
+
+def _wait_for(log: Path, text: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if text in log.read_text():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _stop(*procs: subprocess.Popen) -> None:
+    """SIGTERM each agent (torchrun then stops its workers, which run in sessions of their own), SIGKILL later."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+@exhibit("second_job_joins_first", "launch", lesson="03",
+         symptom="a running job's workers get SIGTERM and restart when another job starts; both then wait "
+                 "(DistStoreError: wait timeout ... /torch.rendezvous.<id>)",
+         cause="two jobs with the same --rdzv-endpoint and --rdzv-id form one rendezvous: the second joins the first")
+def second_job_joins_first(ctx: Ctx) -> None:
+    with ctx.rank0("two jobs with one rendezvous") as mine:
+        if not mine:
+            return
+        port = _free_port()
+        same = ["--nnodes=1:2", "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=myjob", "--rdzv-conf=last_call_timeout=1", "--monitor-interval=0.2"]
+        with tempfile.TemporaryDirectory() as tmp:
+            log_a, log_b = Path(tmp) / "a.log", Path(tmp) / "b.log"
+            a = _start([*same, *WORKER, "env", "A", "60"], log_a)
+            started = _wait_for(log_a, "A RANK=0", 30)
+            b = _start([*same, *WORKER, "env", "B", "60"], log_b)
+            killed = _wait_for(log_a, "closing signal SIGTERM", 20)  # A's agent stops its worker for B
+            time.sleep(1.0)
+            _stop(a, b)
+            text_a, text_b = log_a.read_text(), log_b.read_text()
+        ctx.step("symptom", "job A runs (WORLD_SIZE=1); job B starts with the same endpoint and --rdzv-id:")
+        ctx.say(f"    job A: {first_line(text_a, 'A RANK=0').split(' TORCHELASTIC_RUN_ID')[0]}")
+        ctx.say("    job A's agent: Sending process PID closing signal SIGTERM  (its worker, mid-training)")
+        ctx.record("symptom", {"a_started": started, "a_worker_killed": killed, "b_ran": "B RANK=" in text_b})
+        ctx.claim("broken_first_job_killed", int(started and killed), "==", 1,
+                  "job A's running worker was stopped when job B arrived: {value}")
+        ctx.step("diagnosis", "TORCHELASTIC_RUN_ID is the same in both jobs; torchrun logs 'Detected 1 new nodes' "
+                 "(LOGLEVEL=INFO)")
+        with tempfile.TemporaryDirectory() as tmp:
+            logs = [Path(tmp) / "a.log", Path(tmp) / "b.log"]
+            procs = [_start(["--standalone", "--nproc_per_node=1", *WORKER, "env", job, "0"], log)
+                     for job, log in zip("AB", logs)]
+            deadline = time.monotonic() + 60
+            codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+            texts = [log.read_text() for log in logs]
+        ok = [c == 0 and f"{j} RANK=0 LOCAL_RANK=0 WORLD_SIZE=1" in t for c, j, t in zip(codes, "AB", texts)]
+        ctx.step("fix", "a unique --rdzv-id per job ($SLURM_JOB_ID) and its own port, or --standalone on one "
+                 "machine: A and B each run alone, WORLD_SIZE=1")
+        ctx.claim("fixed_jobs_alone", sum(ok), "==", 2, "jobs that ran alone and finished: {value}")

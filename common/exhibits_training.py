@@ -1,0 +1,171 @@
+"""Lesson 12's exhibits of training-loop mistakes: wrong numbers and errors that need no hang to show.
+
+Most run on any number of ranks (one process included); those that use DDP build it on a fresh gloo group
+(`Ctx.group`). See `common.exhibits` for the frame.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from common.exhibits import Ctx, exhibit
+
+
+@exhibit("set_epoch_forgotten", "training", lesson="03",
+         symptom="every epoch visits the samples in the same order (loss curve repeats; no error)",
+         cause="DistributedSampler shuffles with seed + epoch; without sampler.set_epoch(epoch) epoch stays 0")
+def set_epoch_forgotten(ctx: Ctx) -> None:
+    def orders(call_set_epoch: bool) -> list[list[int]]:
+        s = DistributedSampler(range(16), num_replicas=2, rank=ctx.info.rank % 2, shuffle=True, seed=0)
+        out = []
+        for epoch in range(3):
+            if call_set_epoch:
+                s.set_epoch(epoch)
+            out.append(list(s)[:4])  # this rank's first 4 indices of the epoch
+        return out
+    broken, fixed = orders(False), orders(True)
+    ctx.step("symptom", f"first indices of epochs 0, 1, 2 without set_epoch: {broken}")
+    ctx.claim("broken_distinct_orders", len({tuple(o) for o in broken}), "==", 1,
+              "distinct orders over 3 epochs without set_epoch: {value}")
+    ctx.step("diagnosis", "print the first indices of each epoch on one rank: they repeat")
+    ctx.step("fix", f"sampler.set_epoch(epoch) before each epoch: {fixed}")
+    ctx.claim("fixed_distinct_orders", len({tuple(o) for o in fixed}), "==", 3,
+              "distinct orders over 3 epochs with set_epoch: {value}")
+
+
+@exhibit("checkpoint_module_prefix", "training", lesson="03",
+         symptom='RuntimeError: Error(s) in loading state_dict for Linear: Missing key(s) in state_dict: '
+                 '"weight", "bias". Unexpected key(s) in state_dict: "module.weight", "module.bias".',
+         cause="the checkpoint was saved from the DDP wrapper (ddp_model.state_dict()), whose keys start with module.")
+def checkpoint_module_prefix(ctx: Ctx) -> None:
+    torch.manual_seed(0)
+    raw_model = nn.Linear(4, 2)
+    if ctx.info.distributed:
+        saved = DDP(raw_model, process_group=ctx.group()).state_dict()  # torch.save(ddp_model.state_dict())
+    else:  # one process: the keys the DDP wrapper would have saved
+        saved = {f"module.{k}": v for k, v in raw_model.state_dict().items()}
+    o = ctx.attempt(nn.Linear(4, 2).load_state_dict, saved)
+    ctx.step("symptom", "load a checkpoint saved from the DDP wrapper into the plain model:")
+    ctx.say("    " + o.full.replace("\n", " ").replace("\t", "").strip())
+    ctx.record("symptom", o.error)
+    ctx.claim("broken_raises", int("Unexpected key(s) in state_dict: \"module.weight\"" in o.full), "==", 1,
+              "load_state_dict rejects the module.-prefixed keys: {value}")
+    ctx.step("diagnosis", f"the saved keys: {sorted(saved)}")
+    fixed = nn.Linear(4, 2)
+    fixed.load_state_dict(raw_model.state_dict())  # save raw_model (= ddp_model.module) instead
+    ctx.step("fix", "save ddp_model.module.state_dict() (the raw model), or strip the prefix with "
+             "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, 'module.')")
+    ctx.claim("fixed_equal", (fixed.weight - raw_model.weight).abs().max().item(), "==", 0.0,
+              "max |difference| of the reloaded weights: {value}")
+
+
+@exhibit("checkpoint_weights_only", "training", lesson="01",
+         symptom="_pickle.UnpicklingError: Weights only load failed ... Unsupported global: "
+                 "GLOBAL argparse.Namespace was not an allowed global by default",
+         cause="torch.load defaults to weights_only=True since 2.6; the checkpoint pickled an arbitrary object")
+def checkpoint_weights_only(ctx: Ctx) -> None:
+    buf = io.BytesIO()
+    torch.save({"model": nn.Linear(4, 2).state_dict(), "args": argparse.Namespace(lr=0.1)}, buf)
+    o = ctx.attempt(torch.load, io.BytesIO(buf.getvalue()))
+    unsupported = next((l.strip() for l in o.full.splitlines() if "Unsupported global" in l), "")
+    ctx.step("symptom", f"torch.load of a checkpoint that holds argparse.Namespace: {o.error.split('.')[0]}.")
+    ctx.say(f"    {unsupported}")
+    ctx.record("symptom", unsupported)
+    ctx.claim("broken_raises", int("argparse.Namespace" in unsupported), "==", 1,
+              "torch.load names the unsupported global argparse.Namespace: {value}")
+    ctx.step("diagnosis", "the message names the class; only load weights_only=False from a source you trust")
+    buf = io.BytesIO()
+    torch.save({"model": nn.Linear(4, 2).state_dict(), "args": vars(argparse.Namespace(lr=0.1))}, buf)
+    loaded = torch.load(io.BytesIO(buf.getvalue()))  # weights_only=True, the default
+    ctx.step("fix", "save plain types (vars(args), a dict) and keep weights_only=True; or "
+             "torch.serialization.add_safe_globals([argparse.Namespace])")
+    ctx.claim("fixed_loads", loaded["args"]["lr"], "==", 0.1, "the dict checkpoint loads: lr {value}")
+
+
+@exhibit("batchnorm_batch_of_one", "training", lesson="06",
+         symptom="ValueError: Expected more than 1 value per channel when training, got input size "
+                 "torch.Size([1, 4])",
+         cause="the last batch of a rank holds one sample (dataset size % (batch x world_size) == 1)")
+def batchnorm_batch_of_one(ctx: Ctx) -> None:
+    bn = nn.BatchNorm1d(4).train()
+    n, batch, world = 17, 4, 2  # 17 samples, 4 per rank, 2 ranks: the last step leaves 1 sample on a rank
+    shard = list(DistributedSampler(range(n), num_replicas=world, rank=0, shuffle=False))  # padded to 18: 9
+    last = min(len(b) for b in DataLoader(shard, batch_size=batch))  # batches of 4, 4, 1
+    o = ctx.attempt(bn, torch.randn(last, 4))
+    ctx.step("symptom", f"{n} samples, {world} ranks, {batch} per batch: the last batch holds {last} sample")
+    ctx.say(f"    {o.error}")
+    ctx.record("symptom", o.error)
+    ctx.claim("broken_raises", int("Expected more than 1 value per channel" in (o.error or "")), "==", 1,
+              "BatchNorm raises on a batch of one: {value}")
+    ctx.step("diagnosis", "print len(dataset) % (batch_size * world_size) and each rank's last batch size")
+    ctx.step("fix", "DataLoader(drop_last=True) for training (or a SyncBatchNorm over the global batch)")
+    smallest = min(len(b) for b in DataLoader(shard, batch_size=batch, drop_last=True))
+    ctx.claim("fixed_smallest_batch", smallest, "==", batch, "with drop_last the smallest batch holds {value}")
+
+
+@exhibit("syncbatchnorm_on_cpu", "training", min_world=2, lesson="06",
+         symptom="ValueError: SyncBatchNorm expected input tensor to be on GPU or XPU or privateuseone "
+                 "(or: SyncBatchNorm layers only work with GPU modules)",
+         cause="torch.nn.SyncBatchNorm runs on CUDA (and a few accelerators) only")
+def syncbatchnorm_on_cpu(ctx: Ctx) -> None:
+    from common.sync_batchnorm import SyncBatchNorm
+    g = ctx.group()
+    o = ctx.attempt(nn.SyncBatchNorm(4, process_group=g), torch.randn(3, 4))
+    o2 = ctx.attempt(DDP, nn.Sequential(nn.Linear(4, 4), nn.SyncBatchNorm(4)), process_group=g)
+    ctx.step("symptom", "nn.SyncBatchNorm on CPU, alone and wrapped by DDP:")
+    for err in (o.error, o2.error):
+        ctx.say(f"    {err}")
+    ctx.record("symptom", [o.error, o2.error])
+    ctx.claim("broken_raises", int("expected input tensor to be on GPU" in (o.error or "")
+                                   and "only work with GPU modules" in (o2.error or "")), "==", 1,
+              "both raise on CPU: {value}")
+    ctx.step("diagnosis", "the layer checks input.is_cuda (and DDP the module's device) before communicating")
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(ctx.info.rank))
+    y = SyncBatchNorm(4, process_group=ctx.group())(x)
+    n = torch.tensor([float(y.shape[0])])
+    s = y.detach().sum(0)
+    dist.all_reduce(s)
+    dist.all_reduce(n)
+    ctx.step("fix", "common.sync_batchnorm.SyncBatchNorm (lesson 06, all-reduces, any device) on CPU")
+    ctx.claim("fixed_global_mean", (s / n).abs().max().item(), "<=", 1e-6,
+              "|mean over the global batch| of the normalised output: {value:.1e}")
+
+
+@exhibit("too_many_threads", "training", lesson="03",
+         symptom="more processes or DataLoader workers make training slower; top shows 100% on every core",
+         cause="processes x (threads per process) exceeds the cores: each process starts one thread per core")
+def too_many_threads(ctx: Ctx) -> None:
+    cores = len(os.sched_getaffinity(0))
+    procs = ctx.info.local_world_size
+    before = torch.get_num_threads()
+
+    def rate(threads: int) -> float:
+        torch.set_num_threads(threads)
+        a = torch.randn(192, 192)
+        if ctx.info.distributed:
+            dist.barrier()  # every rank measures at the same time
+        t0, n = time.perf_counter(), 0
+        while time.perf_counter() - t0 < 0.4:
+            a = torch.tanh(a @ a)
+            n += 1
+        return n / (time.perf_counter() - t0)
+    slow = rate(cores)   # what torch does when OMP_NUM_THREADS is unset: one thread per core, per process
+    fast = rate(max(1, cores // procs))
+    torch.set_num_threads(before)
+    ctx.step("symptom", f"{procs} processes on this node, each with one thread per core (torch's default)")
+    ctx.claim("broken_threads_per_core", procs * cores / cores, ">=", float(procs),
+              "threads per core with one thread per core in every process: {value:g}")
+    ctx.report.perf("too_many_threads_oversubscribed_rate", slow, "oversubscribed: {value:.0f} matmuls/s")
+    ctx.step("diagnosis", "torch.get_num_threads() in each process, times processes (and DataLoader workers)")
+    ctx.report.perf("too_many_threads_fixed_rate", fast, "one thread per core in total: {value:.0f} matmuls/s")
+    ctx.step("fix", "OMP_NUM_THREADS = cores // processes per node (torchrun sets 1), workers counted too")
+    ctx.claim("fixed_threads_fit", int(procs * max(1, cores // procs) <= max(cores, procs)), "==", 1,
+              "with OMP_NUM_THREADS = cores // processes the threads fit the cores: {value}")

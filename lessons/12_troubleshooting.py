@@ -1,0 +1,106 @@
+"""Lesson 12: troubleshooting -- reproduced failures, each with its symptom, its diagnosis and its fix.
+
+Run it:
+
+    python lessons/12_troubleshooting.py --list                      # the exhibits, their causes and lessons
+    python lessons/12_troubleshooting.py --index                     # the README's symptom index (markdown)
+    torchrun --standalone --nproc_per_node=2 lessons/12_troubleshooting.py --show rank_skips_step
+    torchrun --standalone --nproc_per_node=2 lessons/12_troubleshooting.py --show collectives   # a group
+    torchrun --standalone --nproc_per_node=2 lessons/12_troubleshooting.py --show all
+    python lessons/12_troubleshooting.py --show training             # one process: what needs no second rank
+
+What to look for:
+- Each exhibit prints `symptom:` (the broken version, run as a user runs it, and what the user sees: the error
+  text or the wrong number), `diagnosis:` (the step that reveals the cause) and `fix:` (the right version and
+  its result), and records its claims (`<exhibit>_<what>`) in --results.
+- Nothing hangs: a broken collective runs in a fresh gloo group bounded by --timeout-s (2 s) and raises
+  "Timed out waiting 2000ms ..." where a real job would wait for 30 (gloo) or 10 (NCCL) minutes. The lesson's
+  own bookkeeping (gathering each rank's outcome to rank 0) runs on the default group with a 120 s timeout, so a
+  broken exhibit never poisons the next one. Failures that kill a process (gloo's size-mismatch abort),
+  launcher mistakes and a second job run as separate launches with a timeout (common.launch.run_command).
+- The symptom index (README.md, `## Symptom index`) maps each error text to its exhibit and to the lesson that
+  teaches the right way. Notebook 12 adds how to diagnose a hang: a stack of every rank (py-spy dump,
+  faulthandler) from a real, bounded hang, and the GPU-only tools (NCCL_DEBUG, the flight recorder).
+
+Sources: https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications
+(TORCH_DISTRIBUTED_DEBUG, monitored_barrier, TORCH_CPP_LOG_LEVEL), https://pytorch.org/docs/stable/notes/ddp.html,
+https://pytorch.org/docs/stable/elastic/run.html (rendezvous, --standalone),
+https://pytorch.org/tutorials/prototype/flight_recorder_tutorial.html (the NCCL flight recorder).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from common.exhibits import GROUPS, load_exhibits, run_exhibit
+from common.results import Report
+from common.session import LessonError, add_distributed_args, distributed_session, run_main
+
+BOOKKEEPING_TIMEOUT_S = 120.0  # the default group only gathers outcomes; the exhibits get --timeout-s
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--list", action="store_true", help="list the exhibits and exit")
+    p.add_argument("--index", action="store_true", help="print the symptom index (a markdown table) and exit")
+    p.add_argument("--show", default=None, metavar="NAME",
+                   help=f"an exhibit's name, a group ({', '.join(GROUPS)}) or 'all'")
+    p.add_argument("--seed", type=int, default=0, help="every exhibit seeds its own models from this")
+    p.add_argument("--results", default=None, help="rank 0 writes the claims of every exhibit shown here as JSON")
+    add_distributed_args(p, timeout_s=2.0)  # --timeout-s bounds each broken collective
+    args = p.parse_args(argv)
+    exhibits = load_exhibits()
+    if args.list + args.index + (args.show is not None) != 1:
+        raise LessonError("give exactly one of --list, --index or --show NAME (see --list for the names)")
+    if args.show is not None and args.show not in {*exhibits, *GROUPS, "all"}:
+        raise LessonError(f"--show {args.show}: no such exhibit or group; --list shows the {len(exhibits)} "
+                          f"exhibits, groups are {', '.join(GROUPS)}, or all")
+    if not 0.5 <= args.timeout_s <= 60:
+        raise LessonError(f"--timeout-s must be between 0.5 and 60 s here (each broken version waits that "
+                          f"long), got {args.timeout_s}")
+    return args
+
+
+def list_exhibits() -> None:
+    """One line per exhibit: name, group, the lesson that teaches the right way, and the symptom."""
+    for ex in load_exhibits().values():
+        print(f"{ex.name:34s} {ex.group:12s} lesson {ex.lesson}  {ex.cause}")
+
+
+LESSONS = {"01": "single device", "02": "collectives", "03": "DDP", "04": "custom samplers", "05": "uneven data",
+           "06": "SyncBatchNorm", "07": "gradient accumulation"}
+
+
+def symptom_index() -> str:
+    """The README's symptom index: what you see -> cause -> exhibit -> the lesson that teaches the right way."""
+    rows = ["| what you see | cause | exhibit | the right way |", "|---|---|---|---|"]
+    for ex in load_exhibits().values():
+        cell = lambda text: text.replace("|", "\\|")  # noqa: E731  (a pipe would end the cell)
+        rows.append(f"| `{cell(ex.symptom)}` | {cell(ex.cause)} | `{ex.name}` | lesson {ex.lesson} "
+                    f"({LESSONS[ex.lesson]}) |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.list or args.index:
+        print(symptom_index()) if args.index else list_exhibits()
+        return
+    exhibits = load_exhibits()
+    chosen = [ex for ex in exhibits.values() if args.show in (ex.name, ex.group, "all")]
+    session_args = argparse.Namespace(**{**vars(args), "timeout_s": BOOKKEEPING_TIMEOUT_S})
+    with distributed_session(session_args) as info:
+        report = Report(info)
+        report.value("world_size", info.world_size, "world_size {value}; each broken collective is bounded by "
+                     f"--timeout-s {args.timeout_s:g} s")
+        report.record("timeout_s", args.timeout_s)
+        report.record("shown", [ex.name for ex in chosen])
+        for ex in chosen:
+            t0 = time.perf_counter()
+            run_exhibit(ex, info, report, args.timeout_s)
+            report.perf(f"{ex.name}_s", time.perf_counter() - t0, f"{ex.name}: {{value:.1f}} s")
+        report.write(args.results)
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,175 @@
+"""Lesson 12: every exhibit's symptom (the error text or the wrong number) and its fix, from one `--show all` launch.
+
+The whole module launches the lesson 4 times: --list (plain python), --show all and --show unused_parameter
+(torchrun, 2 processes), and one bad --show name.
+"""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from common.launch import run_lesson
+from tests._lessons import assert_claims, assert_fails_on_every_rank
+
+EXHIBITS = importlib.import_module("common.exhibits").load_exhibits()
+
+
+@pytest.fixture(scope="module")
+def shown():
+    """Every exhibit, 2 processes, each broken collective bounded by --timeout-s 2."""
+    return run_lesson("12_troubleshooting", nproc=2, args=["--show", "all"], timeout_s=240).check()
+
+
+def claims_of(run, name: str, expected: set[str]) -> dict:
+    """The exhibit's claims exist and hold (and every other recorded claim holds too)."""
+    claims = assert_claims(run.results, {f"{name}_{c}" for c in expected})
+    return {c: claims[f"{name}_{c}"]["value"] for c in expected}
+
+
+def exhibit(run, name: str) -> dict:
+    return run.results["exhibits"][name]
+
+
+@pytest.mark.timeout(60)
+def test_list_shows_every_exhibit():
+    run = run_lesson("12_troubleshooting", nproc=None, args=["--list"], timeout_s=60, results=False).check()
+    names = [line.split()[0] for line in run.stdout.splitlines() if line.strip()]
+    assert names == list(EXHIBITS) and len(names) >= 14
+    assert all(f"lesson {ex.lesson}" in run.stdout for ex in EXHIBITS.values())
+
+
+@pytest.mark.timeout(300)
+def test_every_exhibit_shown_and_every_claim_holds(shown):
+    assert shown.results["shown"] == list(EXHIBITS)
+    assert_claims(shown.results, set())
+    assert set(shown.results["exhibits"]) == set(EXHIBITS)
+    for name in EXHIBITS:  # each section printed, with its symptom and its fix
+        section = shown.stdout.split(f"== {name} ")[1].split("\n== ")[0]
+        assert "symptom" in section and "fix:" in section, name
+
+
+@pytest.mark.timeout(300)
+def test_mismatched_collectives(shown):
+    c = claims_of(shown, "mismatched_collectives", {"broken_aborts", "op_mismatch_raises",
+                                                     "detail_names_shapes", "monitored_barrier_names_rank_1",
+                                                     "fixed_sum"})
+    assert c["fixed_sum"] == 34.0
+    ex = exhibit(shown, "mismatched_collectives")
+    assert "Is there a distributed collective mismatch" in ex["symptom"][1]
+    assert ex["diagnosis_detail"][1].endswith("TensorShape=[8]")
+    assert "Ranks 1 failed to pass monitoredBarrier in 2000 ms" in ex["diagnosis_monitored"][0]
+
+
+@pytest.mark.timeout(300)
+def test_rank_skips_step(shown):
+    claims_of(shown, "rank_skips_step", {"broken_times_out", "fixed_steps_equal", "fixed_replicas_identical"})
+    lines = exhibit(shown, "rank_skips_step")["symptom"]
+    assert "Timed out waiting 2000ms" in lines[0] and lines[1] == "finished: 2"  # rank 1 ran on, silently
+
+
+@pytest.mark.timeout(300)
+def test_unused_parameter(shown):
+    claims_of(shown, "unused_parameter", {"broken_raises", "fixed_trains"})
+    ex = exhibit(shown, "unused_parameter")
+    assert all("Expected to have finished reduction in the prior iteration" in l for l in ex["symptom"])
+    assert ex["unused"] == ["aux.weight", "aux.bias"]
+    assert {"unused_parameter_find_unused_parameters_ms", "unused_parameter_static_graph_ms"} <= set(shown.results)
+
+
+@pytest.mark.timeout(300)
+def test_rank0_work_past_timeout(shown):
+    claims_of(shown, "rank0_work_past_timeout", {"broken_rank1_times_out", "fixed_finishes"})
+    assert "Timed out waiting 2000ms" in exhibit(shown, "rank0_work_past_timeout")["symptom"][1]
+
+
+@pytest.mark.timeout(300)
+def test_uneven_batches_without_join(shown):
+    claims_of(shown, "uneven_batches_without_join", {"broken_rank0_times_out", "fixed_replicas_identical"})
+    assert exhibit(shown, "uneven_batches_without_join")["symptom"][1] == "finished: 2"
+
+
+@pytest.mark.timeout(300)
+def test_eval_through_ddp_on_empty_rank(shown):
+    c = claims_of(shown, "eval_through_ddp_on_empty_rank", {"broken_raises", "fixed_count"})
+    assert c["broken_raises"] == 2 and c["fixed_count"] == 1.0
+    assert any("Timed out waiting 2000ms" in l for l in exhibit(shown, "eval_through_ddp_on_empty_rank")["symptom"])
+
+
+@pytest.mark.timeout(300)
+def test_set_epoch_forgotten(shown):
+    c = claims_of(shown, "set_epoch_forgotten", {"broken_distinct_orders", "fixed_distinct_orders"})
+    assert (c["broken_distinct_orders"], c["fixed_distinct_orders"]) == (1, 3)
+
+
+@pytest.mark.timeout(300)
+def test_checkpoints(shown):
+    claims_of(shown, "checkpoint_module_prefix", {"broken_raises", "fixed_equal"})
+    assert "Unexpected key(s) in state_dict" in shown.stdout and '"module.weight"' in shown.stdout
+    claims_of(shown, "checkpoint_weights_only", {"broken_raises", "fixed_loads"})
+    assert "Unsupported global: GLOBAL argparse.Namespace" in exhibit(shown, "checkpoint_weights_only")["symptom"]
+
+
+@pytest.mark.timeout(300)
+def test_accumulation_mistakes(shown):
+    c = claims_of(shown, "no_sync_around_backward_only", {"broken_allreduces", "fixed_allreduces"})
+    assert (c["broken_allreduces"], c["fixed_allreduces"]) == (4, 1)
+    c = claims_of(shown, "loss_not_divided_by_k", {"broken_gradient_ratio", "fixed_gradient_ratio"})
+    assert c["broken_gradient_ratio"] == 4.0
+    claims_of(shown, "unscale_twice", {"broken_raises", "fixed_finite"})
+    assert "unscale_() has already been called" in exhibit(shown, "unscale_twice")["symptom"]
+
+
+@pytest.mark.timeout(300)
+def test_batchnorm_exhibits(shown):
+    claims_of(shown, "batchnorm_batch_of_one", {"broken_raises", "fixed_smallest_batch"})
+    assert "Expected more than 1 value per channel when training" in exhibit(shown, "batchnorm_batch_of_one")[
+        "symptom"]
+    claims_of(shown, "syncbatchnorm_on_cpu", {"broken_raises", "fixed_global_mean"})
+    assert "SyncBatchNorm layers only work with GPU modules" in exhibit(shown, "syncbatchnorm_on_cpu")["symptom"][1]
+
+
+@pytest.mark.timeout(300)
+def test_too_many_threads(shown):
+    c = claims_of(shown, "too_many_threads", {"broken_threads_per_core", "fixed_threads_fit"})
+    assert c["broken_threads_per_core"] == 2.0  # 2 processes x one thread per core; speed is [perf] only
+    assert {"too_many_threads_oversubscribed_rate", "too_many_threads_fixed_rate"} <= set(shown.results)
+
+
+@pytest.mark.timeout(300)
+def test_nan_spreads_to_all_ranks(shown):
+    c = claims_of(shown, "nan_spreads_to_all_ranks", {"broken_ranks_with_nan", "fixed_finite",
+                                                       "fixed_replicas_identical"})
+    assert c["broken_ranks_with_nan"] == 2  # only rank 1's input held a NaN
+
+
+@pytest.mark.timeout(300)
+def test_launch_mistakes(shown):
+    claims_of(shown, "legacy_launcher_local_rank", {"broken_rejected", "fixed_parses"})
+    assert "unrecognized arguments: --local-rank=0" in exhibit(shown, "legacy_launcher_local_rank")["symptom"]
+    claims_of(shown, "local_rank_from_global_rank", {"broken_invalid_indices", "fixed_invalid_indices"})
+    claims_of(shown, "mp_spawn_inline_function", {"broken_child_fails", "fixed_ranks"})
+    assert "Can't get attribute 'worker' on <module '__main__'" in exhibit(shown, "mp_spawn_inline_function")[
+        "symptom"]
+
+
+@pytest.mark.timeout(300)
+def test_second_job_on_the_same_machine(shown):
+    claims_of(shown, "rendezvous_port_taken", {"broken_fails", "fixed_runs"})
+    assert "EADDRINUSE" in exhibit(shown, "rendezvous_port_taken")["symptom"]
+    claims_of(shown, "second_job_joins_first", {"broken_first_job_killed", "fixed_jobs_alone"})
+
+
+@pytest.mark.timeout(120)
+def test_one_exhibit_alone_ends_within_its_timeout():
+    run = run_lesson("12_troubleshooting", nproc=2, args=["--show", "uneven_batches_without_join"],
+                     timeout_s=90).check()
+    assert run.results["shown"] == ["uneven_batches_without_join"]
+    claims_of(run, "uneven_batches_without_join", {"broken_rank0_times_out", "fixed_replicas_identical"})
+    assert run.results["uneven_batches_without_join_s"] < 30  # bounded by --timeout-s 2, never a real hang
+
+
+@pytest.mark.timeout(120)
+def test_unknown_exhibit_fails_on_every_rank():
+    run = run_lesson("12_troubleshooting", nproc=2, args=["--show", "no_such_thing"], timeout_s=90)
+    assert_fails_on_every_rank(run, 2, "--show no_such_thing: no such exhibit or group")
