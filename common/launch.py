@@ -120,15 +120,38 @@ def _env(env: dict | None) -> dict:
     return e
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc; elsewhere none): torchrun starts each rank in a session of its
+    own, so killing torchrun's process group does not reach them."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while we looked
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
 def run_command(cmd: Sequence[str], timeout_s: float = 120, env: dict | None = None,
                 cwd: str | Path | None = None) -> subprocess.CompletedProcess:
-    """Run `cmd` in its own process group; on timeout kill the whole group and raise LessonTimeout."""
+    """Run `cmd` in its own process group; on timeout kill it and every process below it, raise LessonTimeout."""
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(env), cwd=cwd or REPO_ROOT, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank it started
+        for pid in [proc.pid, *_descendants(proc.pid)]:  # torchrun and every rank it started
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         raise LessonTimeout(f"{' '.join(cmd)} did not finish in {timeout_s} s", out + err) from None
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)

@@ -1,0 +1,68 @@
+"""What a sharded rank holds and sends: bytes of parameters, gradients and optimizer state (each storage once, a
+DTensor by its local shard), the collectives of ZeRO and FSDP2 counted, and bytes sent per the ring model (lesson 13).
+
+Per rank and call, with Psi the bytes of the buffer a call works on (what `count_collectives` records): a ring
+all-reduce sends 2 Psi (N-1)/N, an all-gather or a reduce-scatter Psi (N-1)/N (lesson 02 derives them).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+from common import counters
+from common.counters import CollectiveCount, count_collectives
+from common.memory import storage_bytes
+
+__all__ = ["held_bytes", "count_sharding_collectives", "moved_bytes", "full_params"]
+
+
+def held_bytes(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
+               optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state this rank holds, each storage counted once.
+
+    A DTensor (FSDP2) counts its local shard. Stage-3 flat buffers between uses are 0-byte storages.
+    """
+    def local(ts):
+        return [t.to_local() if hasattr(t, "to_local") else t for t in ts if t is not None]
+    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    return {"parameters": storage_bytes(local(params)), "gradients": storage_bytes(local(grads)),
+            "optimizer_state": storage_bytes(local(state))}
+
+
+@contextmanager
+def count_sharding_collectives() -> Iterator[CollectiveCount]:
+    """`common.counters.count_collectives`, plus `dist.reduce_scatter_single` (which it does not wrap in torch
+    2.13): the calls and full-buffer bytes of every all-reduce, all-gather and reduce-scatter in the block.
+    FSDP2 calls `dist.all_gather_single` and `dist.reduce_scatter_single` from Python
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py), so it is counted too."""
+    with count_collectives() as counter:
+        name, fn = "reduce_scatter_single", getattr(dist, "reduce_scatter_single", None)
+        if fn is None or name in counters._COUNTED:
+            yield counter
+            return
+
+        def wrapped(output, input, *args, **kwargs):
+            counter.calls[name] = counter.calls.get(name, 0) + 1
+            counter.bytes[name] = counter.bytes.get(name, 0) + input.numel() * input.element_size()
+            return fn(output, input, *args, **kwargs)
+        dist.reduce_scatter_single = wrapped
+        try:
+            yield counter
+        finally:
+            dist.reduce_scatter_single = fn
+
+
+def moved_bytes(counted: dict[str, int], world_size: int) -> float:
+    """Bytes one rank sends per the ring model, from full-buffer byte counts {op: bytes}: all-reduce 2 Psi (N-1)/N,
+    all-gather and reduce-scatter Psi (N-1)/N each (Psi = the buffer a call works on)."""
+    factor = {"all_reduce": 2, "all_gather_single": 1, "all_gather_into_tensor": 1, "reduce_scatter_single": 1,
+              "reduce_scatter_tensor": 1}
+    return sum(factor.get(op, 0) * b for op, b in counted.items()) * (world_size - 1) / world_size
+
+
+def full_params(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The whole parameters of a plain or FSDP2 model, in order (a DTensor is all-gathered: every rank calls it)."""
+    return [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]

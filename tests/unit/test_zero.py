@@ -1,0 +1,97 @@
+"""ZeRO by hand (common/zero.py), its accounting (common/shard_accounting.py) and the completion marker of sharded
+checkpoints (common/sharded_checkpoint.py): stages equal one process, bytes as the formulas, one clear error."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from common.env import LessonError
+from common.memory import ResidualMLP
+from common.shard_accounting import held_bytes, moved_bytes
+from common.sharded_checkpoint import MARKER, check_complete, model_signature
+from common.zero import ZeRO, check_stages, check_world_size
+from tests._workers import run_world
+from tests._zero_workers import stages_vs_one_process
+
+
+def test_a_world_of_one_is_plain_adam_and_the_parameters_view_one_flat_buffer():
+    torch.manual_seed(0)
+    model, ref = ResidualMLP(5, 1), ResidualMLP(5, 1)
+    ref.load_state_dict(model.state_dict())
+    zero = ZeRO(model, [model.stem, *model.blocks, model.head], 3, group=None, lr=1e-2)
+    opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    x, y = torch.randn(6, 64), torch.randint(10, (6,))
+    for m, step in ((model, zero.step), (ref, opt.step)):
+        for _ in range(2):
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            step()
+            m.zero_grad()
+    assert max((a - b).abs().max().item() for a, b in zip(zero.full_parameters(), ref.parameters())) == 0.0
+    head = zero.units[-1]
+    assert head.numel == head.padded == 60  # N = 1: no padding
+    head.gather()
+    assert model.head[1].weight.untyped_storage().data_ptr() == head.flat.untyped_storage().data_ptr()
+
+
+def test_held_bytes_counts_each_storage_once_and_moved_bytes_follow_the_ring():
+    flat = torch.zeros(10)
+    assert held_bytes([flat[:5], flat[5:], flat], [None], torch.optim.SGD([torch.nn.Parameter(flat)]))[
+        "parameters"] == 40
+    assert moved_bytes({"all_reduce": 100}, 4) == 150  # 2 Psi (N-1)/N
+    assert moved_bytes({"all_gather_single": 100, "reduce_scatter_single": 100}, 4) == 150  # the same volume
+    assert moved_bytes({"all_gather_single": 200, "reduce_scatter_single": 100}, 2) == 150  # stage 3: 1.5x
+
+
+@pytest.mark.timeout(120)
+def test_every_stage_equals_one_process_on_2_ranks_and_moves_the_formula_bytes(tmp_path):
+    out = run_world(stages_vs_one_process, 2, tmp_path, timeout_s=100)
+    numel = out[0]["numel"]  # stem 325 + block 60 + head 60 = 445: 2 divides neither the total nor the stem
+    for stage in (1, 2, 3):
+        r = out[0][stage]
+        assert all(o[stage]["diff"] <= 1e-6 for o in out), [o[stage]["diff"] for o in out]
+        assert all(o[stage]["padding_zero"] for o in out)
+        padded = sum(r["padded"])
+        assert padded == numel + 1 and all(p % 2 == 0 for p in r["padded"])
+        gathers = 2 if stage == 3 else 1  # stage 3 gathers before forward and again before backward
+        assert r["calls"] == {"all_gather_single": 3 * gathers, "reduce_scatter_single": 3}  # 3 units, 1 step
+        assert r["bytes"] == {"all_gather_single": 4 * padded * gathers, "reduce_scatter_single": 4 * padded}
+        assert r["state_bytes"] == 2 * 4 * padded // 2 + 4 * 3  # exp_avg, exp_avg_sq of 1/N; 3 step counters
+        full_grads = r["grad_bytes_after_backward"] == 4 * numel
+        assert full_grads == (stage == 1)  # stage 1 ends backward with all gradients, 2 and 3 with 1/N
+        if stage > 1:
+            assert r["grad_bytes_after_backward"] == 4 * padded // 2
+        assert (r["flat_bytes_at_rest"] == 0) == (stage == 3)  # stage 3 frees the full parameters between uses
+
+
+@pytest.mark.parametrize("text", ["0", "1,4", "2,x", ""])
+def test_a_stage_that_does_not_exist_is_one_clear_error(text):
+    with pytest.raises(LessonError, match="stages"):
+        check_stages(text)
+    assert check_stages("3,1,1") == [1, 3]
+
+
+def test_a_world_that_leaves_a_rank_only_padding_is_refused():
+    check_world_size({"block": 4}, 2)
+    with pytest.raises(LessonError, match="world size 3 cannot split unit 'block'"):
+        check_world_size({"block": 4}, 3)  # shards of 2: ranks 0 and 1 own all four elements
+    assert all(n - (w - 1) * math.ceil(n / w) > 0 for n in (6973, 340) for w in (2, 4))  # the lesson's sizes
+
+
+def test_a_checkpoint_without_its_marker_or_of_another_model_is_refused(tmp_path):
+    sig = model_signature(ResidualMLP(5, 1))
+    with pytest.raises(LessonError, match="not a folder"):
+        check_complete(tmp_path / "absent", sig)
+    (tmp_path / ".metadata").write_bytes(b"written before a crash")
+    with pytest.raises(LessonError, match="no COMPLETE.json: its save did not finish"):
+        check_complete(tmp_path, sig)
+    (tmp_path / MARKER).write_text("{not json")
+    with pytest.raises(LessonError, match="not a completion marker"):
+        check_complete(tmp_path, sig)
+    (tmp_path / MARKER).write_text(json.dumps({"model": model_signature(ResidualMLP(6, 1)), "world_size": 4}))
+    with pytest.raises(LessonError, match=r"another model: stem.weight is \[6, 64\] there, \[5, 64\] here"):
+        check_complete(tmp_path, sig)
+    (tmp_path / MARKER).write_text(json.dumps({"model": sig, "world_size": 4}))
+    assert check_complete(tmp_path, sig)["world_size"] == 4
