@@ -24,12 +24,13 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common.counters import count_collectives
 from common.data import digits_split
 from common.grid import Grid
 from common.memory import ResidualMLP
 from common.results import Report
 from common.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
-from common.shard_accounting import count_sharding_collectives, held_bytes, moved_bytes
+from common.shard_accounting import held_bytes, moved_bytes
 from common.zero import ZeRO
 
 lesson = importlib.import_module("lessons.13_sharded_data_parallel")
@@ -95,7 +96,7 @@ def main() -> None:
             model, step, _, _, _ = build(setup, args.width, args.depth, grid, info)
             lesson.train(model, step, data[:1])  # warm-up: DDP's buckets, FSDP2's lazy init
             times = []
-            with count_sharding_collectives() as c:
+            with count_collectives() as c:
                 for batch in data[1:]:
                     sync(info)
                     t0 = time.perf_counter()

@@ -124,8 +124,8 @@ class CollectiveCount:
 
 
 _P2P = ("send", "recv", "isend", "irecv")
-_COUNTED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast",
-            "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single", "gather", "scatter",
+_COUNTED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast", "reduce_scatter",
+            "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single", "gather", "scatter",
             "reduce")
 
 

@@ -6,17 +6,13 @@ all-reduce sends 2 Psi (N-1)/N, an all-gather or a reduce-scatter Psi (N-1)/N (l
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
-import torch.distributed as dist
 
-from common import counters
-from common.counters import CollectiveCount, count_collectives
 from common.memory import storage_bytes
 
-__all__ = ["held_bytes", "count_sharding_collectives", "moved_bytes", "full_params"]
+__all__ = ["held_bytes", "moved_bytes", "full_params"]
 
 
 def held_bytes(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
@@ -30,29 +26,6 @@ def held_bytes(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | No
     state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
     return {"parameters": storage_bytes(local(params)), "gradients": storage_bytes(local(grads)),
             "optimizer_state": storage_bytes(local(state))}
-
-
-@contextmanager
-def count_sharding_collectives() -> Iterator[CollectiveCount]:
-    """`common.counters.count_collectives`, plus `dist.reduce_scatter_single` (which it does not wrap in torch
-    2.13): the calls and full-buffer bytes of every all-reduce, all-gather and reduce-scatter in the block.
-    FSDP2 calls `dist.all_gather_single` and `dist.reduce_scatter_single` from Python
-    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py), so it is counted too."""
-    with count_collectives() as counter:
-        name, fn = "reduce_scatter_single", getattr(dist, "reduce_scatter_single", None)
-        if fn is None or name in counters._COUNTED:
-            yield counter
-            return
-
-        def wrapped(output, input, *args, **kwargs):
-            counter.calls[name] = counter.calls.get(name, 0) + 1
-            counter.bytes[name] = counter.bytes.get(name, 0) + input.numel() * input.element_size()
-            return fn(output, input, *args, **kwargs)
-        dist.reduce_scatter_single = wrapped
-        try:
-            yield counter
-        finally:
-            dist.reduce_scatter_single = fn
 
 
 def moved_bytes(counted: dict[str, int], world_size: int) -> float:

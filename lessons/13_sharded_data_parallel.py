@@ -44,7 +44,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.counters import CommCounter
+from common.counters import CommCounter, count_collectives
 from common.data import digits_split
 from common.grid import Grid
 from common.memory import ResidualMLP, saved_activation_bytes
@@ -54,7 +54,7 @@ from common.session import (LessonError, add_distributed_args, distributed_sessi
                             run_main, set_seed)
 from common.sharded_checkpoint import (FULL_MODEL, check_complete, load_sharded, mark_complete, model_signature,
                                        save_sharded)
-from common.shard_accounting import count_sharding_collectives, full_params, held_bytes, moved_bytes
+from common.shard_accounting import full_params, held_bytes, moved_bytes
 from common.zero import ZeRO, check_stages, check_world_size
 
 TOL = 1e-6
@@ -175,7 +175,7 @@ def main() -> None:
         for s in args.stages:
             m = fresh()
             zero = ZeRO(m, [u for _, u in units(m)], s, group=group, lr=args.lr)
-            with count_sharding_collectives() as c:
+            with count_collectives() as c:
                 train(m, zero.step, data, lambda: grads.update(held_bytes(
                     [], [p.grad for p in m.parameters()] + [u.shard.grad for u in zero.units], zero.optimizer)))
             hand[s] = zero.full_parameters()
@@ -228,7 +228,7 @@ def main() -> None:
                                                                             reduce_dtype=torch.float32)})):
             m = fsdp2(fresh(), mesh, **kw)
             opt = adam(m.parameters())
-            with count_sharding_collectives() as c:
+            with count_collectives() as c:
                 train(m, opt.step, data, lambda: grads.update(held_bytes([], [p.grad for p in m.parameters()], opt)))
             runs[name] = (m, opt, full_params(m), moved_bytes(c.bytes, N) / args.steps)
             if name == "fsdp2":

@@ -12,7 +12,8 @@ def stages_vs_one_process(rank: int, world_size: int, width: int = 5, steps: int
     every rank, no communication): the largest parameter difference, the collectives of one step, what the rank
     holds at the end of backward and at rest, and whether the padding stayed 0."""
     from common.memory import ResidualMLP
-    from common.shard_accounting import count_sharding_collectives, held_bytes
+    from common.counters import count_collectives
+    from common.shard_accounting import held_bytes
     from common.zero import ZeRO
     torch.manual_seed(0)
     init = ResidualMLP(width, 1).state_dict()
@@ -31,7 +32,7 @@ def stages_vs_one_process(rank: int, world_size: int, width: int = 5, steps: int
         model.load_state_dict(init)
         zero = ZeRO(model, [model.stem, *model.blocks, model.head], stage, group=dist.group.WORLD, lr=1e-2)
         for i in range(steps):
-            with count_sharding_collectives() as c:
+            with count_collectives() as c:
                 F.cross_entropy(model(x[i, mine]), y[i, mine]).backward()
                 grads = held_bytes([], [p.grad for p in model.parameters()] + [u.shard.grad for u in zero.units],
                                    zero.optimizer)["gradients"]
