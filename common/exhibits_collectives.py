@@ -219,7 +219,7 @@ def uneven_batches_without_join(ctx: Ctx) -> None:
     ctx.record("fixed_steps", taken)  # 3 on rank 0, 2 on rank 1
 
 
-@exhibit("eval_through_ddp_on_empty_rank", "collectives", min_world=2, lesson="04",
+@exhibit("eval_through_ddp_on_empty_rank", "collectives", min_world=2, lesson="05",
          symptom="evaluation hangs until the timeout (Timed out waiting ...ms for send operation to complete) "
                  "when a rank's evaluation shard is empty",
          cause="the DDP forward broadcasts buffers; the rank with no batch never joins it")
