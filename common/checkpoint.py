@@ -1,11 +1,10 @@
-"""Atomic checkpoints and result files written by global rank 0 (introduced in lesson 01, made rank-aware in 03).
+"""Atomic checkpoints written by global rank 0 (introduced in lesson 01, made rank-aware in 03).
 
 A checkpoint is written to a temporary file in the same folder and renamed over the target with `os.replace`,
 which is atomic on POSIX: a crash mid-write leaves the previous checkpoint intact, never half a file.
 """
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -15,7 +14,7 @@ import torch
 
 from common.session import DistInfo, LessonError, barrier
 
-__all__ = ["atomic_write", "save_checkpoint", "load_checkpoint", "write_results"]
+__all__ = ["atomic_write", "save_checkpoint", "load_checkpoint"]
 
 
 def atomic_write(path: str | Path, write: Callable[[Any], None]) -> Path:
@@ -69,11 +68,3 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> dic
         return torch.load(path, map_location=device, weights_only=True)
     except Exception as e:
         raise LessonError(f"cannot load checkpoint {path} ({type(e).__name__})") from None
-
-
-def write_results(path: str | Path | None, results: dict, info: DistInfo) -> None:
-    """Rank 0 writes the numbers a lesson reports as JSON (atomically); a no-op when `path` is None."""
-    if path is None or not info.master_process:
-        return
-    text = json.dumps(results, indent=2, sort_keys=True) + "\n"
-    atomic_write(path, lambda f: f.write(text.encode()))

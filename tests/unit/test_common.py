@@ -1,7 +1,6 @@
 """Unit and property tests of common/: setup choices, sampler contract, metric reduction, checkpoints, data."""
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
@@ -10,7 +9,7 @@ from hypothesis import given, strategies as st
 from torch.utils.data import DistributedSampler
 
 from common import env as cd
-from common.checkpoint import atomic_write, load_checkpoint, save_checkpoint, write_results
+from common.checkpoint import atomic_write, load_checkpoint, save_checkpoint
 from common.data import digits_split, load_digits, synthetic_images
 from common.session import DistInfo, LessonError, choose_backend_and_device, read_torchrun_env
 from common.metrics import is_padding
@@ -168,10 +167,6 @@ def test_checkpoint_roundtrip_and_atomic_failure_keeps_previous(tmp_path):
 def test_only_rank_zero_writes(tmp_path):
     assert not save_checkpoint({"x": torch.ones(1)}, tmp_path / "a.pt", DistInfo(rank=1, world_size=2))
     assert not (tmp_path / "a.pt").exists()
-    write_results(tmp_path / "r.json", {"a": 1}, DistInfo(rank=1, world_size=2))
-    assert not (tmp_path / "r.json").exists()
-    write_results(tmp_path / "r.json", {"a": 1}, DistInfo())
-    assert json.loads((tmp_path / "r.json").read_text()) == {"a": 1}
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
