@@ -132,8 +132,8 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, stats: LinkStats | None = 
             send_buf = flat[s0:s1].clone()
             recv_buf = torch.empty(r1 - r0, dtype=flat.dtype, device=flat.device)
             # Post the send and the receive together. With NCCL a lone send may wait for the peer's receive,
-            # and with 2 ranks both would be sending first (a cycle) (GPU-only, not checked here; the
-            # batch_isend_irecv docs above). Empty chunks send nothing.
+            # and with 2 ranks both would be sending first (a cycle) (GPU-only, not checked here; see the
+            # torch.distributed.batch_isend_irecv docs). Empty chunks send nothing.
             ops = []
             if s1 > s0:
                 ops.append(dist.P2POp(dist.isend, send_buf, right, group=group))

@@ -3,8 +3,9 @@
 Under DDP each process runs its own copy of the model, so a plain BatchNorm normalises with the mean and variance
 of *this rank's* micro-batch and updates *this rank's* running statistics. `torch.nn.SyncBatchNorm` computes the
 statistics over the global batch instead, but in torch 2.13 only on accelerators: its forward accepts cuda, hpu,
-xpu and the PrivateUse1 backend, raises on CPU, and DDP refuses a CPU module that holds one. This module computes
-exactly what it computes, on any device and backend, with collectives you can read:
+xpu and the PrivateUse1 backend, raises on CPU in training once a process group exists (a world of one too), and
+DDP refuses a CPU module that holds one. This module computes what it computes, on any device and backend, with
+collectives you can read:
 
     forward, per layer:   ONE all-reduce of [sum_x (C), sum_x2 (C), count (1)]       -> global mean, variance
     backward, per layer:  ONE all-reduce of [sum_dy (C), sum_dy_xhat (C)]             -> global gradient sums

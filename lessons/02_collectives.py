@@ -11,7 +11,7 @@
 What to look for (a measured line ends with "[claim <relation> <bound>: holds]"):
 - RANK is global (0 .. WORLD_SIZE-1), LOCAL_RANK counts the processes of one node. The backend table (PyTorch
   docs): NCCL moves CUDA tensors only, gloo CPU tensors (and some CUDA ops), MPI exists only in builds from source.
-  Every collective then runs, and each rank checks its result against the answer it computes locally.
+  Then send/recv and 6 collectives run (the table's but gather, scatter, all_to_all), each checked locally.
 - barrier: the last rank arrives 50 ms late; after the barrier every rank reads, in torchrun's key-value store, how
   many ranks had arrived: all of them. No clocks are compared across ranks (two nodes have two clocks).
 - The ring all-reduce from isend/irecv equals dist.all_reduce (bit for bit on integer data) on lengths that do not
@@ -121,7 +121,7 @@ def run_collectives(info, late_s: float = 0.05) -> tuple[dict[str, float], float
     try:
         dist.reduce_scatter(got, inputs, op=dist.ReduceOp.SUM)
         err["reduce_scatter_fallback"] = 0.0
-    except (RuntimeError, NotImplementedError):  # n times the traffic of a real reduce-scatter into each rank
+    except (RuntimeError, NotImplementedError):  # fallback: 2x a ring reduce-scatter's link bytes
         err["reduce_scatter_fallback"] = 1.0
         full = torch.cat(inputs)
         dist.all_reduce(full)

@@ -20,8 +20,9 @@ What to look for:
    ceil(n/W) and floor(n/W) samples make different numbers of batches: here [3, 3] steps without drop_last,
    [3, 2] with it (9 samples: [3, 2] without). Under DDP the rank with more steps then waits in an all-reduce
    the other never joins, until the process-group timeout (lesson 05).
-3. Weighted sampling on imbalanced digits: class histograms per rank 20:1 before, roughly flat after; rank streams
-   differ. With replacement the ranks' union is WeightedRandomSampler's draw; without, that draw plus padding.
+3. Weighted sampling on imbalanced digits: class histograms per rank 20:1 before, roughly flat after (claimed over
+   all ranks' draws: a rank's ~m/W draws are noisier); rank streams differ. With replacement the ranks' union is
+   WeightedRandomSampler's draw; without, that draw plus padding.
 4. Length-grouped batches: the padded-token fraction falls from 0.75 to 0.07 (cut by 90%), with the same
    number of batches on every rank.
 
@@ -62,10 +63,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_distributed_args(p)
     args = p.parse_args(argv)
     # Validate before any process group exists: every rank sees the same argv, so every rank fails alike.
-    for name, low in (("demo_size", 1), ("batch_size", 1), ("seq_count", 1), ("seq_batch", 1), ("pool_batches", 1),
+    for name, low in (("demo_size", 1), ("batch_size", 1), ("seq_count", 1), ("seq_batch", 2), ("pool_batches", 1),
                       ("seed", 0)):
         if getattr(args, name) < low:
-            kind = "a positive integer" if low else ">= 0"
+            kind = {0: ">= 0", 1: "a positive integer"}.get(low, f">= {low} (1 sequence per batch has no padding)")
             raise LessonError(f"--{name.replace('_', '-')} must be {kind}, got {getattr(args, name)}")
     if not 0.0 < args.imbalance <= 1.0:
         raise LessonError(f"--imbalance must be in (0, 1], got {args.imbalance}")
@@ -168,8 +169,9 @@ def main() -> None:
         print0("\n".join(f"  epoch {e} rank {r}: {indices[e][r]}" for e in (0, 1) for r in range(W)))
         report.claim("padding_repeats", sum(map(len, indices[0])) - n, "==", (-n) % W,
                      "  padding: the ranks read {value} index(es) twice, (-n) mod W = {bound}")
-        report.claim("set_epoch_changes_permutation", int(indices[0] != indices[1]), "==", int(n > 1 or W > 1),
-                     "  set_epoch(1) changes the permutation: {value}")
+        if n >= 5:  # 1 index has one order; 2..4 (2 or 6 or 24 orders) repeat by chance (1 in 2 seeds for n = 2)
+            report.claim("set_epoch_changes_permutation", int(indices[0] != indices[1]), "==", 1,
+                         "  set_epoch(1) changes the permutation: {value}")
         report.claim("by_hand_equals_torch_this_run", int(all(a == b for f in per_rank for a, b in f)), "==", 1,
                      "  by-hand sampler == torch DistributedSampler on every rank of this run: {value}")
         match, total = count_matching_configs(seeds=(seed, seed + 7))
@@ -233,7 +235,9 @@ def main() -> None:
                           for k in hists for r, h in enumerate(hists[k])))
         report.record("weighted", {"class_count": class_count.tolist(), "hist": hists, "max_min_ratio": ratio})
         report.claim("plain_stays_imbalanced", min(ratio["plain"]), ">=", 5, "  plain: smallest max/min {value:.2f}")
-        report.claim("weighted_rebalances", max(ratio["weighted"]), "<=", 3, "  weighted: largest max/min {value:.2f}")
+        union_hist = torch.tensor(hists["weighted"]).sum(0)  # all ranks' draws: ~m/W per rank is noisier (W = 4: ~5)
+        report.claim("weighted_rebalances", (union_hist.max() / union_hist.min().clamp_min(1)).item(), "<=", 3,
+                     f"  weighted, all {W} rank(s) together: max/min {{value:.2f}}")
         report.claim("weighted_deterministic", int(all(f["deterministic"] for f in per_rank)), "==", 1,
                      "  weighted: the same seed gives the same stream: {value}")
         report.claim("weighted_set_epoch_changes_order", int(all(f["epoch_changes_order"] for f in per_rank)), "==", 1,

@@ -11,15 +11,15 @@ What to look for:
    Evaluate the UNWRAPPED model: with 1 image on 2 ranks, rank 1's shard is empty, and through the DDP wrapper rank
    0's forward broadcasts buffers (BatchNorm statistics) that rank 1 never joins, until the timeout (2 s here).
 2. Join: rank r holds 4 + r batches. Under `Join([model])` every rank finishes, after 4 and 5 steps, with
-   identical parameters: a rank that ran out shadows DDP's collectives. Without Join, rank 1 waits in its 5th
-   gradient all-reduce until the timeout. Join covers ONLY the collectives of the objects it wraps (DDP's
-   all-reduce and buffer broadcast, ZeroRedundancyOptimizer): a `dist.all_reduce(loss)` of yours inside the
-   loop meets the finished rank's shadow collectives and gloo fails ("Received data size doesn't match expected
-   size"; the process aborts: shown in a child world). Reduce (loss_sum, count) after the loop, or agree on a
-   step count first (all-reduce MIN of the batch counts) and need no Join. Timeouts: there is always one, by
+   identical parameters: a rank that ran out shadows DDP's collectives. Without Join, rank 1 (every rank but 0)
+   waits in its 5th gradient all-reduce until the timeout. Join covers ONLY the collectives of the objects it
+   wraps (DDP's all-reduce and buffer broadcast, ZeroRedundancyOptimizer): a `dist.all_reduce(loss)` of yours
+   inside the loop meets the finished rank's shadow collectives and gloo fails ("Received data size doesn't match
+   expected size"; the process aborts: shown in a child world). Reduce (loss_sum, count) after the loop, or agree
+   on a step count first (all-reduce MIN of the batch counts) and need no Join. Timeouts: there is always one, by
    default 30 min for gloo, 10 min for NCCL; on NCCL a timed-out collective does not raise, the watchdog tears
-   the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING: torchrun sets 1, the default is 3; both abort). So the
-   failure demos run on CPU with gloo, in groups of their own with a short timeout.
+   the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING: torchrun sets 1, the default is 3; both tear down, 2 only
+   aborts the communicators). So the failure demos run on CPU with gloo, in groups of their own with a short timeout.
 3. Seeding (myth 6). PyTorch already seeds torch, numpy and random differently in each worker of one rank; what
    goes wrong is the same seed on every rank: worker w on rank 0 repeats worker w on rank 1 (k workers), and
    with 0 workers (the default) the draws come from the global RNGs, alike on every rank, which a DataLoader
@@ -76,6 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) < low:
             what = "a positive integer" if low else ">= 0"
             raise LessonError(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
+    if args.aug_samples < args.workers:  # worker w loads sample w first: fewer samples leave workers without a stream
+        raise LessonError(f"--aug-samples must be >= --workers ({args.workers}), got {args.aug_samples}")
     if not 0.0 < args.hang_timeout_s < args.timeout_s:
         raise LessonError(f"--hang-timeout-s must be in (0, --timeout-s={args.timeout_s}), got {args.hang_timeout_s}")
     return args
@@ -233,7 +235,8 @@ def main() -> None:
         if W > 1:
             plain = all_gather_objects(train_without_join(loader, info, args.hang_timeout_s), info)
             outcomes = report.record("no_join", [h["outcome"] for h in plain])
-            report.claim("no_join_last_rank_times_out", int(outcomes == ["finished"] * (W - 1) + ["timed out"]), "==",
+            # rank 0 (fewest batches) leaves; every rank r > 0 waits in its extra step (W = 2: rank 1, the last)
+            report.claim("no_join_last_rank_times_out", int(outcomes == ["finished"] + ["timed out"] * (W - 1)), "==",
                          1, f"  without Join: {outcomes} after {[h['steps'] for h in plain]} full steps: {{value}}")
             report.claim("no_join_wait_bounded", max(h["seconds"] for h in plain), "<=", 60,
                          "without Join, seconds until every rank left the loop: {value:.2f}", perf=True)
@@ -249,8 +252,9 @@ def main() -> None:
                     report.perf("child_world_error", why, "the child world's gloo error: {value}")
         report.claim("default_timeout_gloo_minutes", dist.constants.default_pg_timeout.total_seconds() / 60, "==", 30,
                      "  the default process-group timeout (gloo; NCCL's is 10 min): {value:g} min")
-        report.claim("nccl_timeout_aborts", int(os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")), ">=", 1,
-                     "  TORCH_NCCL_ASYNC_ERROR_HANDLING = {value} (unset: 3): a timed-out NCCL collective aborts")
+        mode = int(os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"))  # 0 nothing, 2 no tear-down (.hpp)
+        report.claim("nccl_timeout_aborts", int(mode in (1, 3)), "==", 1, f"  TORCH_NCCL_ASYNC_ERROR_HANDLING = {mode} "
+                     "(unset: 3): 1 and 3 tear the process down when an NCCL collective times out: {value}")
 
         # 3. Seeding augmentations. The code to copy: seed_data_rngs(seed, rank) after the model is built.
         n, k = args.aug_samples, args.workers

@@ -20,8 +20,9 @@ What to look for (each number is a claim with its bound, recorded in --results):
 4. --group-size 2: `Grid(info, replica=2, bn=2)`; dimension `bn` holds the ranks that share statistics, {0,1} and
    {2,3} (consecutive ranks: on GPUs, one node); `replica` numbers those groups.
 5. `replay` computes rank 0's run in one process (claims `replay_equals_ddp_*`); notebook 06 uses it to sweep the
-   per-rank batch: on 8x8 digits (64 values per channel per sample) SyncBatchNorm gains no more than the spread of
-   seeds at any per-rank batch; Wu & He report BatchNorm 10.6 points worse on ImageNet at 2 images per GPU.
+   per-rank batch: on 8x8 digits (64 values per channel per sample) SyncBatchNorm's mean gain over 3 seeds stays
+   within 3 points at every per-rank batch; Wu & He report BatchNorm's ImageNet error 10.6 points above GroupNorm's
+   at 2 images per GPU.
 6. [perf] step time SyncBatchNorm / BatchNorm: 4 more collectives per step (large here: 4 processes, 2 cores).
 7. Which SyncBatchNorm runs: `torch.nn.SyncBatchNorm` on CUDA; on CPU, where torch 2.13's raises (its forward
    accepts cuda, hpu, xpu and PrivateUse1 devices) and DDP refuses it, the from-scratch `common.sync_batchnorm`.
