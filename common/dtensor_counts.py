@@ -1,9 +1,9 @@
 """Count what DTensor and FSDP2 communicate (collectives, bytes, groups) and save for backward (lessons 10, 11).
 
 `common.counters.count_collectives` wraps the Python functions of `torch.distributed`; DTensor
-(`parallelize_module`) calls functional collectives (`torch.ops._c10d_functional.*`) and FSDP2 (`fully_shard`)
-calls `dist.all_gather_single` / `dist.reduce_scatter_single`, which it does not see. Both reach the dispatcher as
-ops, where `torch.distributed.tensor.debug.CommDebugMode` counts them
+(`parallelize_module`) calls functional collectives (`torch.ops._c10d_functional.*`), which it does not see, and
+FSDP2 (`fully_shard`) calls `dist.all_gather_single` (which it counts) and `dist.reduce_scatter_single` (which it
+does not). All of them reach the dispatcher as ops, where `torch.distributed.tensor.debug.CommDebugMode` counts them
 (https://pytorch.org/docs/stable/distributed.tensor.html#debugging). This subclass of it also records each one's
 bytes and group, into the same `CollectiveCount` that `count_collectives` fills, so a lesson compares the two.
 `saved_local_bytes` is `common.counters.saved_tensor_bytes` for DTensors: it counts the local shard a rank keeps.

@@ -80,8 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise LessonError(f"--grad-accum-steps {args.grad_accum_steps} disagrees with --global-batch "
                           f"{args.global_batch} / (--micro-batch {args.micro_batch} x world_size {world_size}) = {k}")
     args.grad_accum_steps = k
-    if args.steps < 1 or args.lr <= 0 or args.clip <= 0:
-        raise LessonError("--steps, --lr and --clip must be positive")
+    if k < 2 or args.steps < 20 or args.lr <= 0 or args.clip <= 0:  # at k = 1 a wrong variant equals the right one
+        raise LessonError(f"need grad_accum_steps >= 2 (got {k}; raise --global-batch), --steps >= 20 (got "
+                          f"{args.steps}; the loss is reported every 10 steps), --lr > 0 and --clip > 0")
     return args
 
 
@@ -134,7 +135,7 @@ def accumulate_running_divide(model, micro_batches) -> None:
 
 
 def accumulate_sample_weighted(model, micro_batches) -> None:
-    """Right for micro-batches of different sizes: sum of per-sample losses / this rank's samples."""
+    """Right for uneven micro-batches if every rank holds as many samples: summed sample losses / local samples."""
     n_local = sum(len(y) for _, y in micro_batches)
     for micro_step, (x, y) in enumerate(micro_batches):
         with no_sync_unless(model, last=micro_step == len(micro_batches) - 1):
@@ -237,8 +238,7 @@ def main() -> None:
         check("uneven_sample_weighted", accumulate_sample_weighted, uneven, True)
         report.value("proof_clip", clip, "  with clipping at {value:.4f} = half the global gradient norm:")
         check("clip_after_sync", accumulate, micro, True, clip)
-        clip_each = lambda *a: accumulate_clip_each_micro_step(*a, clip)  # noqa: E731
-        check("clip_each_micro_step", clip_each, micro, False, clip)
+        check("clip_each_micro_step", lambda *a: accumulate_clip_each_micro_step(*a, clip), micro, False, clip)
         g, p = check("no_divide_clip", accumulate_no_divide, micro, None, clip)
         report.claim("no_divide_clip_params_equal", p, "<=", TOL, "  no_divide + clip: parameters {value:.1e} ...")
         report.claim("no_divide_clip_grads_differ", g, ">=", 100 * TOL, "  ... but gradients by {value:.1e}")

@@ -17,7 +17,8 @@ What to look for:
    checkpointing keeps each block's input only, 4 B (64 + w (depth + 2)): 56% less at width 256 and depth 4,
    the same gradients, paid for with a second forward (benchmarks/memory_speed.py times it). Accumulation over
    k = 4 micro-batches holds about a quarter. bf16 autocast halves the activations but keeps a bf16 copy of each
-   weight until backward, which at this width and micro-batch costs more than it saves.
+   weight whose input needs a gradient (all but the stem's) until backward: at width 256 and micro-batch 128 that
+   costs more than it saves; at --width 512 --micro-batch 512 it saves (0.78 x plain).
 3. bf16 autocast stays within 1e-3 of fp32 after 5 optimizer steps (parameters and update stay fp32).
 4. fp16 needs a GradScaler; under accumulation unscale_/step/update run once per optimizer step, after the
    last micro-step; a second unscale_ before update() raises.
@@ -183,20 +184,30 @@ def main() -> None:
                      "4 B (64 + w (d + 2)): {value}")
         plain_b, ck_b = act_bytes(B, False), act_bytes(B, True)
         cut = 1 - ck_b / plain_b
-        report.claim("checkpointing_cut", cut, ">=", 0.40, f"  checkpointing at micro-batch {B}: {{value:.1%}} fewer "
-                     "activation bytes")
-        report.claim("checkpointing_cut_as_stated", abs(cut - 0.56), "<=", 0.01 if (w, d) == (256, 4) else 1.0,
-                     "  ... |cut - 56%| = {value:.3f} (the docstring's number at width 256, depth 4)")
+        # 40% is the bar at the default shape; a shallow or narrow model saves less: there the shapes' cut is the bar
+        shapes_cut = 1 - residual_mlp_activation_bytes(B, w, d, True) / residual_mlp_activation_bytes(B, w, d)
+        report.claim("checkpointing_cut", cut, ">=", min(0.40, shapes_cut), f"  checkpointing at micro-batch {B}: "
+                     f"{{value:.1%}} fewer activation bytes (the shapes say {shapes_cut:.1%})")
+        if (w, d) == (256, 4):
+            report.claim("checkpointing_cut_as_stated", abs(cut - 0.56), "<=", 0.01,
+                         "  ... |cut - 56%| = {value:.3f} (the docstring's number at width 256, depth 4)")
         saved = {"plain": plain_b, "accumulation k=4": act_bytes(B // 4, False),
                  "bf16 autocast": act_bytes(B, False, "bf16"), "checkpointing": ck_b}
         report.value("saved_activation_bytes", saved, "  one optimizer step's activations: " +
                      ", ".join(f"{k} {v / 1e6:.3f} MB" for k, v in saved.items()))
         report.claim("accumulation_k4_activation_share", saved["accumulation k=4"] / plain_b, "<=", 0.3,
                      "  accumulation, k = 4 micro-batches of B / 4: {value:.3f} x plain")
-        report.claim("checkpointing_activation_share", ck_b / plain_b, "<=", 0.6,
+        report.claim("checkpointing_activation_share", ck_b / plain_b, "<=", max(0.6, 1 - shapes_cut),
                      "  checkpointing: {value:.3f} x plain")
-        report.claim("bf16_activation_share", saved["bf16 autocast"] / plain_b, ">=", 1.0 if (w, B) == (256, 128)
-                     else 0.0, "  bf16 autocast: {value:.3f} x plain (its bf16 weight copies outweigh the halving)")
+        # autocast saves a bf16 copy of a Linear's weight when backward needs it for the input's gradient: every
+        # Linear but the stem, whose input x needs none. Activations: half of plain, all of them in bf16.
+        copies = 2 * sum(p.numel() for n, p in raw_model.named_parameters() if n.endswith("weight") and n[:4] != "stem")
+        report.claim("bf16_activation_bytes_exact", saved["bf16 autocast"], "==", plain_b // 2 + copies,
+                     f"  bf16 autocast: {{value}} bytes = plain / 2 + {copies} bytes of bf16 weight copies")
+        outweigh = copies >= plain_b / 2
+        report.claim("bf16_activation_share", saved["bf16 autocast"] / plain_b, ">=" if outweigh else "<=", 1.0,
+                     "  bf16 autocast: {value:.3f} x plain " + ("(its bf16 weight copies outweigh the halving)"
+                                                              if outweigh else "(the halving outweighs its copies)"))
 
         # -------- 3. bf16 autocast vs fp32: the same SGD run, k = 2 micro-batches of 8 per step. --------------
         finals = {}
@@ -219,7 +230,7 @@ def main() -> None:
                                               max_diff(finals["fp32"], init_state.values())], info)
         print0(f"\n3. bf16 autocast vs fp32 after {args.steps} optimizer steps")
         # bf16 keeps 8 significant bits (relative rounding up to 2^-8 = 0.4%) in matmul inputs and outputs; the
-        # parameters, gradients and the update stay fp32: a few percent of the largest change, here well in 1e-3.
+        # parameters, gradients and the update stay fp32: under 1% of the largest change here, well within 1e-3.
         report.claim("bf16_close_to_fp32", bf16_diff, "<=", 1e-3, f"  max |parameter difference| {{value:.1e}} "
                      f"(largest fp32 parameter change {change:.1e})")
         report.claim("bf16_really_ran", bf16_diff, ">=", 1e-7, "  ... and not 0 (bf16 really ran): {value:.1e}")

@@ -16,7 +16,8 @@ TOL = 1e-5
 CLAIMS = {"parameter_bytes_exact", "gradient_bytes_exact", "adam_state_bytes_exact", "storages_not_shared",
           "activation_bytes_exact", "checkpointing_same_gradients", "activation_rows_off_formula",
           "checkpointing_cut", "checkpointing_cut_as_stated", "accumulation_k4_activation_share",
-          "checkpointing_activation_share", "bf16_activation_share", "bf16_close_to_fp32", "bf16_really_ran",
+          "checkpointing_activation_share", "bf16_activation_share", "bf16_activation_bytes_exact",
+          "bf16_close_to_fp32", "bf16_really_ran",
           "scaler_unscale_calls", "scaler_step_calls", "scaler_update_calls", "scaler_errors",
           "double_unscale_raises"}
 

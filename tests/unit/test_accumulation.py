@@ -83,3 +83,12 @@ def test_micro_batch_streams_cover_each_epoch_once_across_ranks():
     assert sorted(torch.cat(epoch0).flatten().tolist()) == list(range(24))
     epoch1 = [next(streams[0])[0] for _ in range(4)]  # set_epoch(1): a new order on rank 0
     assert torch.cat(epoch1).flatten().tolist() != torch.cat(epoch0[:4]).flatten().tolist()
+
+
+@pytest.mark.parametrize("argv", [["--grad-accum-steps", "1"], ["--global-batch", "2"], ["--steps", "10"]])
+def test_parse_args_refuses_what_would_make_a_claim_fail(argv, monkeypatch):
+    """k = 1: every wrong variant equals the right one; --steps < 20: one loss report, nothing can fall."""
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(LessonError, match="need grad_accum_steps >= 2"):
+        lesson.parse_args(argv)

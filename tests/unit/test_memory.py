@@ -61,3 +61,15 @@ def test_autocast_context_by_name():
         assert torch.nn.functional.linear(torch.ones(2, 3), torch.ones(4, 3)).dtype == torch.bfloat16
     with pytest.raises(ValueError):
         autocast_context(torch.device("cpu"), "fp8")
+
+
+@pytest.mark.parametrize("width, depth, batch", [(16, 1, 3), (64, 2, 8)])
+def test_bf16_autocast_saves_half_the_activations_plus_weight_copies(width, depth, batch):
+    """Lesson 08's bf16 claim: plain / 2 + 2 bytes x every Linear weight but the stem's (its input needs no grad)."""
+    torch.manual_seed(0)
+    model, x = ResidualMLP(width, depth), torch.randn(batch, 1, 8, 8)
+    plain = saved_activation_bytes(model, lambda: model(x))
+    with autocast_context(torch.device("cpu"), "bf16"):
+        bf16 = saved_activation_bytes(model, lambda: model(x))
+    copies = 2 * sum(p.numel() for n, p in model.named_parameters() if n.endswith("weight") and n[:4] != "stem")
+    assert bf16 == plain // 2 + copies
