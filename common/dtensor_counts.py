@@ -2,8 +2,8 @@
 
 `common.counters.count_collectives` wraps the Python functions of `torch.distributed`; DTensor
 (`parallelize_module`) calls functional collectives (`torch.ops._c10d_functional.*`), which it does not see, and
-FSDP2 (`fully_shard`) calls `dist.all_gather_single` (which it counts) and `dist.reduce_scatter_single` (which it
-does not). All of them reach the dispatcher as ops, where `torch.distributed.tensor.debug.CommDebugMode` counts them
+FSDP2 (`fully_shard`) calls `dist.all_gather_single` and `dist.reduce_scatter_single`, which it counts too. All of
+them reach the dispatcher as ops, where `torch.distributed.tensor.debug.CommDebugMode` counts them
 (https://pytorch.org/docs/stable/distributed.tensor.html#debugging). This subclass of it also records each one's
 bytes and group, into the same `CollectiveCount` that `count_collectives` fills, so a lesson compares the two.
 `saved_local_bytes` is `common.counters.saved_tensor_bytes` for DTensors: it counts the local shard a rank keeps.
