@@ -5,7 +5,8 @@
 
 Weak scaling keeps the batch PER PROCESS fixed, so 2 processes do twice the work per step. Efficiency is
     throughput(2 processes) / (2 x throughput(1 process)),
-1.0 being perfect. Launches alternate (1, 2, 1, 2, ...) so that a noisy neighbour slows both sides alike; the
+1.0 being perfect; the speed-up throughput(2) / throughput(1) = 2 x efficiency is how much faster 2 processes
+get through the data than one (efficiency 0.52 -> 1.04x: the second process adds 4%, not half its worth). Launches alternate (1, 2, 1, 2, ...) so that a noisy neighbour slows both sides alike; the
 first epoch of every run is dropped as warm-up, and the median over rounds is reported. Both sides run under
 torchrun (1 and 2 processes, one thread each), so process-group setup is on both sides too.
 """
@@ -43,7 +44,8 @@ def main() -> None:
                     wall = run.wall_s
         t1, t2 = statistics.median(thr[1]), statistics.median(thr[2])
         print(f"{dataset}, batch {bs}/process: 1 process {t1:,.0f} samples/s, 2 processes {t2:,.0f} samples/s, "
-              f"weak-scaling efficiency {t2 / (2 * t1):.2f}; peak RSS per process {max(rss):.0f} MB; "
+              f"weak-scaling efficiency {t2 / (2 * t1):.2f}, speed-up {t2 / t1:.2f}x; peak RSS per process "
+              f"{max(rss):.0f} MB; "
               f"last 2-process launch {wall:.1f} s wall")
 
 

@@ -6,30 +6,41 @@ Run it:
     python lessons/01_single_gpu.py --device cpu --epochs 8
     python lessons/01_single_gpu.py --checkpoint ckpt.pt --epochs 2     # stop after 2 epochs ...
     python lessons/01_single_gpu.py --checkpoint ckpt.pt --resume       # ... and finish the other 2
+    python lessons/01_single_gpu.py --check-resume        # both in one run, compared with the uninterrupted one
 
 What to look for:
-- The whole algorithm every later lesson distributes: sample a batch, forward, loss, backward, optimizer step.
-- Test accuracy above 0.95 after the default 4 epochs (1438 training images, 359 test images of 8x8 pixels).
-- A resumed run ends with exactly the numbers of an uninterrupted one: the checkpoint holds the model, the
-  optimizer's momentum buffers and the epoch, and the data order depends only on (seed, epoch).
+- The whole algorithm every later lesson distributes (`train_epoch`): sample a batch, forward, loss, backward,
+  optimizer step.
+- Test accuracy above 0.95 after the default 4 epochs (1438 training images, 359 test images of 8x8 pixels), and
+  a test loss that falls from about ln(10) = 2.30 (the untrained model guesses) to under half of it.
+- A resumed run ends with exactly the numbers of an uninterrupted one (--check-resume: max difference 0.0 over
+  every parameter and buffer): the checkpoint holds the model, the optimizer's momentum buffers and the epoch,
+  and the data order depends only on (seed, epoch).
 - Under `torchrun --nproc_per_node=2` this script still runs, but each process trains its OWN copy on the
-  whole dataset: two processes, no cooperation. Lesson 03 is the small diff that makes them cooperate.
+  whole dataset: two processes, no cooperation (and nothing to wait for: no process group). The deprecated
+  `python -m torch.distributed.launch` passes --local-rank=N; it is accepted, with a note. Lesson 03 is the small
+  diff that makes the processes cooperate.
 """
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from common.checkpoint import load_checkpoint, save_checkpoint, write_results
+from common.checkpoint import load_checkpoint, save_checkpoint
 from common.data import digits_split
-from common.ranks import peak_rss_mb, print0, rank0_progress
-from common.session import DistInfo, LessonError, choose_backend_and_device, read_torchrun_env, run_main, set_seed
 from common.metrics import evaluate
 from common.models import DigitsCNN
+from common.ranks import peak_rss_mb, print0, rank0_progress
+from common.results import Report
+from common.session import (DistInfo, LessonError, add_legacy_launcher_args, choose_backend_and_device,
+                            legacy_launcher_note, read_torchrun_env, run_main, set_seed)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -44,7 +55,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="auto: cuda if available, else cpu")
     p.add_argument("--checkpoint", default=None, help="write a checkpoint here after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    p.add_argument("--check-resume", action="store_true",
+                   help="also train in two halves joined by a checkpoint and compare with this run")
     p.add_argument("--results", default=None, help="write the reported numbers here as JSON")
+    add_legacy_launcher_args(p)  # `python -m torch.distributed.launch` appends --local-rank=N
     args = p.parse_args(argv)
     if args.batch_size < 1:
         raise LessonError(f"--batch-size must be a positive integer, got {args.batch_size}")
@@ -54,19 +68,72 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise LessonError(f"--lr must be positive, got {args.lr}")
     if args.resume and not args.checkpoint:
         raise LessonError("--resume needs --checkpoint PATH")
+    if args.resume and args.check_resume:
+        raise LessonError("--check-resume trains from the start; it cannot follow --resume")
     return args
+
+
+def build(args: argparse.Namespace, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The model and its optimizer. SGD with momentum keeps one buffer per parameter: state a checkpoint needs."""
+    model = DigitsCNN().to(device)  # ~38k parameters; x (B, 1, 8, 8) -> logits (B, 10)
+    return model, torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+
+
+def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, device: torch.device,
+                info: DistInfo) -> float:
+    """One pass over `loader`: the loop every later lesson distributes. Returns the mean train loss."""
+    model.train()
+    loss_sum, seen = 0.0, 0
+    for x, y in rank0_progress(loader, info):
+        x, y = x.to(device), y.to(device)  # x (B, 1, 8, 8), y (B,)
+        loss = F.cross_entropy(model(x), y)  # mean over the B samples
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.item() * len(y)  # .item() waits for the GPU: fine at this size
+        seen += len(y)
+    return loss_sum / seen
+
+
+def resume_difference(args, loader, generator, device, info, reference: nn.Module) -> float:
+    """Train again, stop after epochs // 2, checkpoint, load into a NEW model and optimizer, finish; compare.
+
+    The new model is built from another seed, so only the checkpoint can make the two runs agree.
+    Returns max |difference| to `reference` over every parameter and buffer (0.0: the runs are identical).
+    """
+    half = args.epochs // 2
+    set_seed(args.seed)
+    model, optimizer = build(args, device)
+    for epoch in range(half):
+        generator.manual_seed(args.seed + epoch)  # the data order of `epoch`, as in the uninterrupted run
+        train_epoch(model, optimizer, loader, device, info)
+    with tempfile.TemporaryDirectory() as tmp:
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": half}
+        save_checkpoint(state, Path(tmp) / "ckpt.pt", info)
+        set_seed(args.seed + 1)  # "the process restarts": fresh weights, fresh (empty) momentum buffers
+        model, optimizer = build(args, device)
+        ckpt = load_checkpoint(Path(tmp) / "ckpt.pt", device)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])  # without it the momentum restarts at 0 and the runs differ
+    for epoch in range(int(ckpt["epoch"]), args.epochs):
+        generator.manual_seed(args.seed + epoch)
+        train_epoch(model, optimizer, loader, device, info)
+    ref = reference.state_dict()
+    return max((v.double() - ref[k].double()).abs().max().item() for k, v in model.state_dict().items())
 
 
 def main() -> None:
     args = parse_args()
+    legacy_launcher_note(args)
     # No process group here. Under torchrun, LOCAL_RANK still picks this process's GPU and RANK 0 alone prints
     # and writes files -- but every process trains alone on everything.
     rank, local_rank, world_size, local_world_size = read_torchrun_env()
     _, device = choose_backend_and_device("auto", args.device, local_rank, local_world_size)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # cuda:LOCAL_RANK: synchronize() and new tensors then use this rank's GPU
-    master_process = rank == 0  # prints and writes files
+    master_process = rank == 0  # prints and writes files; there is no process group, so no rank ever waits
     info = DistInfo(device=device)  # a world of one: evaluate() and save_checkpoint() need no process group
+    report = Report(DistInfo(rank=rank, world_size=world_size))  # prints and writes on rank 0 only
 
     set_seed(args.seed)
     train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8) and (359, 1, 8, 8)
@@ -74,9 +141,7 @@ def main() -> None:
     # resumed run sees the same batches as an uninterrupted one.
     generator = torch.Generator()
     loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, generator=generator)
-
-    model = DigitsCNN().to(device)  # ~38k parameters; x (B, 1, 8, 8) -> logits (B, 10)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    model, optimizer = build(args, device)
 
     start_epoch = 0
     if args.resume:
@@ -86,46 +151,42 @@ def main() -> None:
         start_epoch = int(ckpt["epoch"])
         print0(f"resumed from {args.checkpoint} at epoch {start_epoch}")
 
-    print0(f"device {device.type}  batch {args.batch_size}  epochs {args.epochs}"
-           + (f"  (one of {world_size} independent processes)" if world_size > 1 else ""))
+    report.results.update(device=device.type, world_size=world_size)
+    report.value("batch_size", args.batch_size, f"device {device.type}  batch {{value}}  epochs {args.epochs}"
+                 + (f"  (one of {world_size} independent processes)" if world_size > 1 else ""))
+    before = test = evaluate(model, test_set, info)  # the untrained model: about ln(10) = 2.30
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # GPU work is asynchronous
     history, samples_per_s = [], []
     for epoch in range(start_epoch, args.epochs):
         generator.manual_seed(args.seed + epoch)  # a new order every epoch, the same order on every rerun
-        model.train()
-        loss_sum, seen = 0.0, 0
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
-        for x, y in rank0_progress(loader, info, desc=f"epoch {epoch + 1}"):
-            x, y = x.to(device), y.to(device)  # x (B, 1, 8, 8), y (B,)
-            loss = F.cross_entropy(model(x), y)  # mean over the B samples
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.item() * len(y)  # .item() waits for the GPU: fine at this size
-            seen += len(y)
-        if device.type == "cuda":
-            torch.cuda.synchronize()  # GPU work is asynchronous: wait before reading the clock
-        elapsed = time.perf_counter() - t0
+        train_loss = train_epoch(model, optimizer, loader, device, info)
+        sync()  # wait for the GPU before reading the clock
+        samples_per_s.append(len(train_set) / (time.perf_counter() - t0))
         test = evaluate(model, test_set, info)
-        history.append({"epoch": epoch + 1, "train_loss": loss_sum / seen, "test_loss": test["loss"],
+        history.append({"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test["loss"],
                         "test_accuracy": test["accuracy"]})
-        samples_per_s.append(seen / elapsed)
-        print0(f"epoch {epoch + 1}/{args.epochs}  train_loss {loss_sum / seen:.4f}  test_loss {test['loss']:.4f}  "
-               f"test_acc {test['accuracy']:.4f}")
-        print0(f"[perf] epoch {epoch + 1}: {elapsed:.2f} s, {seen / elapsed:.0f} samples/s")
+        print0(f"epoch {epoch + 1}/{args.epochs}  train_loss {train_loss:.4f}  test_loss {test['loss']:.4f}  "
+               f"test_acc {test['accuracy']:.4f}")  # recorded once, in "history"
         if args.checkpoint and master_process:  # temporary file + rename: a crash never leaves half a file
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1}
             save_checkpoint(state, args.checkpoint, info)
+    report.record("history", history)
 
-    final = evaluate(model, test_set, info)
-    print0(f"final test_loss {final['loss']:.4f}  test_acc {final['accuracy']:.4f}  on {final['count']} images")
-    print0(f"[perf] peak RSS {peak_rss_mb():.0f} MB")
-    if master_process:
-        write_results(args.results, {"device": device.type, "batch_size": args.batch_size, "history": history,
-                                     "final_test_loss": final["loss"], "final_test_accuracy": final["accuracy"],
-                                     "test_count": final["count"], "samples_per_s": samples_per_s,
-                                     "world_size": world_size}, info)
+    report.claim("loss_falls", test["loss"] / before["loss"], "<=", 0.5,  # test: the last epoch's evaluation
+                 f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: ratio {{value:.3f}}")
+    if args.epochs >= 4:  # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
+        report.claim("test_accuracy", test["accuracy"], ">=", 0.95, "final test accuracy {value:.4f}")
+    report.claim("each_test_image_counted_once", test["count"], "==", len(test_set),
+                 "test images counted: {value}")
+    report.perf("samples_per_s", samples_per_s, "samples/s per epoch: " + ", ".join(f"{s:.0f}" for s in samples_per_s))
+    report.perf("peak_rss_mb", peak_rss_mb(), "peak RSS {value:.0f} MB")
+    if args.check_resume and master_process:
+        report.claim("resume_reproduces_uninterrupted", resume_difference(args, loader, generator, device, info,
+                     model), "==", 0.0, f"stopped after epoch {args.epochs // 2}, resumed from the checkpoint: "
+                     "max |difference| to the uninterrupted run over parameters and buffers = {value:.1e}")
+    report.write(args.results)
 
 
 if __name__ == "__main__":

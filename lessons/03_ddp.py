@@ -5,72 +5,103 @@ Run it:
     python lessons/03_ddp.py                                        # one process, no process group
     torchrun --standalone --nproc_per_node=2 lessons/03_ddp.py      # 2 processes (2 GPUs, or 2 CPU processes)
     torchrun --standalone --nproc_per_node=2 lessons/03_ddp.py --check-equivalence
+    torchrun --standalone --nproc_per_node=4 lessons/03_ddp.py --lr-scaling linear      # lr x global/32
     torchrun --standalone --nproc_per_node=2 lessons/03_ddp.py --checkpoint ckpt.pt --epochs 2
     torchrun --standalone --nproc_per_node=2 lessons/03_ddp.py --checkpoint ckpt.pt --epochs 3 --resume
+    python lessons/03_ddp.py --spawn 2                              # the same training, started by mp.spawn
+    python -m torch.distributed.launch --nproc_per_node=2 lessons/03_ddp.py   # the deprecated launcher
 
     # two nodes, 2 processes each (a world of 4): the same command on both; $HOST0 is one node's address
     torchrun --nnodes=2 --nproc_per_node=2 \\
         --rdzv-backend=c10d --rdzv-endpoint=$HOST0:29500 --rdzv-id=lessons lessons/03_ddp.py
 
 What to look for:
-- The diff from lesson 01 is small: a process group, a DistributedSampler with set_epoch, the DDP wrap, metrics
-  reduced over ranks, and rank-0-only printing and saving.
-- "--batch-size" is per process: with 2 processes the global batch is 2 x 32 = 64, lesson 01's batch.
-- The per-rank table: RANK is global, LOCAL_RANK picks the device on each node; only global rank 0 writes.
-- "max parameter difference across ranks: 0": there is no parameter server and no rank that averages
-  gradients and broadcasts updated weights. DDP copies rank 0's parameters and buffers to every rank ONCE, when
-  it wraps the model; after that only gradients travel (all-reduced in buckets during backward), every rank
-  applies the same averaged gradient, and the replicas stay identical without sending parameters again.
-  (One exception, on by default: broadcast_buffers=True copies rank 0's BatchNorm running statistics to every
-  rank before each forward; lesson 05 shows why and what that hides.)
-- --check-equivalence: one process replays the same global batches and the DDP parameters match it (< 1e-5).
-  Because BatchNorm normalises each rank's batch with that rank's statistics, the replay forwards each rank's
-  chunk separately; a plain one-process run with --batch-size 64 would differ in its BatchNorm statistics.
+- The diff from lesson 01: a process group, a DistributedSampler with set_epoch, the DDP wrap, metrics reduced
+  over ranks, rank-0-only printing and saving. "--batch-size" is per process: 2 x 32 = 64 global. In the
+  per-rank table RANK is global, LOCAL_RANK picks the device on each node; only global rank 0 writes.
+- "max parameter difference across ranks: 0": no parameter server. DDP copies rank 0's parameters and buffers
+  to every rank ONCE, when it wraps the model; then only gradients travel (all-reduced in buckets during
+  backward), every rank applies the same averaged gradient and the replicas stay identical. One exception, on by
+  default: `forward_sync_buffers=True` (`broadcast_buffers` before torch 2.13) broadcasts rank 0's buffers
+  (BatchNorm's running statistics) at the start of a forward, but only if the previous forward ran with gradient
+  sync: after a forward under `no_grad` or `no_sync` the next one sends nothing (`require_forward_param_sync`).
+  Training sends them once per optimizer step, an evaluation loop once (first batch); lesson 06 counts them.
+- --check-equivalence: rank 0 replays the same global batches in one process; the parameters match (<= 1e-5).
+  The other ranks wait for this rank-0-only phase without the --timeout-s bound (common.session.rank0_only).
+
+Learning rate and the global batch: one --lr on 1, 2 and 4 processes means global batches of 32, 64, 128 and 45,
+23, 12 steps per epoch: first-epoch train loss 0.84, 1.27, 1.85, test loss after 4 epochs 0.015, 0.059, 0.073.
+The linear scaling rule (Goyal et al. 2017, arXiv:1706.02677), `--lr-scaling linear`: lr = --lr x global batch /
+--base-batch; first epoch 1.04 on 2, 1.28 on 4 processes. Its warm-up (--warmup-steps, from --lr up) matters when
+the scaled lr is large: --lr 0.05 on 4 processes (lr 0.2), first epoch 3.28 without, 1.64 with 12 warm-up steps.
+
+Launchers: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, runs the rendezvous across nodes and
+restarts failed workers (--max-restarts). mp.spawn (--spawn N) starts N interpreters and calls fn(rank, *args):
+the parent sets MASTER_ADDR/PORT, each child passes rank and world size to init_process_group, and fn must be
+importable (children unpickle it by module and name: a function defined in a notebook cell fails, notebook 03).
+`python -m torch.distributed.launch` (deprecated) passes --local-rank=N: accepted, with a note.
+
+DataParallel is ONE process: each forward copies the module to every GPU, scatters the batch from the first GPU,
+runs the copies in threads sharing one GIL, gathers outputs and reduces gradients on the first GPU. DDP: one
+process per device, all-reduce overlapped with backward; PyTorch recommends it even on one machine (docs: CUDA
+semantics, "Use nn.parallel.DistributedDataParallel instead of ... nn.DataParallel"). Without GPUs DataParallel
+has no devices and just calls the module (measured below). Sources: https://pytorch.org/docs/stable/notes/ddp.html,
+https://pytorch.org/docs/stable/notes/cuda.html, https://pytorch.org/docs/stable/elastic/run.html,
+https://pytorch.org/docs/stable/multiprocessing.html#spawning-subprocesses
 """
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import time
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common.checkpoint import load_checkpoint, save_checkpoint, write_results
+from common.checkpoint import load_checkpoint, save_checkpoint
 from common.data import digits_split, synthetic_split
-from common.ranks import (gather_to_rank0, global_mean, max_param_diff_across_ranks, peak_rss_mb, print0,
-                          rank0_progress)
-from common.session import LessonError, add_distributed_args, barrier, distributed_session, run_main, set_seed
 from common.metrics import evaluate
 from common.models import DigitsCNN
+from common.ranks import gather_to_rank0, global_mean, max_param_diff_across_ranks, peak_rss_mb, print0, rank0_progress
+from common.results import Report
+from common.session import (DistInfo, LessonError, add_distributed_args, choose_backend_and_device,
+                            distributed_session, rank0_only, run_main, set_seed)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--epochs", type=int, default=4, help="passes over the training set (default %(default)s)")
-    p.add_argument("--batch-size", type=int, default=32, help="samples per process per step; the global batch "
-                   "is batch-size x world_size (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per process per step; x world_size = global")
     p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate (default %(default)s)")
+    p.add_argument("--lr-scaling", choices=["none", "linear"], default="none", help="linear: lr x global/base batch")
+    p.add_argument("--base-batch", type=int, default=32, help="the global batch --lr is tuned for")
+    p.add_argument("--warmup-steps", type=int, default=0, help="ramp the lr linearly from --lr to its scaled value")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0, help="model init and data order (same on every rank)")
     p.add_argument("--data", default=None, help="digits .npz (default: the bundled data/digits.npz)")
-    p.add_argument("--dataset", choices=["digits", "synthetic"], default="digits",
-                   help="synthetic: class templates + noise, bigger images, for scaling benchmarks")
+    p.add_argument("--dataset", choices=["digits", "synthetic"], default="digits", help="synthetic: for benchmarks")
     p.add_argument("--image-size", type=int, default=32, help="synthetic images are 1 x N x N (default %(default)s)")
     p.add_argument("--synthetic-samples", type=int, default=4096, help="train + test samples (default %(default)s)")
     p.add_argument("--checkpoint", default=None, help="write a checkpoint here after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
-    p.add_argument("--check-equivalence", action="store_true",
-                   help="replay the run in one process on the global batches and compare parameters")
+    p.add_argument("--check-equivalence", action="store_true", help="rank 0 replays the run in one process")
+    p.add_argument("--spawn", type=int, default=0, metavar="N", help="start N processes with mp.spawn (plain python)")
     p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
     add_distributed_args(p)
     args = p.parse_args(argv)
     # Validate before any process group exists: every rank sees the same argv, so every rank fails alike.
-    if args.batch_size < 1:
-        raise LessonError(f"--batch-size must be a positive integer, got {args.batch_size}")
-    if args.epochs < 0:
-        raise LessonError(f"--epochs must be >= 0, got {args.epochs}")
+    if args.batch_size < 1 or args.base_batch < 1:
+        raise LessonError(f"--batch-size must be a positive integer, got {args.batch_size} (--base-batch too)")
+    for name in ("epochs", "warmup_steps", "spawn"):
+        if getattr(args, name) < 0:
+            raise LessonError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.lr <= 0:
         raise LessonError(f"--lr must be positive, got {args.lr}")
     if args.dataset == "synthetic" and (args.image_size < 2 or args.image_size % 2 or args.synthetic_samples < 2):
@@ -79,144 +110,190 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise LessonError("--resume needs --checkpoint PATH")
     if args.resume and args.check_equivalence:
         raise LessonError("--check-equivalence replays a run from its start; it cannot follow --resume")
+    if args.spawn and "RANK" in os.environ:
+        raise LessonError("--spawn starts its own processes: run it with plain python, not under a launcher")
     return args
 
 
-def replay_on_one_process(train_set, world_size: int, args, device) -> torch.nn.Module:
-    """Train from the same initial weights in ONE process, on the same global batches DDP saw.
+def lr_at(step: int, args: argparse.Namespace, world_size: int) -> float:
+    """The learning rate of optimizer step `step` (0-based): --lr, or the linear scaling rule with warm-up."""
+    scale = args.batch_size * world_size / args.base_batch if args.lr_scaling == "linear" else 1.0  # 128/32 = 4
+    warm = min(1.0, step / args.warmup_steps) if args.warmup_steps else 1.0  # 0 -> 1 (Goyal et al., section 2.2)
+    return args.lr + (args.lr * scale - args.lr) * warm  # from --lr up to --lr x scale
 
-    At each step the global batch is the concatenation of every rank's batch. BatchNorm normalises each rank's
-    batch with that rank's own statistics (lesson 05), so the replay forwards each rank's chunk separately;
-    the loss is still the mean over all batch-size x world_size samples, which is what DDP's averaged
-    gradient is the gradient of.
+
+def replay_on_one_process(train_set, world_size: int, args, device) -> tuple[nn.Module, list[float]]:
+    """Train in ONE process from the same initial weights, on the same global batches and lr schedule as DDP.
+
+    Each rank's chunk is forwarded apart (BatchNorm normalises per rank, lesson 06); the loss is the mean over
+    the global batch, whose gradient DDP's average is. Returns the model and each epoch's mean train loss.
     """
     set_seed(args.seed)
     model = DigitsCNN(image_size=train_set.tensors[0].shape[-1]).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     samplers = [DistributedSampler(train_set, num_replicas=world_size, rank=r, shuffle=True, seed=args.seed)
                 for r in range(world_size)]
+    step, epoch_losses = 0, []
     for epoch in range(args.epochs):
         for s in samplers:
             s.set_epoch(epoch)
         loaders = [DataLoader(train_set, batch_size=args.batch_size, sampler=s) for s in samplers]
+        loss_sum, seen = 0.0, 0
         for chunks in zip(*loaders):  # chunks[r] = (x, y) that rank r trained on at this step
             losses = [F.cross_entropy(model(x.to(device)), y.to(device)) for x, y in chunks]
             loss = torch.stack(losses).mean()  # equal chunk sizes: mean of means = global mean
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, args, world_size)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-    return model
+            step, n = step + 1, sum(len(y) for _, y in chunks)
+            loss_sum, seen = loss_sum + loss.item() * n, seen + n
+        epoch_losses.append(loss_sum / seen)
+    return model, epoch_losses
+
+
+def train(args: argparse.Namespace, info: DistInfo) -> None:
+    """The lesson: every rank runs this inside a process group (or alone, without one)."""
+    report = Report(info)
+    # Same seed on every rank -> same initial weights (DDP also copies rank 0's once, when it wraps the model).
+    set_seed(args.seed)
+    if args.dataset == "digits":
+        train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8) and (359, 1, 8, 8), every rank
+    else:
+        train_set, test_set = synthetic_split(args.synthetic_samples, args.image_size, seed=args.seed)
+
+    # Each rank reads a disjoint 1/world_size of a permutation that depends on (seed, epoch): 1438 / 2 = 719
+    # samples, 23 batches of 32 per rank per epoch with 2 processes.
+    sampler = DistributedSampler(train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+
+    # Wrap order: build -> .to(device) -> DDP. DDP registers its all-reduce hooks on the parameters it
+    # finds, which must already be on this rank's device. `raw_model` is what we save, load and evaluate.
+    raw_model = DigitsCNN(image_size=train_set.tensors[0].shape[-1]).to(info.device)
+    model = raw_model
+    if info.distributed:  # forward_sync_buffers defaults to True: see the docstring for when it sends
+        model = DDP(raw_model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(raw_model.parameters(), lr=args.lr, momentum=args.momentum)
+
+    start_epoch = 0
+    if args.resume:
+        ckpt = load_checkpoint(args.checkpoint, info.device)  # map_location = this rank's device
+        raw_model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        start_epoch = int(ckpt["epoch"])
+        print0(f"resumed from {args.checkpoint} at epoch {start_epoch}")
+
+    W, B = info.world_size, args.batch_size
+    report.results.update(world_size=W, backend=info.backend, device=info.device.type, batch_size_per_process=B)
+    report.value("global_batch_size", W * B, f"world_size {W}  backend {info.backend or 'none'}  device "
+                 f"{info.device.type}  global batch {{value}} ({W} x {B})")
+    report.value("lr", lr_at(10**9, args, W), "learning rate {value:g}" + (
+        f" = {args.lr:g} x {W * B} / {args.base_batch} (linear scaling), warm-up {args.warmup_steps} steps"
+        if args.lr_scaling == "linear" else " on every world size (--lr-scaling none)"))
+    before = evaluate(raw_model, test_set, info)  # the untrained model: about ln(10) = 2.30
+    history, steps, wrote_checkpoint, samples_per_s, test = [], 0, False, [], before
+    step0 = start_epoch * len(loader)  # optimizer steps before this run (a resumed warm-up continues)
+    sync = torch.cuda.synchronize if info.device.type == "cuda" else (lambda: None)
+    for epoch in range(start_epoch, args.epochs):
+        sampler.set_epoch(epoch)  # without it every epoch repeats epoch 0's order
+        first_indices = list(sampler)[:8]  # recorded to show: a new order each epoch, the same on rerun
+        model.train()
+        loss_sum, seen = 0.0, 0
+        sync()
+        t0 = time.perf_counter()
+        for x, y in rank0_progress(loader, info, desc=f"epoch {epoch + 1}"):
+            x, y = x.to(info.device), y.to(info.device)  # x (B, 1, 8, 8) for digits, y (B,); B = 32
+            for g in optimizer.param_groups:
+                g["lr"] = lr_at(step0 + steps, args, W)
+            loss = F.cross_entropy(model(x), y)  # mean over this rank's B samples
+            optimizer.zero_grad(set_to_none=True)
+            # DDP all-reduces (averages) each gradient bucket as soon as backward has filled it (default
+            # bucket_cap_mb=25: the first bucket ~1 MB, then up to 25 MB each)
+            loss.backward()
+            optimizer.step()  # every rank applies the same averaged gradient: no broadcast needed
+            loss_sum, seen, steps = loss_sum + loss.item() * len(y), seen + len(y), steps + 1
+        sync()  # GPU work is asynchronous: wait before reading the clock
+        elapsed = time.perf_counter() - t0
+        train_loss = global_mean(loss_sum, seen, info)  # reduce (sum, count) pairs over ranks, divide once
+        test = evaluate(raw_model, test_set, info)  # raw_model (common/metrics.py), with its own BatchNorm buffers
+        history.append({"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test["loss"],
+                        "test_accuracy": test["accuracy"], "rank0_first_indices": first_indices})
+        print0(f"epoch {epoch + 1}/{args.epochs}  train_loss {train_loss:.4f}  test_loss {test['loss']:.4f}  "
+               f"test_acc {test['accuracy']:.4f}")  # recorded once, in "history"
+        samples_per_s.append(seen * W / elapsed)  # every rank saw the same count (DistributedSampler pads)
+        if args.checkpoint:
+            state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1}
+            wrote_checkpoint |= save_checkpoint(state, args.checkpoint, info)  # rank 0 writes, all wait
+    report.record("history", history)
+
+    facts = gather_to_rank0({"rank": info.rank, "local_rank": info.local_rank, "device": str(info.device),
+                             "steps": steps, "wrote_checkpoint": wrote_checkpoint, "peak_rss_mb": peak_rss_mb()}, info)
+    print0(f"{'rank':>4} {'local_rank':>10} {'device':>8} {'steps':>5}  wrote_checkpoint")
+    for f in facts or []:  # rank 0 prints every rank's facts, in rank order
+        print0(f"{f['rank']:>4} {f['local_rank']:>10} {f['device']:>8} {f['steps']:>5}  {f['wrote_checkpoint']}")
+    report.record("ranks", facts)
+    if info.distributed:  # no rank sent parameters since the wrap, yet: same start, same gradients, same step
+        report.claim("replicas_identical", max_param_diff_across_ranks(raw_model, info), "==", 0.0,
+                     "max parameter difference across ranks: {value:.1e} (no parameter server)")
+    report.claim("loss_falls", test["loss"] / before["loss"], "<=", 0.5,  # test: the last epoch's evaluation
+                 f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: ratio {{value:.3f}}")
+    if args.epochs >= 4:  # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
+        report.claim("test_accuracy", test["accuracy"], ">=", 0.95, "final test accuracy {value:.4f}")
+    report.claim("each_test_image_counted_once", test["count"], "==", len(test_set),
+                 "test images counted over all ranks: {value} (the padded repeats dropped)")
+    report.perf("peak_rss_mb", [f["peak_rss_mb"] for f in facts or []],
+                "peak RSS per rank (MB): " + ", ".join(f"{f['peak_rss_mb']:.0f}" for f in facts or []))
+    report.record("samples_per_s", samples_per_s)  # per epoch, over all ranks (benchmarks/ddp_scaling.py)
+
+    with rank0_only(info, "the DataParallel comparison") as mine:
+        if mine:  # nn.DataParallel's device_ids: every visible GPU; [] without CUDA, and then forward = the module's
+            dp, x = nn.DataParallel(raw_model).eval(), test_set.tensors[0].to(info.device)  # x (359, 1, 8, 8)
+            with torch.no_grad():  # eval mode: each sample's output does not depend on how the batch is split
+                diff = (dp(x) - raw_model(x)).abs().max().item()
+            report.record("dataparallel_device_ids", list(dp.device_ids))
+            report.claim("dataparallel_output_equals_module", diff, "<=", 1e-5, f"nn.DataParallel on device_ids "
+                         f"{list(dp.device_ids)} vs the module itself: max |output difference| = {{value:.1e}}")
+    if args.check_equivalence:
+        with rank0_only(info, "the one-process replay") as mine:  # no --timeout-s bound on the waiting ranks
+            if mine:
+                t0 = time.perf_counter()
+                reference, _ = replay_on_one_process(train_set, W, args, info.device)
+                report.perf("replay_s", time.perf_counter() - t0, "one-process replay: {value:.2f} s")
+                diff = max((p - q).abs().max().item() for p, q in zip(raw_model.parameters(), reference.parameters()))
+                report.claim("ddp_equals_one_process", diff, "<=", 1e-5, f"DDP on {W} ranks vs one process on "
+                             "the global batch: max |parameter difference| = {value:.1e}")
+    report.write(args.results)
+
+
+def spawn_worker(rank: int, world_size: int, args: argparse.Namespace) -> None:
+    """What mp.spawn calls in each child: rank first. No RANK/WORLD_SIZE variables: pass them to init_process_group
+    (MASTER_ADDR/PORT come from the environment the parent set)."""
+    def work() -> None:
+        backend, device = choose_backend_and_device(args.backend, args.device, rank, world_size)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=args.timeout_s))
+        try:
+            train(args, DistInfo(rank, rank, world_size, world_size, backend, device))
+        finally:
+            dist.destroy_process_group()
+    run_main(work)  # ends the child with os._exit: 0, or 2 after a one-line error
 
 
 def main() -> None:
     args = parse_args()
+    if args.spawn:  # mp.spawn instead of torchrun: we do the launcher's work ourselves
+        with socket.socket() as s:  # a free port for rank 0's TCPStore
+            s.bind(("127.0.0.1", 0))
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+        try:  # start method "spawn": fresh interpreters that import this file and unpickle spawn_worker
+            mp.spawn(spawn_worker, args=(args.spawn, args), nprocs=args.spawn, join=True)
+        except mp.ProcessExitedException as e:
+            raise LessonError(f"--spawn: process {e.error_index} exited with status {e.exit_code}") from None
+        return
     with distributed_session(args) as info:
-        # Same seed on every rank -> same initial weights. (DDP also broadcasts rank 0's parameters and buffers
-        # when it wraps the model, so a rank with a different seed would be overwritten there, once.)
-        set_seed(args.seed)
-        if args.dataset == "digits":
-            train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8) and (359, 1, 8, 8), every rank
-            image_size = 8
-        else:
-            train_set, test_set = synthetic_split(args.synthetic_samples, args.image_size, seed=args.seed)
-            image_size = args.image_size
-
-        # Each rank reads a disjoint 1/world_size of a permutation that depends on (seed, epoch): 1438 / 2 = 719
-        # samples, 23 batches of 32 per rank per epoch with 2 processes.
-        sampler = DistributedSampler(train_set, num_replicas=info.world_size, rank=info.rank,
-                                     shuffle=True, seed=args.seed)
-        loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
-
-        # Wrap order: build -> .to(device) -> DDP. DDP registers its all-reduce hooks on the parameters it
-        # finds, which must already be on this rank's device. `raw_model` is what we save and load.
-        raw_model = DigitsCNN(image_size=image_size).to(info.device)
-        model = raw_model
-        if info.distributed:
-            model = DDP(raw_model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
-        optimizer = torch.optim.SGD(raw_model.parameters(), lr=args.lr, momentum=args.momentum)
-
-        start_epoch = 0
-        if args.resume:
-            ckpt = load_checkpoint(args.checkpoint, info.device)  # map_location = this rank's device
-            raw_model.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
-            start_epoch = int(ckpt["epoch"])
-            print0(f"resumed from {args.checkpoint} at epoch {start_epoch}")
-
-        print0(f"world_size {info.world_size}  backend {info.backend or 'none'}  device {info.device.type}  "
-               f"global batch {args.batch_size * info.world_size} ({info.world_size} x {args.batch_size})")
-        history, steps, wrote_checkpoint, samples_per_s = [], 0, False, []
-        for epoch in range(start_epoch, args.epochs):
-            sampler.set_epoch(epoch)  # without it every epoch repeats epoch 0's order
-            first_indices = list(sampler)[:8]  # recorded to show: a new order each epoch, the same on rerun
-            model.train()
-            loss_sum, seen = 0.0, 0
-            if info.device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for x, y in rank0_progress(loader, info, desc=f"epoch {epoch + 1}"):
-                x, y = x.to(info.device), y.to(info.device)  # x (B, 1, 8, 8) for digits, y (B,); B = 32
-                loss = F.cross_entropy(model(x), y)  # mean over this rank's B samples
-                optimizer.zero_grad(set_to_none=True)
-                # DDP groups gradients into buckets (the first ~1 MB, then up to 25 MB each: bucket_cap_mb) and
-                # all-reduces each bucket, averaged over ranks, as soon as backward has filled it.
-                loss.backward()
-                optimizer.step()  # every rank applies the same averaged gradient: no broadcast needed
-                loss_sum += loss.item() * len(y)
-                seen += len(y)
-                steps += 1
-            if info.device.type == "cuda":
-                torch.cuda.synchronize()
-            elapsed = time.perf_counter() - t0
-            # Reduce (sum, count) pairs over ranks, then divide once.
-            train_loss = global_mean(loss_sum, seen, info)
-            test = evaluate(model, test_set, info)
-            history.append({"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test["loss"],
-                            "test_accuracy": test["accuracy"], "rank0_first_indices": first_indices})
-            print0(f"epoch {epoch + 1}/{args.epochs}  train_loss {train_loss:.4f}  test_loss {test['loss']:.4f}  "
-                   f"test_acc {test['accuracy']:.4f}")
-            global_samples = seen * info.world_size  # every rank saw the same count (DistributedSampler pads)
-            samples_per_s.append(global_samples / elapsed)
-            print0(f"[perf] epoch {epoch + 1}: {elapsed:.2f} s, {global_samples / elapsed:.0f} samples/s over all ranks")
-            if args.checkpoint:
-                state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1}
-                wrote_checkpoint |= save_checkpoint(state, args.checkpoint, info)  # rank 0 writes, all wait
-
-        # Since the wrap no rank sent parameters to another, yet they are identical: same start, same averaged
-        # gradients, same optimizer step. (Parameters only: BatchNorm buffers are rank 0's copies, see docstring.)
-        max_diff = max_param_diff_across_ranks(raw_model, info)
-        final = evaluate(model, test_set, info)
-        facts = gather_to_rank0({"rank": info.rank, "local_rank": info.local_rank, "device": str(info.device),
-                                 "steps": steps, "wrote_checkpoint": wrote_checkpoint,
-                                 "peak_rss_mb": peak_rss_mb()}, info)
-        print0(f"{'rank':>4} {'local_rank':>10} {'device':>8} {'steps':>5}  wrote_checkpoint")
-        for f in facts or []:
-            print0(f"{f['rank']:>4} {f['local_rank']:>10} {f['device']:>8} {f['steps']:>5}  "
-                   f"{'yes' if f['wrote_checkpoint'] else 'no'}")
-        if info.distributed:
-            print0(f"max parameter difference across ranks: {max_diff:.1e}")
-        else:
-            print0("max parameter difference across ranks: n/a (one process, no process group)")
-        print0(f"final test_loss {final['loss']:.4f}  test_acc {final['accuracy']:.4f}  "
-               f"(on {final['count']} test images, each counted once)")
-        rss = ", ".join(f"{f['peak_rss_mb']:.0f}" for f in facts or [])
-        print0(f"[perf] peak RSS per rank (MB): {rss}")
-
-        results = {"world_size": info.world_size, "backend": info.backend, "device": info.device.type,
-                   "batch_size_per_process": args.batch_size, "global_batch_size": args.batch_size * info.world_size,
-                   "history": history, "final_test_loss": final["loss"], "final_test_accuracy": final["accuracy"],
-                   "test_count": final["count"], "max_param_diff_across_ranks": max_diff, "ranks": facts,
-                   "samples_per_s": samples_per_s}
-        if args.check_equivalence:
-            if info.master_process:
-                reference = replay_on_one_process(train_set, info.world_size, args, info.device)
-                diff = max((p - q).abs().max().item() for p, q in zip(raw_model.parameters(),
-                                                                      reference.parameters()))
-                results["equivalence_max_abs_diff"] = diff
-                print0(f"DDP on {info.world_size} ranks vs one process on the global batch: "
-                       f"max |parameter difference| = {diff:.1e} ({'<' if diff < 1e-5 else '>='} 1e-5)")
-            barrier(info)  # the other ranks wait (within --timeout-s) while rank 0 replays
-        write_results(args.results, results, info)
+        train(args, info)
 
 
 if __name__ == "__main__":

@@ -1,34 +1,73 @@
-"""Lesson 01 launched as a user runs it: plain python, and torchrun (each process alone)."""
+"""Lesson 01 launched as a user runs it: plain python, torchrun (each process alone) and the legacy launcher."""
 from __future__ import annotations
+
+import json
+import sys
 
 import pytest
 
-from common.launch import run_lesson
+from common.launch import lesson_path, run_command, run_lesson
+from tests._lessons import assert_claims
+
+CLAIMS = {"loss_falls", "test_accuracy", "each_test_image_counted_once"}
+LEGACY_NOTE = "note: --local-rank came from the deprecated `python -m torch.distributed.launch`"
+
+
+@pytest.fixture(scope="module")
+def full():
+    """The default run, plus the in-run check that a run stopped at epoch 2 and resumed ends identical."""
+    return run_lesson("01_single_gpu", nproc=None, args=["--check-resume"], timeout_s=180).check()
 
 
 @pytest.mark.timeout(240)
-def test_baseline_learns_and_resume_equals_uninterrupted(tmp_path):
-    full = run_lesson("01_single_gpu", nproc=None, timeout_s=180).check().results
-    assert full["final_test_accuracy"] >= 0.95
-    assert full["test_count"] == 359
-    losses = [h["train_loss"] for h in full["history"]]
+def test_baseline_learns(full):
+    r = full.results
+    claims = assert_claims(r, CLAIMS | {"resume_reproduces_uninterrupted"})
+    assert claims["test_accuracy"]["value"] >= 0.95 and claims["test_accuracy"]["bound"] == 0.95
+    assert claims["each_test_image_counted_once"]["value"] == 359
+    assert claims["loss_falls"]["value"] <= 0.5
+    losses = [h["train_loss"] for h in r["history"]]
     assert losses[-1] < 0.5 * losses[0]  # the loss actually falls
-    assert all(s > 0 for s in full["samples_per_s"])
+    assert all(s > 0 for s in r["samples_per_s"])
+    assert LEGACY_NOTE not in full.stdout  # no --local-rank, no note
 
+
+@pytest.mark.timeout(240)
+def test_resume_from_checkpoint_equals_uninterrupted(full, tmp_path):
+    # in one run: every parameter and buffer bit-identical after stopping at epoch 2 and resuming
+    assert full.results["claims"]["resume_reproduces_uninterrupted"]["value"] == 0.0
+    # and as a user does it, in two launches
     ckpt = tmp_path / "ckpt.pt"
     first = run_lesson("01_single_gpu", None, ["--epochs", "2", "--checkpoint", str(ckpt)], 180).check()
     assert ckpt.is_file() and len(first.results["history"]) == 2
     resumed = run_lesson("01_single_gpu", None, ["--checkpoint", str(ckpt), "--resume"], 180).check()
     assert "resumed from" in resumed.stdout
     assert [h["epoch"] for h in resumed.results["history"]] == [3, 4]
-    assert resumed.results["history"] == full["history"][2:]   # same numbers as never having stopped
+    assert resumed.results["history"] == full.results["history"][2:]   # same numbers as never having stopped
+    assert_claims(resumed.results, CLAIMS)
 
 
 @pytest.mark.timeout(240)
-def test_under_torchrun_each_process_trains_alone():
-    run = run_lesson("01_single_gpu", nproc=2, args=["--epochs", "1"], timeout_s=180).check()
+def test_under_torchrun_each_process_trains_alone(full):
+    run = run_lesson("01_single_gpu", nproc=2, timeout_s=180).check()
     assert "one of 2 independent processes" in run.stdout
-    assert run.stdout.count("final test_loss") == 1  # only rank 0 prints
+    assert run.stdout.count("final test accuracy") == 1  # only rank 0 prints
+    assert_claims(run.results, CLAIMS)
+    assert run.results["history"] == full.results["history"]  # each process alone is the one-process run
+
+
+@pytest.mark.timeout(240)
+def test_legacy_launcher_passes_local_rank_and_is_accepted(tmp_path):
+    """`python -m torch.distributed.launch` appends --local-rank=N: the lesson runs, and says so once."""
+    results = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2", str(lesson_path("01_single_gpu")),
+           "--epochs", "1", "--results", str(results)]
+    run = run_command(cmd, timeout_s=180)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count(LEGACY_NOTE) == 1  # rank 0 only
+    r = json.loads(results.read_text())
+    assert r["world_size"] == 2 and len(r["history"]) == 1
+    assert_claims(r, {"loss_falls", "each_test_image_counted_once"})
 
 
 @pytest.mark.timeout(120)
