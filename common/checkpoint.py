@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from common.session import DistInfo, LessonError, barrier
+from common.session import DistInfo, LessonError, rank0_only
 
 __all__ = ["atomic_write", "save_checkpoint", "load_checkpoint"]
 
@@ -35,21 +35,20 @@ def atomic_write(path: str | Path, write: Callable[[Any], None]) -> Path:
 
 
 def save_checkpoint(state: dict, path: str | Path, info: DistInfo) -> bool:
-    """Global rank 0 writes `state` atomically; then every rank waits at a barrier.
+    """Global rank 0 writes `state` atomically; every rank waits until the file is complete.
 
     Only RANK 0 writes: on two nodes LOCAL_RANK 0 exists twice, and two writers to a shared file system race.
-    The barrier keeps ranks from reading (or exiting) before the file is complete.
+    The others wait in `rank0_only`, not in a barrier bounded by --timeout-s: a large checkpoint on a slow file
+    system may take longer than a collective is allowed to, and the waiting ranks must not time out meanwhile.
     Save the unwrapped model (`raw_model.state_dict()`, not the DDP wrapper's `module.`-prefixed keys).
 
     Returns:
         True on the rank that wrote the file.
     """
-    wrote = False
-    if info.master_process:
-        atomic_write(path, lambda f: torch.save(state, f))
-        wrote = True
-    barrier(info)
-    return wrote
+    with rank0_only(info, "writing the checkpoint") as mine:
+        if mine:
+            atomic_write(path, lambda f: torch.save(state, f))
+    return info.master_process
 
 
 def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> dict:

@@ -17,47 +17,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 from common.env import LessonError
 from common.session import exit_process
 
-__all__ = ["KINDS", "fresh_store_per_attempt", "Fault", "parse_faults", "EventLog", "exit_on_peer_failure", "read_events", "timeline", "report_timeline",
+__all__ = ["KINDS", "Fault", "parse_faults", "EventLog", "exit_on_peer_failure", "read_events", "timeline", "report_timeline",
            "plot_timeline"]
 
 KINDS = ("exit", "hang", "mid-write", "before-rename")
-
-
-def fresh_store_per_attempt(timeout_s: float = 60.0) -> None:
-    """Under torchrun, before the process group: give this attempt's process group a key-value store of its own.
-
-    torch 2.13's torchrun hands every attempt the SAME store (its own, TORCHELASTIC_USE_AGENT_STORE=True), and
-    gloo finds its peers through keys that the previous attempt left there: a restarted rank can read a dead
-    peer's address and hang in init_process_group (measured here: 1 of 3 single restarts, 2 of 2 second
-    restarts; pytorch/pytorch#135712). So rank 0 starts a store on a free port and publishes it under a key
-    unique to (run id, attempt); every rank then points MASTER_ADDR/MASTER_PORT at it. Setting
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun does the same from outside.
-    """
-    env = os.environ
-    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "RANK" not in env:
-        return
-    import torch.distributed as dist
-    agent = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
-                          timeout=timedelta(seconds=timeout_s))
-    key = f"lessons/{env.get('TORCHELASTIC_RUN_ID', '')}/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/store"
-    if env["RANK"] == "0":
-        with socket.socket() as s:  # a free port now; rank 0's store binds it in init_process_group
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        one_node = env.get("LOCAL_WORLD_SIZE") == env.get("WORLD_SIZE")
-        agent.set(key, f"{env['MASTER_ADDR'] if one_node else socket.getfqdn()}:{port}")
-    host, port = agent.get(key).decode().rsplit(":", 1)  # waits until rank 0 has set it
-    env.update(MASTER_ADDR=host, MASTER_PORT=port, TORCHELASTIC_USE_AGENT_STORE="False")
 
 
 @dataclass(frozen=True)

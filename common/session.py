@@ -60,9 +60,10 @@ def add_distributed_args(parser: argparse.ArgumentParser, timeout_s: float = 60.
 def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 60.0) -> DistInfo:
     """Create the default process group when launched by torchrun; otherwise describe a single process.
 
-    Under torchrun this calls `dist.init_process_group` with the env:// rendezvous torchrun prepared and a
-    `timeout` so that a collective some rank never joins raises instead of hanging forever
-    (https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group).
+    Under torchrun this calls `dist.init_process_group` on the store torchrun prepared, with a `timeout` so that
+    a collective some rank never joins raises instead of hanging forever
+    (https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group). `rendezvous_store`
+    says why the store is ours rather than the env:// default.
 
     Raises:
         LessonError: see `read_torchrun_env` and `choose_backend_and_device`.
@@ -75,9 +76,27 @@ def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 60.0) 
         torch.cuda.set_device(dev)  # before init: NCCL binds this process to cuda:LOCAL_RANK
     if "RANK" not in os.environ:  # plain `python lesson.py`: no process group, world of one
         return DistInfo(device=dev)
-    dist.init_process_group(backend=backend_name, timeout=timedelta(seconds=timeout_s),
-                            device_id=dev if dev.type == "cuda" else None)
+    dist.init_process_group(backend=backend_name, store=rendezvous_store(), rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s), device_id=dev if dev.type == "cuda" else None)
     return DistInfo(rank, local_rank, world_size, local_world_size, backend_name, dev)
+
+
+def rendezvous_store(wait_s: float = 300.0) -> dist.Store:
+    """The key-value store this attempt's process group meets in: torchrun's, under a prefix per restart attempt.
+
+    Two reasons not to let `init_process_group` build it from env:// itself:
+    - torchrun (TORCHELASTIC_USE_AGENT_STORE=True) hands every restart attempt the SAME store, and a restarted
+      gloo group could read the addresses a dead attempt left there and hang in init (pytorch/pytorch#135712;
+      lesson 14 saw 1 of 3 single restarts hang). A prefix per TORCHELASTIC_RESTART_COUNT keeps attempts apart.
+    - The store's timeout bounds the rendezvous: ranks that finish importing torch seconds apart must still meet,
+      so it is `wait_s`, not --timeout-s (which bounds collectives, and may be 1 s in a lesson's failure demo).
+    """
+    env = os.environ
+    shared = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]),
+                          is_master=not shared and env["RANK"] == "0", timeout=timedelta(seconds=wait_s),
+                          multi_tenant=not shared)
+    return dist.PrefixStore(f"lessons/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def cleanup() -> None:
@@ -118,8 +137,8 @@ def rank0_only(info: DistInfo, phase: str) -> Iterator[bool]:
     separate gloo group (CPU, works beside NCCL too) whose timeout is a day, not --timeout-s. If rank 0 dies
     instead, torchrun stops the others. Yields True on rank 0; the body should do nothing when it is False.
     """
-    if not info.distributed:
-        yield True
+    if not info.distributed:  # nobody to wait for
+        yield info.master_process
         return
     waiting_room = dist.new_group(backend="gloo", timeout=timedelta(days=1))  # every rank creates it
     try:

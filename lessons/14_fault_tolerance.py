@@ -9,7 +9,7 @@
         --resume-sharded /tmp/ft14/sharded_step_000008 [--keep-global-batch]
 
 torchrun restarts EVERY rank when one fails (--max-restarts times; TORCHELASTIC_RESTART_COUNT = the attempt).
-A restarted process group needs a store of its own in torch 2.13 (common/faults.py: fresh_store_per_attempt).
+A restarted process group needs keys of its own in torch 2.13's shared store (common/session.py: rendezvous_store).
 What to look for:
 1. A crash at step 7 (first step of epoch 1, 6 steps per epoch): the restarted job ends EQUAL to an uninterrupted
    run (0.0): the checkpoint holds model, AdamW, LR scheduler, GradScaler, every rank's RNG streams (torch, numpy,
@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, Subset
 from common.checkpoint import atomic_write
 from common.data import digits_split
 from common.ranks import print0
-from common.faults import (EventLog, exit_on_peer_failure, fresh_store_per_attempt, parse_faults, read_events,
+from common.faults import (EventLog, exit_on_peer_failure, parse_faults, read_events,
                            report_timeline)
 from common.reshard import check_sharded, load_sharded, micro_steps_for, save_sharded
 from common.results import Report
@@ -213,7 +213,6 @@ def resume_without_optimizer(state):
 def main() -> None:
     args = parse_args()
     fault = args.faults[ATTEMPT] if ATTEMPT < len(args.faults) else None  # the i-th fault fires in attempt i
-    fresh_store_per_attempt()  # torch 2.13: a restarted gloo group can read the last attempt's addresses
     with distributed_session(args) as info:
         lesson(args, info, fault)  # returns before the group is destroyed: its DDP reducers go first (see run_main)
 
