@@ -20,13 +20,17 @@ mkdir -p "$OUT_DIR/runs"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 PER_RUN_S=${GPU_CHECK_TIMEOUT_S:-150}
 
-# Extra runs: "name|script|args" (the script's own options; see its docstring). Lesson 08 itself runs the fp16 +
-# GradScaler path on whatever device it is given; the benchmark adds peak CUDA memory per setting (fp32,
-# accumulation, bf16, fp16 + GradScaler, activation checkpointing).
+# Extra runs: "name|launcher|script|args" (launcher: python, torchrun = 1 process, torchrun-restart = 1 process
+# with --max-restarts=1). Lesson 08 itself runs the fp16 + GradScaler path on whatever device it is given; the
+# benchmark adds peak CUDA memory per setting (fp32, accumulation, bf16, fp16 + GradScaler, checkpointing).
 EXTRA=(
-  "peak CUDA memory per setting (benchmarks/memory_speed.py)|benchmarks/memory_speed.py|--repeats 3"
-  "peak CUDA memory where activations dominate|benchmarks/memory_speed.py|--repeats 3 --batch 16384 --width 1024"
-  "nn.SyncBatchNorm (PyTorch's), world of one|lessons/06_sync_batchnorm.py|--sync-impl torch"
+  "01 resume reproduces the uninterrupted run|python|lessons/01_single_gpu.py|--check-resume"
+  "03 DDP equals one process (NCCL world of one)|torchrun|lessons/03_ddp.py|--check-equivalence"
+  "03 through mp.spawn|python|lessons/03_ddp.py|--spawn 1 --check-equivalence"
+  "06 nn.SyncBatchNorm (PyTorch's), world of one|torchrun|lessons/06_sync_batchnorm.py|--sync-impl torch"
+  "14 crash and restart (NCCL world of one)|torchrun-restart|lessons/14_fault_tolerance.py|--crash-at-step 7 --crash-rank 0"
+  "peak CUDA memory per setting|python|benchmarks/memory_speed.py|--repeats 3"
+  "peak CUDA memory where activations dominate|python|benchmarks/memory_speed.py|--repeats 3 --batch 16384 --width 1024"
 )
 
 run_one() {  # name, launcher (python|torchrun), script path, args...
@@ -36,6 +40,8 @@ run_one() {  # name, launcher (python|torchrun), script path, args...
   log="$OUT_DIR/runs/$tag.log"; json="$OUT_DIR/runs/$tag.json"
   if [ "$launcher" = torchrun ]; then
     cmd=("$PY" -m torch.distributed.run --standalone --nproc_per_node=1 "$script")
+  elif [ "$launcher" = torchrun-restart ]; then
+    cmd=("$PY" -m torch.distributed.run --standalone --nproc_per_node=1 --max-restarts=1 "$script")
   else
     cmd=("$PY" "$script")
   fi
@@ -65,9 +71,8 @@ for f in lessons/[0-9][0-9]_*.py; do
   jobs_list+=("$l (python)|python|$f" "$l (torchrun, 1 process)|torchrun|$f")
 done
 for e in "${EXTRA[@]}"; do
-  IFS='|' read -r name script args <<<"$e"
-  jobs_list+=("$name|python|$script|$args")
+  jobs_list+=("$e")
 done
-# 4 at a time: they share the one GPU (fine for correctness; timings here are not comparable)
-printf '%s\n' "${jobs_list[@]}" | xargs -d '\n' -P 4 -I{} bash -c 'IFS="|" read -r n la le ar <<<"$1"; run_one "$n" "$la" "$le" $ar' _ {}
+# 6 at a time: they share the one GPU (fine for correctness; timings here are not comparable)
+printf '%s\n' "${jobs_list[@]}" | xargs -d '\n' -P 6 -I{} bash -c 'IFS="|" read -r n la le ar <<<"$1"; run_one "$n" "$la" "$le" $ar' _ {}
 "$PY" benchmarks/gpu_summary.py "$OUT_DIR/runs"
