@@ -24,6 +24,7 @@ def fake_two_gpu_node(monkeypatch):
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls["set_device"].append(torch.device(d)))
     monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls["init_process_group"].append(kw))
+    monkeypatch.setattr(session, "rendezvous_store", lambda: "torchrun's store, this attempt's prefix")
     return calls
 
 
@@ -45,6 +46,7 @@ def test_setup_on_a_second_node_uses_local_rank_for_the_device(fake_two_gpu_node
     (kw,) = fake_two_gpu_node["init_process_group"]
     assert kw["backend"] == "nccl" and kw["device_id"] == torch.device("cuda:1")
     assert kw["timeout"].total_seconds() == 5
+    assert (kw["rank"], kw["world_size"], kw["store"]) == (3, 4, "torchrun's store, this attempt's prefix")
 
 
 @pytest.mark.timeout(30)
