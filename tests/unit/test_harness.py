@@ -51,3 +51,27 @@ def test_rank0_only_phase_is_not_bounded_by_the_collective_timeout(tmp_path):
     (tmp_path / "plain").mkdir()
     plain = run_world(rank0_phase, 2, tmp_path / "plain", "barrier", timeout_s=90)
     assert plain[1] != "no error"                                  # the old way: the waiting rank times out
+
+
+@pytest.mark.timeout(60)
+def test_each_restart_attempt_meets_under_its_own_prefix(monkeypatch):
+    """torchrun shares one store across restarts; keys a dead attempt left must be invisible to the next."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from common.session import rendezvous_store
+    from tests._workers import free_port
+    port = free_port()
+    agent = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)  # torchrun's
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    rendezvous_store().set("rank_0_address", "dead peer")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    second = rendezvous_store()
+    assert not second.check(["rank_0_address"])               # the dead attempt's key is not seen
+    assert agent.get("lessons/attempt_0/rank_0_address") == b"dead peer"
