@@ -2,8 +2,8 @@
 runs the same commands as the English one.
 
 What the tests read (plain markdown, no markers):
-- a *lesson-map table*: any table whose rows start with a two-digit lesson number (`| 03 | ... |`); the
-  commands are the backticked spans in that row that mention `lessons/NN_x.py`;
+- a *lesson-map table*: any table whose rows start with a two-digit lesson number (`| 03 | ... |`) and name a
+  lesson file; the commands are the backticked spans in that row that mention `lessons/NN_x.py`;
 - the *symptom index*: the table under the heading `## Symptom index` (README.md) or `## 症状索引`
   (README.zh-CN.md); its third column holds the exhibit's name in backticks.
 """
@@ -41,7 +41,7 @@ def lesson_map(text: str) -> dict[str, list[str]]:
     """{"03": ["torchrun ... lessons/03_ddp.py ..."], ...} from the lesson-map table(s)."""
     out: dict[str, list[str]] = {}
     for cells in table_rows(text):
-        if re.fullmatch(r"\d\d", cells[0]):
+        if re.fullmatch(r"\d\d", cells[0]) and LESSON_FILE.search(" ".join(cells)):  # not a table of numbers
             spans = re.findall(r"`([^`]+)`", " | ".join(cells[1:]))
             out[cells[0]] = [s for s in spans if LESSON_FILE.search(s)]
     return out
