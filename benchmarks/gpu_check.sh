@@ -68,7 +68,8 @@ fi
 jobs_list=()
 for f in lessons/[0-9][0-9]_*.py; do
   l=$(basename "$f" .py)
-  jobs_list+=("$l (python)|python|$f" "$l (torchrun, 1 process)|torchrun|$f")
+  a=""; [ "$l" = 12_troubleshooting ] && a="--show training"  # lesson 12 needs an exhibit group; 1 rank: training
+  jobs_list+=("$l (python)|python|$f|$a" "$l (torchrun, 1 process)|torchrun|$f|$a")
 done
 for e in "${EXTRA[@]}"; do
   jobs_list+=("$e")

@@ -68,14 +68,17 @@ def _all_gather(out: torch.Tensor, shard: torch.Tensor, group) -> None:
     if group is None:
         out.copy_(shard)
     else:
-        dist.all_gather_single(out, shard, group=group)  # out (N * s,) <- every rank's shard (s,), in rank order
+        # out (N * s,) <- every rank's shard (s,), in rank order; torch < 2.13 calls it all_gather_into_tensor.
+        # Looked up at each call, so that common.counters.count_collectives sees it.
+        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, shard, group=group)
 
 
 def _reduce_scatter(out: torch.Tensor, full: torch.Tensor, group) -> None:
     if group is None:
         out.copy_(full)
     else:
-        dist.reduce_scatter_single(out, full, op=dist.ReduceOp.SUM, group=group)  # out (s,) = sum of slice r
+        # out (s,) = sum over ranks of slice r; torch < 2.13 calls it reduce_scatter_tensor
+        getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, full, op=dist.ReduceOp.SUM, group=group)
 
 
 class FlatUnit:

@@ -40,7 +40,7 @@ from common.models import DigitsCNN
 from common.ranks import peak_rss_mb, print0, rank0_progress
 from common.results import Report
 from common.session import (DistInfo, LessonError, add_legacy_launcher_args, choose_backend_and_device,
-                            legacy_launcher_note, read_torchrun_env, run_main, set_seed)
+                            deterministic_cuda, legacy_launcher_note, read_torchrun_env, run_main, set_seed)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -129,7 +129,8 @@ def main() -> None:
     # and writes files -- but every process trains alone on everything.
     rank, local_rank, world_size, local_world_size = read_torchrun_env()
     _, device = choose_backend_and_device("auto", args.device, local_rank, local_world_size)
-    if device.type == "cuda":
+    if device.type == "cuda":  # exact resume on a GPU needs deterministic kernels (see deterministic_cuda)
+        deterministic_cuda()
         torch.cuda.set_device(device)  # cuda:LOCAL_RANK: synchronize() and new tensors then use this rank's GPU
     master_process = rank == 0  # prints and writes files; there is no process group, so no rank ever waits
     info = DistInfo(device=device)  # a world of one: evaluate() and save_checkpoint() need no process group

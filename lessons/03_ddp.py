@@ -72,7 +72,7 @@ from common.models import DigitsCNN
 from common.ranks import gather_to_rank0, global_mean, max_param_diff_across_ranks, peak_rss_mb, print0, rank0_progress
 from common.results import Report
 from common.session import (DistInfo, LessonError, add_distributed_args, choose_backend_and_device,
-                            distributed_session, rank0_only, run_main, set_seed)
+                            deterministic_cuda, distributed_session, rank0_only, run_main, set_seed)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -267,11 +267,11 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
 
 
 def spawn_worker(rank: int, world_size: int, args: argparse.Namespace) -> None:
-    """What mp.spawn calls in each child: rank first. No RANK/WORLD_SIZE variables: pass them to init_process_group
-    (MASTER_ADDR/PORT come from the environment the parent set)."""
+    """mp.spawn calls this in each child, rank first; rank and world size go to init_process_group by hand."""
     def work() -> None:
         backend, device = choose_backend_and_device(args.backend, args.device, rank, world_size)
         if device.type == "cuda":
+            deterministic_cuda()  # as setup() does: the equivalence is checked bit for bit
             torch.cuda.set_device(device)
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=args.timeout_s))
         try:
