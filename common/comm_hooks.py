@@ -7,7 +7,8 @@
   Registered as the baseline, it makes every variant's traffic go through `dist.all_reduce` in Python, where
   `common.counters.count_collectives` counts calls and bytes the same way for all of them.
 - "fp16" / "bf16": `default_hooks.fp16_compress_hook` / `bf16_compress_hook`: cast the bucket to 16 bits,
-  all-reduce, cast back: half the bytes, a relative rounding error per value of ~5e-4 (fp16) or ~4e-3 (bf16).
+  all-reduce, cast back: half the bytes, a relative rounding error per value of ~5e-4 (fp16, for values above ~6e-5; smaller ones lose precision)
+  or ~4e-3 (bf16).
 - "powersgdR": `powerSGD_hook.powerSGD_hook` with rank R (Vogels et al., 2019, https://arxiv.org/abs/1905.13727):
   each gradient matrix M (n x m) is sent as P (n x R) and Q (m x R) with M ~ P Q^T, the error fed back into the
   next step; vectors (biases) and matrices that would not shrink by min_compression_rate (2) travel as they are.

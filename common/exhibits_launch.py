@@ -170,7 +170,8 @@ def _stop(*procs: subprocess.Popen) -> None:
 @exhibit("second_job_joins_first", "launch", lesson="03",
          symptom="a running job's workers get SIGTERM and restart when another job starts; both then wait "
                  "(DistStoreError: wait timeout ... /torch.rendezvous.<id>)",
-         cause="two jobs with the same --rdzv-endpoint and --rdzv-id form one rendezvous: the second joins the first")
+         cause="two jobs with the same --rdzv-endpoint and --rdzv-id form one rendezvous: the second joins the first "
+               "when its --nnodes=MIN:MAX has room (a full, fixed --nnodes makes the second wait)")
 def second_job_joins_first(ctx: Ctx) -> None:
     with ctx.rank0("two jobs with one rendezvous") as mine:
         if not mine:

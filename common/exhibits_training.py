@@ -93,7 +93,8 @@ def checkpoint_weights_only(ctx: Ctx) -> None:
 @exhibit("batchnorm_batch_of_one", "training", lesson="06",
          symptom="ValueError: Expected more than 1 value per channel when training, got input size "
                  "torch.Size([1, 4])",
-         cause="the last batch of a rank holds one sample (dataset size % (batch x world_size) == 1)")
+         cause="the last batch of a rank holds one sample (ceil(len(dataset) / world_size) % batch_size == 1: "
+               "the sampler pads)")
 def batchnorm_batch_of_one(ctx: Ctx) -> None:
     bn = nn.BatchNorm1d(4).train()
     n, batch, world = 17, 4, 2  # 17 samples, 4 per rank, 2 ranks: the last step leaves 1 sample on a rank
@@ -105,7 +106,7 @@ def batchnorm_batch_of_one(ctx: Ctx) -> None:
     ctx.record("symptom", o.error)
     ctx.claim("broken_raises", int("Expected more than 1 value per channel" in (o.error or "")), "==", 1,
               "BatchNorm raises on a batch of one: {value}")
-    ctx.step("diagnosis", "print len(dataset) % (batch_size * world_size) and each rank's last batch size")
+    ctx.step("diagnosis", "print ceil(len(dataset) / world_size) % batch_size and each rank's last batch size")
     ctx.step("fix", "DataLoader(drop_last=True) for training (or a SyncBatchNorm over the global batch)")
     smallest = min(len(b) for b in DataLoader(shard, batch_size=batch, drop_last=True))
     ctx.claim("fixed_smallest_batch", smallest, "==", batch, "with drop_last the smallest batch holds {value}")

@@ -37,8 +37,9 @@ def evaluate(model: nn.Module, dataset: Dataset, info: DistInfo, batch_size: int
     """Loss and accuracy of `model` on `dataset`, computed in shards by all ranks and reduced exactly.
 
     Each rank evaluates its `DistributedSampler` shard, drops the padding, and sums (loss, correct, count);
-    `all_reduce_sum` adds those sums over ranks and every rank divides once. The answer equals a single-process
-    evaluation of the whole dataset for any world size.
+    `all_reduce_sum` adds those sums over ranks and every rank divides once. For a model that is the same on every
+    rank (parameters AND buffers: after DDP training, BatchNorm's running statistics differ by each rank's last
+    batch) the answer equals a single-process evaluation of the whole dataset for any world size.
 
     Pass the unwrapped model (`raw_model`), not the DDP wrapper. Here every rank gets the same number of
     batches (the sampler pads), but with an unpadded sampler a rank can have fewer batches or none, and a DDP

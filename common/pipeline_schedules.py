@@ -9,6 +9,7 @@ of micro-batch i, ('B', i) its backward. Names follow `torch.distributed.pipelin
 ScheduleInterleaved1F1B.
 
     gpipe           F0 F1 .. F(m-1) B0 B1 .. B(m-1)      every stage holds the activations of m micro-batches
+                                                         (without the paper's recomputation, as ScheduleGPipe)
     1f1b            (p-1-pp_rank) warm-up forwards, then one forward and one backward in turn, then the
                     remaining backwards                  stage pp_rank holds at most p - pp_rank micro-batches
     interleaved     v stages per rank (rank r holds stages r, r+p, ..., r+(v-1)p); 1F1B over the v*m actions

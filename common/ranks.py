@@ -87,7 +87,8 @@ def all_gather_objects(obj: object, info: DistInfo) -> list:
 
 @torch.no_grad()
 def max_param_diff_across_ranks(model: nn.Module, info: DistInfo) -> float:
-    """Largest |p_rank - p_rank0| over every parameter and rank (0.0 means bit-identical replicas).
+    """Largest |p_rank - p_rank0| over every parameter and rank (0.0: bit-identical parameters;
+    buffers such as BatchNorm's running statistics are not compared).
 
     Rank 0's parameters are broadcast and compared on each rank; the maxima are all-reduced with MAX, so every
     rank returns the same number.

@@ -21,11 +21,11 @@ What to look for:
   per-rank table RANK is global, LOCAL_RANK picks the device on each node; only global rank 0 writes.
 - "max parameter difference across ranks: 0": no parameter server. DDP copies rank 0's parameters and buffers
   to every rank ONCE, when it wraps the model; then only gradients travel (all-reduced in buckets during
-  backward), every rank applies the same averaged gradient and the replicas stay identical. One exception, on by
+  backward), every rank applies the same averaged gradient and the PARAMETERS stay identical. One exception, on by
   default: `forward_sync_buffers=True` (`broadcast_buffers` before torch 2.13) broadcasts rank 0's buffers
   (BatchNorm's running statistics) at the start of a forward, but only if the previous forward ran with gradient
   sync: after a forward under `no_grad` or `no_sync` the next one sends nothing (`require_forward_param_sync`).
-  Training sends them once per optimizer step, an evaluation loop once (first batch); lesson 06 counts them.
+  Training sends them once per step, before its forward: each rank's last step leaves its own statistics.
 - --check-equivalence: rank 0 replays the same global batches in one process; the parameters match (<= 1e-5).
   The other ranks wait for this rank-0-only phase without the --timeout-s bound (common.session.rank0_only).
 
@@ -36,9 +36,9 @@ The linear scaling rule (Goyal et al. 2017, arXiv:1706.02677), `--lr-scaling lin
 the scaled lr is large: --lr 0.05 on 4 processes (lr 0.2), first epoch 3.28 without, 1.64 with 12 warm-up steps.
 
 Launchers: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, runs the rendezvous across nodes and
-restarts failed workers (--max-restarts). mp.spawn (--spawn N) starts N interpreters and calls fn(rank, *args):
-the parent sets MASTER_ADDR/PORT, each child passes rank and world size to init_process_group, and fn must be
-importable (children unpickle it by module and name: a function defined in a notebook cell fails, notebook 03).
+restarts EVERY rank when one fails (--max-restarts=N, default 0). mp.spawn (--spawn N) calls fn(rank, *args) in N
+fresh interpreters: the parent sets MASTER_ADDR/PORT, each child passes rank and world size to init_process_group,
+and fn must be importable (children unpickle it by module and name: one from a notebook cell fails, notebook 03).
 `python -m torch.distributed.launch` (deprecated) passes --local-rank=N: accepted, with a note.
 
 DataParallel is ONE process: each forward copies the module to every GPU, scatters the batch from the first GPU,

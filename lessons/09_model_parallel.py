@@ -18,8 +18,8 @@ What to look for:
 - Interleaved 1F1B, v=2 stages per rank (r and r+p): bubble (p-1)/(v*m+p-1) for v times the messages; at m=p it
   idles less than 1F1B; with short stages (--stage-ms 40, m=8) the messages eat the gain. torch 2.13 also ships
   zero-bubble schedules (ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble): not run here.
-- Memory: GPipe keeps all m micro-batches' activations on every stage; 1F1B at most p - pp_rank. This 1F1B
-  flushes every step: PipeDream-Flush, not the asynchronous PipeDream of 2018.
+- Memory: GPipe as ScheduleGPipe runs it (no recompute; the paper keeps boundary activations only) holds all m
+  micro-batches' activations, 1F1B at most p - pp_rank; this 1F1B flushes: PipeDream-Flush, not 2018's PipeDream.
 - Uneven micro-batches: (3, 3, 3, 1) give the full-batch loss when each micro-batch's mean loss is weighted by
   n_i/N. torch's schedules cut (3, 3, 2, 2) and in torch 2.13 fail ("Expected input batch_size (3) to match
   target batch_size (2)", the peer left waiting): they run here only when m divides N.

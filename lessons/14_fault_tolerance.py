@@ -13,7 +13,8 @@ A restarted process group needs keys of its own in torch 2.13's shared store (co
 What to look for:
 1. A crash at step 7 (first step of epoch 1, 6 steps per epoch): the restarted job ends EQUAL to an uninterrupted
    run (0.0): the checkpoint holds model, AdamW, LR scheduler, GradScaler, every rank's RNG streams (torch, numpy,
-   random, its generator), the sampler's epoch AND position. 2. Forgetting one changes the result (measured).
+   random, its generator), the sampler's epoch AND position. 2. Forgetting the position, the optimizer or the RNG
+   changes the result (measured; the scheduler and the GradScaler, off on CPU, are not tested that way).
 3. A killed writer leaves a temp file (or a .pt without its marker), never loaded: the previous one is.
 4. A hung peer: gloo raises after --timeout-s, the job exits 1, torchrun restarts it. NCCL (GPU only, untested
    here): the watchdog thread times the collective out and with TORCH_NCCL_ASYNC_ERROR_HANDLING=3 (default) tears

@@ -16,9 +16,9 @@ SHARES = {"stage1_optimizer_state_share", "stage2_optimizer_state_share", "stage
           "stage3_optimizer_state_share", "stage3_gradients_share", "stage3_parameters_share"}
 RATIOS = {"stage1_bytes_vs_ddp", "stage2_bytes_vs_ddp", "stage3_bytes_vs_ddp", "stage1_gradients_not_sharded"}
 PYTORCH = {"zero_redundancy_optimizer_equals_stage1", "fsdp2_equals_stage3", "fsdp2_bytes_as_formula",
-           "fsdp2_no_reshard_bytes_as_formula", "bf16_params_close_to_fp32", "bf16_really_ran",
+           "fsdp2_no_reshard_bytes_as_formula", "bf16_really_ran",
            "bf16_moves_fewer_bytes"}
-CHECKPOINT = {"sharded_load_equals_saved", "continued_training_matches_saving_world", "full_state_dict_strict_keys",
+CHECKPOINT = {"sharded_load_equals_saved", "continued_training_matches_saving_world",
               "full_state_dict_same_outputs"}
 
 
