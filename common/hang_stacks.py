@@ -75,7 +75,8 @@ def start_hang(dump_after_s: float = 3.0, timeout_s: float = 120.0, wait_s: floa
     hang = Hang(proc, log)
     deadline = time.monotonic() + wait_s
     while len(hang.pids) < 2 and time.monotonic() < deadline:
-        hang.pids = {int(r): int(p) for r, p in re.findall(r"^rank (\d) pid (\d+)$", hang.output(), re.M)}
+        # not anchored to line starts: two ranks' prints can run together on one line ("rank 1 pid 7rank 0 pid 6")
+        hang.pids = {int(r): int(p) for r, p in re.findall(r"rank (\d) pid (\d+)", hang.output())}
         time.sleep(0.1)
     if len(hang.pids) < 2:
         hang.stop()
