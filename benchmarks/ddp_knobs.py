@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from common.bandwidth import time_calls
 from common.comm_hooks import comm_hook
 from common.data import digits_split
 from common.launch import REPO_ROOT, run_command, torchrun_command
@@ -73,21 +74,6 @@ def ddp_variant(name: str, info, args):
     return step
 
 
-def timed_ms(step, steps: int, device) -> float:
-    """Median ms of `steps` calls after 2 warm-ups (CUDA synchronised around each)."""
-    times = []
-    for i in range(steps + 2):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= 2:
-            times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
-
-
 def compiled_variant(info, args):
     """(step, seconds of the first step) for torch.compile (inductor) of the default DDP model."""
     torch.manual_seed(0)
@@ -115,7 +101,7 @@ def knobs_worker(info, args) -> dict:
     for rep in range(args.reps):
         order = names[rep % len(names):] + names[:rep % len(names)]  # rotated: no knob always runs first
         for name in order:
-            mine = timed_ms(steps[name], args.steps, info.device)
+            mine = 1e3 * statistics.median(time_calls(steps[name], args.steps, 2, info.device, False))
             times[name].append(max(all_gather_objects(mine, info)))  # the slower rank sets the step
     return {"times_ms": times, "compile_s": compile_s}
 
@@ -158,7 +144,7 @@ def throughput_worker(info, args) -> dict:
                     opt.step()
                     opt.zero_grad(set_to_none=True)
                 torch.distributed.barrier()  # start together; for "alone" rank 1 just waits here
-                rate = 1e3 * batch / timed_ms(step, args.steps, info.device) if (
+                rate = batch / statistics.median(time_calls(step, args.steps, 2, info.device, False)) if (
                     mode != "alone" or info.rank == 0) else 0.0
                 torch.distributed.barrier()
                 out[mode][f"{batch},{width}"].append(sum(all_gather_objects(rate, info)))

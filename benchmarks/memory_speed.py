@@ -15,32 +15,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common.bandwidth import time_calls
 from common.memory import ResidualMLP, no_sync_unless, saved_activation_bytes
 from common.precision import autocast_context
 from common.ranks import gather_to_rank0
 from common.results import Report
 from common.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
-
-
-def timed(fn, device: torch.device, repeats: int) -> float:
-    """Median seconds of `fn()` over `repeats` runs after one warm-up (CUDA synchronised around each)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -99,7 +84,7 @@ def main() -> None:
                 step()
                 torch.cuda.synchronize()
                 peak = torch.cuda.max_memory_allocated(dev)
-            secs = gather_to_rank0(timed(step, dev, args.repeats), info)
+            secs = gather_to_rank0(statistics.median(time_calls(step, args.repeats, 1, dev, False)), info)
             table.append({"name": name, "k": k, "micro_batch": mb, "precision": precision, "checkpointing": ck,
                           "saved_activation_bytes": saved, "peak_cuda_bytes": peak,
                           "step_s": max(secs) if secs else None})
