@@ -12,7 +12,11 @@ import torch
 
 from common.memory import storage_bytes
 
-__all__ = ["held_bytes", "moved_bytes", "full_params"]
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+__all__ = ["held_bytes", "moved_bytes", "full_params", "activation_bytes", "adam_bound"]
 
 
 def held_bytes(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
@@ -22,7 +26,7 @@ def held_bytes(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | No
     A DTensor (FSDP2) counts its local shard. Stage-3 flat buffers between uses are 0-byte storages.
     """
     def local(ts):
-        return [t.to_local() if hasattr(t, "to_local") else t for t in ts if t is not None]
+        return [_local(t) for t in ts if t is not None]
     state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
     return {"parameters": storage_bytes(local(params)), "gradients": storage_bytes(local(grads)),
             "optimizer_state": storage_bytes(local(state))}
@@ -39,3 +43,42 @@ def moved_bytes(counted: dict[str, int], world_size: int) -> float:
 def full_params(model: torch.nn.Module) -> list[torch.Tensor]:
     """The whole parameters of a plain or FSDP2 model, in order (a DTensor is all-gathered: every rank calls it)."""
     return [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
+
+
+def activation_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """Bytes autograd still holds for backward at the END of one forward of `model` on `x`, parameters excluded.
+
+    Each saved storage counts once, at its size after the forward: a ZeRO stage-3 unit or an FSDP2 module that
+    reshards after forward frees its gathered weights, and the views autograd saved of them then hold 0 bytes
+    (they are gathered again in backward). So a sharded model that keeps the activations of DDP shows DDP's
+    number, and one that keeps its gathered weights (reshard_after_forward=False) shows more. Every rank calls it
+    on a model it will not train further (FSDP2 expects a backward after its forward).
+    """
+    saved = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+    # the parameters at rest (FSDP2 swaps in its gathered ones during forward: those are not excluded)
+    params = {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        out = model(x)
+    sizes = {}  # storage -> bytes it holds now
+    for t in saved:
+        storage = _local(t).untyped_storage()
+        if storage.data_ptr() not in params:
+            sizes[storage.data_ptr()] = storage.nbytes()
+    del out
+    return sum(sizes.values())
+
+
+def adam_bound(lr: float, steps: int, rounding: float = 1e-3) -> float:
+    """How far apart two Adam runs that compute the same thing may end: `rounding` x lr x steps.
+
+    Adam moves an element about lr per step (at most ~3.2 lr with the default betas: Kingma & Ba 2015, sec. 2.1),
+    so a real disagreement (a wrong slice, a stale parameter) shows at the scale of lr x steps. Float32 sums in
+    another order (a reduce-scatter instead of an all-reduce, over N ranks) differ far less; Adam amplifies them
+    only where a gradient is itself rounding noise. Lesson 13 measured 6e-6 to 1.3e-4 of lr x steps (N = 2, 4,
+    8; --steps 50 --lr 1e-2), so 1e-3 holds with room and still catches an error 1000x smaller than a step.
+    """
+    return rounding * lr * steps

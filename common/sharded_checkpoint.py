@@ -12,6 +12,7 @@ shapes are not this model's, before any process group exists: every rank fails a
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import torch
@@ -24,8 +25,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from common.checkpoint import atomic_write
 from common.env import DistInfo, LessonError
 
-__all__ = ["MARKER", "FULL_MODEL", "model_signature", "check_complete", "save_sharded", "mark_complete",
-           "load_sharded"]
+__all__ = ["MARKER", "FULL_MODEL", "agreed_folder", "model_signature", "check_complete", "save_sharded",
+           "mark_complete", "load_sharded"]
 
 MARKER = "COMPLETE.json"
 FULL_MODEL = "full_model.pt"  # the whole model in one file, for a single-process reader
@@ -89,3 +90,10 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, path: str |
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def agreed_folder(path: str | Path | None, info: DistInfo) -> Path:
+    """`path`, or (None) a temporary folder rank 0 makes: broadcast, so that every rank uses the same one."""
+    folder = [path or (tempfile.mkdtemp() if info.master_process else None)]
+    dist.broadcast_object_list(folder)
+    return Path(folder[0])
