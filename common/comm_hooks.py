@@ -34,7 +34,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from common.counters import count_collectives
 from common.memory import storage_bytes
 
-__all__ = ["HOOKS", "comm_hook", "powersgd_rank", "keeping_buffers", "allreduces_per_backward",
+__all__ = ["HOOKS", "comm_hook", "powersgd_rank", "plain_until_switched", "keeping_buffers", "allreduces_per_backward",
            "gradient_storage_bytes", "predicted_buckets"]
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd1", "powersgd2", "powersgd4")
@@ -69,6 +69,20 @@ def comm_hook(name: str, process_group=None, seed: int = 0):
     state = powerSGD_hook.PowerSGDState(process_group=process_group, matrix_approximation_rank=rank,
                                         start_powerSGD_iter=2, random_seed=seed)
     return _wrap(powerSGD_hook.powerSGD_hook), state
+
+
+def plain_until_switched(hook):
+    """(hook that all-reduces plainly until `switch()` is called and then runs `hook`, switch). Lesson 15's exact
+    PowerSGD resume runs one backward through the plain path so that DDP rebuilds its buckets before the hook
+    and its restored state see a bucket."""
+    plain = [True]
+
+    def resumed_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return default_hooks.allreduce_hook(None, bucket) if plain[0] else hook(state, bucket)
+
+    def switch() -> None:
+        plain[0] = False
+    return resumed_hook, switch
 
 
 def keeping_buffers(buffers: list):
@@ -106,12 +120,17 @@ def gradient_storage_bytes(model, batch) -> int:
     return storage_bytes([p.grad for p in model.module.parameters()] + buffers)
 
 
-def predicted_buckets(model) -> int:
+def predicted_buckets(model, first_bucket_bytes: int | None = None) -> int:
     """DDP's bucketing rule: gradients in reverse parameter order (about the order backward produces them), a
     bucket closes once it holds >= its cap. torch 2.13: bucket_cap_mb left at None caps the FIRST bucket at 1 MiB
-    and the rest at 25 MiB (so communication starts early); an explicit bucket_cap_mb caps every bucket."""
+    and the rest at 25 MiB (so communication starts early); an explicit bucket_cap_mb caps every bucket. (The
+    first backward of a new DDP model uses one bucket; these are the buckets it rebuilds after it.)
+
+    `first_bucket_bytes` overrides the first cap: torch.compile's DDPOptimizer cuts its graphs by this rule with
+    a 1 MiB first bucket whatever DDP's is (torch/_dynamo/convert_frame.py passes only bucket_bytes_cap)."""
     config = getattr(model, "_bucket_config", None)  # older torch: a 1 MiB first bucket always
     limit = config.first_bucket_bytes_cap if config else dist._DEFAULT_FIRST_BUCKET_BYTES
+    limit = first_bucket_bytes or limit
     size = buckets = 0
     for p in reversed(list(model.module.parameters())):
         size += p.numel() * p.element_size()

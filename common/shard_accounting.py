@@ -81,8 +81,9 @@ def relative_difference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor],
 
     Why not max |a - b|: Adam turns a gradient that is pure float32 noise (a sum that cancels) into a full step
     of either sign, so single elements of two correct runs can differ by up to ~lr per step (lesson 13 saw 0.26
-    lr x steps at N = 8). Over all elements the real updates dominate: correct runs stay far below 1e-3 of the
-    movement, while an error in the algorithm (a wrong slice, a stale shard) is of the order of it.
+    lr x steps at N = 8). Over all elements the real updates dominate: lesson 13's correct runs stayed at 0 to
+    4.3e-6 of the movement (N = 2, 4, 8; 5 steps at lr 1e-3 and 50 at 1e-2), while an error in the algorithm
+    (a wrong slice, a stale shard) is of the order of the movement itself.
     """
     def flat(ts):
         return torch.cat([t.detach().float().reshape(-1).cpu() for t in ts])

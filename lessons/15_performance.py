@@ -24,6 +24,8 @@ PowerSGD (Vogels et al., arXiv 1905.13727); torch/_dynamo/backends/distributed.p
 from __future__ import annotations
 
 import argparse
+import copy
+import pickle
 import statistics
 import tempfile
 import time
@@ -31,16 +33,18 @@ from pathlib import Path
 
 import torch
 import torch._dynamo
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from common.comm_hooks import (HOOKS, allreduces_per_backward, comm_hook, gradient_storage_bytes,
-                                predicted_buckets)
+                               plain_until_switched, predicted_buckets)
 from common.counters import count_collectives
 from common.data import digits_split
 from common.memory import ResidualMLP, micro_batch_stream, no_sync_unless
 from common.metrics import evaluate
+from common.precision import max_diff, worst_over_ranks
 from common.profiling import load_trace, step_profiles, summarize
 from common.ranks import gather_to_rank0, print0
 from common.results import Report
@@ -146,8 +150,8 @@ def compiled_graphs(model, batch, optimize_ddp: bool, backend: str) -> tuple[int
 
 def profile_section(raw, init_state, stream, trace_dir: Path, args, info, report) -> None:
     print0(f"\n1. the profile: {args.profile_steps} steps per rank after 2 warm-up steps")
-    profiles, after = {}, {}
-    for cap in ((args.bucket_cap_mb, ONE_BUCKET_MB) if info.distributed else (None,)):
+    profiles, after, buckets_of = {}, {}, {}
+    for cap in (dict.fromkeys((args.bucket_cap_mb, ONE_BUCKET_MB)) if info.distributed else (None,)):
         raw.load_state_dict(init_state)
         model = wrap(raw, info, bucket_cap_mb=cap) if info.distributed else raw
         opt = torch.optim.SGD(raw.parameters(), lr=args.lr, momentum=0.9)
@@ -162,7 +166,7 @@ def profile_section(raw, init_state, stream, trace_dir: Path, args, info, report
         if cap is None:
             report.perf("profile_step_ms", per_rank[0]["summary"]["step_ms"], "step {value:.1f} ms, no all-reduce")
             continue
-        buckets = predicted_buckets(model)
+        buckets = buckets_of[cap] = predicted_buckets(model)
         counts = [n for r in per_rank for n in r["summary"]["allreduces_per_step"]]
         report.claim(f"profile_allreduces_equal_buckets_cap_{cap:g}mb", max(abs(n - buckets) for n in counts),
                      "==", 0, f"  bucket_cap_mb {cap:g}: {buckets} bucket(s); the trace shows {counts} all-reduces"
@@ -175,14 +179,23 @@ def profile_section(raw, init_state, stream, trace_dir: Path, args, info, report
                         f"hidden behind backward ({s['exposed_ms']:.1f} ms exposed); step {s['step_ms']:.1f} ms, "
                         f"backward {s['backward_ms']:.1f} ms")
     if info.distributed and info.master_process:
-        report.claim("backward_nodes_after_first_bucket_issued", min(after[args.bucket_cap_mb]), ">=", 1,
-                     "  several buckets: the first all-reduce is issued while >= {value} autograd nodes of "
-                     "backward remain to run: communication can overlap them")
-        report.claim("one_bucket_issued_after_last_node", max(after[ONE_BUCKET_MB]), "==", 0,
-                     "  one bucket: it is issued after the last autograd node started ({value} remain)")
+        overlap_claims(args.bucket_cap_mb, buckets_of, after, report)
     report.record("timeline", profiles if info.master_process else None)
     report.value("trace_files", sorted(p.name for p in trace_dir.glob(f"trace_rank{info.rank}*.json")),
                  "  chrome traces, one per rank and setting (rank 0's): {value}")
+
+
+def overlap_claims(cap: float, buckets_of: dict, after: dict, report) -> None:
+    """What the traces show about overlap: each claim only where its bucket count says it applies."""
+    if buckets_of[cap] > 1:
+        report.claim("backward_nodes_after_first_bucket_issued", min(after[cap]), ">=", 1,
+                     f"  {buckets_of[cap]} buckets: the first all-reduce is issued while >= {{value}} autograd "
+                     "nodes of backward remain to run: communication can overlap them")
+    else:  # e.g. --bucket-cap-mb 25 on this 2.2 MB model
+        print0(f"  bucket_cap_mb {cap:g} also gives one bucket: no overlap to show (the default 1 gives 3)")
+    ones = [n for c, counts in after.items() if buckets_of[c] == 1 for n in counts]
+    report.claim("one_bucket_issued_after_last_node", max(ones), "==", 0,
+                 "  one bucket: it is issued after the last autograd node started ({value} remain)")
 
 
 def knobs_section(raw, init_state, batch, param_bytes: int, info, report) -> None:
@@ -236,8 +249,8 @@ def hooks_section(init_state, train_set, test_set, args, info, report) -> None:
                      f"{r['bytes_per_step']:,} bytes all-reduced per step")
         report.perf(f"step_ms_{hook}", r["step_ms"], f"  {label:<10} {{value:.1f}} ms per step (median)")
         report.results["knobs"].append({"knob": f"comm_hook={hook}", "calls": None, **r})
-    base = runs["allreduce"]
-    report.claim("default_hook_learns", base["accuracy"], ">=", 0.85, "  baseline: test accuracy {value:.4f}")
+    base = runs["allreduce"]  # bounds below: 2 ranks, seeds 0-11 (lowest 0.82; worst losses 0.20 and 0.09)
+    report.claim("default_hook_learns", base["accuracy"], ">=", 0.8, "  baseline: test accuracy {value:.4f}")
     if not info.distributed:
         return
     for hook in ("fp16", "bf16"):
@@ -248,10 +261,78 @@ def hooks_section(init_state, train_set, test_set, args, info, report) -> None:
                      f"  PowerSGD rank {rank}: {{value:.1f}}x fewer bytes per step")
     report.claim("powersgd1_cuts_bytes_10x", report.results["powersgd1_bytes_ratio"], ">=", 10,
                  "  PowerSGD rank 1 cuts the bytes by {value:.1f}x")
-    # 16-bit rounding flips no test prediction; rank 1 is too coarse for 40 steps, rank 4 nearly not (0.18, 0.01)
-    for hook, bound in (("fp16", 0.02), ("bf16", 0.02), ("powersgd1", 0.25), ("powersgd4", 0.05)):
+    # 16-bit rounding flipped no test prediction at seeds 0-11; PowerSGD lost up to 0.20 (rank 1, mean 0.11)
+    # and 0.09 (rank 4, mean 0.02) after 40 steps: a short run pays for the compression, rank 1 most
+    for hook, bound in (("fp16", 0.01), ("bf16", 0.01), ("powersgd1", 0.22), ("powersgd4", 0.1)):
         report.claim(f"{hook}_accuracy_change", abs(runs[hook]["accuracy"] - base["accuracy"]), "<=", bound,
                      f"  {hook}: |test accuracy - allreduce's| = {{value:.4f}}")
+
+
+# ------------------------------------------------------------------- 4. resuming a PowerSGD run exactly
+RESUME_STEPS, RESUME_AT = 12, 6  # a short PowerSGD run, checkpointed after step 6
+
+
+def save_powersgd(raw, opt, state) -> dict:
+    """A PowerSGD run's checkpoint, one per rank (the error feedback is each rank's own): model, optimizer, and
+    the hook's state pickled. PowerSGDState.__getstate__ keeps all but the process group: error_dict (error
+    feedback), p_memory_dict / q_memory_dict (warm start), rng (the seeds of Q), iter."""
+    return {"model": copy.deepcopy(raw.state_dict()), "optimizer": copy.deepcopy(opt.state_dict()),
+            "hook_state": pickle.dumps(state)}
+
+
+def resume_powersgd(ckpt: dict, batch, args, info, hook_state: bool = True, rebuild: bool = True):
+    """(raw model, DDP model, optimizer) resumed from `ckpt`. With `rebuild`, one backward whose gradients are
+    discarded runs first, the hook passing plain all-reduce, so that DDP rebuilds its bucket: a new DDP fills
+    its first bucket in parameter order and rebuilds it after that backward in the order gradients arrived,
+    and the saved error_dict, P and Q are flat tensors in the rebuilt order. Without it they are added to the
+    wrong gradients for one step, and the run never comes back to the uninterrupted one."""
+    raw = ResidualMLP().to(info.device)
+    raw.load_state_dict(ckpt["model"])
+    model = wrap(raw, info, bucket_cap_mb=ONE_BUCKET_MB)
+    opt = torch.optim.SGD(raw.parameters(), lr=args.lr, momentum=0.9)
+    opt.load_state_dict(copy.deepcopy(ckpt["optimizer"]))  # load_state_dict keeps (and updates) its tensors
+    hook, state = comm_hook("powersgd1", seed=args.seed)
+    if hook_state:  # the docs' way; its process group becomes the default group (set it if yours is not)
+        state = pickle.loads(ckpt["hook_state"])
+    resumed_hook, switch = plain_until_switched(hook)
+    model.register_comm_hook(state, resumed_hook)
+    if rebuild:  # the gradients of this backward are thrown away; the hook's state is not touched
+        F.cross_entropy(model(batch[0]), batch[1]).backward()
+        opt.zero_grad(set_to_none=True)
+    switch()
+    return raw, model, opt
+
+
+def sgd_steps(model, opt, batches) -> None:
+    for x, y in batches:
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def resume_section(init_state, train_set, args, info, report) -> None:
+    print0(f"\n4. resuming PowerSGD rank 1 after step {RESUME_AT} of {RESUME_STEPS}, vs the uninterrupted run:")
+    stream = micro_batch_stream(train_set, args.batch, info.world_size, info.rank, args.seed)
+    batches = [tuple(t.to(info.device) for t in next(stream)) for _ in range(RESUME_STEPS)]
+    raw = ResidualMLP().to(info.device)
+    raw.load_state_dict(init_state)
+    model = wrap(raw, info, bucket_cap_mb=ONE_BUCKET_MB)
+    hook, state = comm_hook("powersgd1", seed=args.seed)
+    model.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(raw.parameters(), lr=args.lr, momentum=0.9)
+    sgd_steps(model, opt, batches[:RESUME_AT])
+    ckpt = save_powersgd(raw, opt, state)
+    sgd_steps(model, opt, batches[RESUME_AT:])
+    for name, kw, text in (
+            ("model_and_optimizer", dict(hook_state=False, rebuild=False), "model + optimizer only"),
+            ("pickled_hook_state", dict(rebuild=False), "+ the pickled PowerSGDState (the docs' way)"),
+            ("exact", {}, "+ one pass-through backward first (buckets rebuilt)")):
+        resumed, resumed_ddp, resumed_opt = resume_powersgd(ckpt, batches[RESUME_AT], args, info, **kw)
+        sgd_steps(resumed_ddp, resumed_opt, batches[RESUME_AT:])
+        diff = worst_over_ranks([max_diff(resumed.parameters(), raw.parameters())], info)[0]
+        if name != "exact":
+            report.value(f"powersgd_resume_{name}", diff, f"  {text:<52} max |difference| {{value:.1e}}")
+    report.claim("powersgd_resume_exact", diff, "==", 0.0, f"  {text:<52} max |difference| {{value}}")
 
 
 def compile_section(raw, init_state, batch, args, info, report) -> None:
@@ -270,6 +351,33 @@ def compile_section(raw, init_state, batch, args, info, report) -> None:
         report.claim("compile_without_ddp_optimizer_one_graph",
                      compiled_graphs(model, batch, False, args.compile_backend)[0], "==", 1, "  optimize_ddp=False: "
                      "{value} graph (with AOTAutograd its backward would end all at once: no bucket starts early)")
+        ddp_optimizer_caps(raw, init_state, batch, info, report)
+
+
+def ddp_optimizer_caps(raw, init_state, batch, info, report) -> None:
+    """DDPOptimizer cuts graphs by DDP's rule, but with a 1 MiB first bucket whatever DDP's first bucket is, so
+    graphs = DDP's buckets only where DDP's first bucket is 1 MiB too: the default (None) and 1; it refuses a
+    cap below 1 MiB. Counted with the eager backend (the split does not depend on the backend)."""
+    rows = {}
+    for cap in (None, 1.0, 25.0):
+        raw.load_state_dict(init_state)
+        model = wrap(raw, info, bucket_cap_mb=cap)
+        rows[str(cap)] = [compiled_graphs(model, batch, True, "eager")[0], predicted_buckets(model),
+                          predicted_buckets(model, first_bucket_bytes=dist._DEFAULT_FIRST_BUCKET_BYTES)]
+    text = ", ".join(f"{cap} {g} / {b}" for cap, (g, b, _) in rows.items())
+    report.value("compiled_graphs_by_cap", rows, f"  bucket_cap_mb: graphs / DDP's buckets: {text}")
+    report.claim("compiled_graphs_follow_1mib_first_bucket", sum(g != r for g, _, r in rows.values()), "==", 0,
+                 "  caps where graphs != DDP's rule with a 1 MiB first bucket: {value} (an explicit cap above 1 "
+                 "has no 1 MiB bucket in DDP: graphs and buckets can differ)")
+    raw.load_state_dict(init_state)
+    try:
+        compiled_graphs(wrap(raw, info, bucket_cap_mb=0.5), batch, True, "eager")
+        message = ""
+    except AssertionError as e:  # DDPOptimizer: its 1 MiB first bucket may not exceed the others
+        message = str(e)
+    refused = int(message.startswith("First bucket should be smaller/equal"))
+    report.claim("compile_refuses_bucket_cap_below_1mb", refused, "==", 1, "  bucket_cap_mb 0.5: torch.compile "
+                 f"raises AssertionError({message[:40]!r}...): {{value}}")
 
 
 def main() -> None:
@@ -291,6 +399,8 @@ def main() -> None:
         if info.distributed:
             knobs_section(raw, init_state, batch, param_bytes, info, report)
         hooks_section(init_state, train_set, test_set, args, info, report)
+        if info.distributed:
+            resume_section(init_state, train_set, args, info, report)
         if args.compile_backend != "none":
             compile_section(raw, init_state, batch, args, info, report)
         report.write(args.results)
