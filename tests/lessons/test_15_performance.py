@@ -19,7 +19,8 @@ TWO_RANK_CLAIMS = {
     "first_step_one_bucket", "static_graph_rebuilds_one_step_later", "grad_as_bucket_view_saves_one_gradient_copy",
     "no_sync_one_round_per_step", "default_hook_learns", "fp16_hook_halves_bytes", "bf16_hook_halves_bytes",
     "powersgd1_cuts_bytes_10x", "fp16_accuracy_change", "bf16_accuracy_change", "powersgd1_accuracy_change",
-    "powersgd4_accuracy_change", "compiled_graphs_equal_buckets", "compile_without_ddp_optimizer_one_graph"}
+    "powersgd4_accuracy_change", "compiled_graphs_equal_buckets", "compile_without_ddp_optimizer_one_graph",
+    "powersgd_resume_exact", "compiled_graphs_follow_1mib_first_bucket", "compile_refuses_bucket_cap_below_1mb"}
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +106,32 @@ def test_comm_hooks_bytes_and_accuracy(two_ranks):
 
 
 @pytest.mark.timeout(300)
+def test_a_powersgd_run_resumes_exactly_only_with_its_hook_state_and_rebuilt_buckets(two_ranks):
+    """The exact resume ends 0.0 from the uninterrupted run; model + optimizer alone, or the pickled hook state
+    added to a bucket laid out in parameter order (a new DDP's first backward), do not."""
+    assert _claims(two_ranks)["powersgd_resume_exact"] == 0.0
+    assert two_ranks["powersgd_resume_model_and_optimizer"] > 1e-3
+    assert two_ranks["powersgd_resume_pickled_hook_state"] > 1e-3
+
+
+@pytest.mark.timeout(300)
 def test_compile_splits_at_buckets(two_ranks):
     c = _claims(two_ranks)
     assert c["compiled_graphs_equal_buckets"] == 3 and c["compile_without_ddp_optimizer_one_graph"] == 1
+    # [graphs, DDP's buckets, DDP's rule with a 1 MiB first bucket]: an explicit 25 has no 1 MiB bucket in DDP
+    assert two_ranks["compiled_graphs_by_cap"] == {"None": [2, 2, 2], "1.0": [3, 3, 3], "25.0": [2, 1, 2]}
+    assert c["compile_refuses_bucket_cap_below_1mb"] == 1
+
+
+@pytest.mark.timeout(200)
+def test_a_bucket_cap_that_gives_one_bucket_claims_nothing_about_overlap():
+    """--bucket-cap-mb 25 gives this 2.2 MB model one bucket: no several-bucket claim, every claim holds."""
+    run = run_lesson(LESSON, nproc=2, args=["--bucket-cap-mb", "25", "--compile-backend", "none"],
+                     timeout_s=180).check()
+    claims = assert_claims(run.results, {"profile_allreduces_equal_buckets_cap_25mb",
+                                         "one_bucket_issued_after_last_node"})
+    assert "backward_nodes_after_first_bucket_issued" not in claims
+    assert "bucket_cap_mb 25 also gives one bucket: no overlap to show" in run.stdout
 
 
 @pytest.mark.timeout(200)

@@ -75,6 +75,7 @@ def test_predicted_buckets_rule():
     assert predicted_buckets(fake(64, 64)) == 3
     assert predicted_buckets(fake(64, 128)) == 2
     assert predicted_buckets(fake(1000, 1000)) == 1
+    assert predicted_buckets(fake(1000, 1000), first_bucket_bytes=64) == 2  # DDPOptimizer's first graph
 
 
 def test_comm_hook_names():

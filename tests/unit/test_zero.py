@@ -10,7 +10,7 @@ import torch
 
 from common.env import LessonError
 from common.memory import ResidualMLP
-from common.shard_accounting import held_bytes, moved_bytes
+from common.shard_accounting import activation_bytes, held_bytes, moved_bytes, relative_difference
 from common.sharded_checkpoint import MARKER, check_complete, model_signature
 from common.zero import ZeRO, check_stages, check_world_size
 from tests._workers import run_world
@@ -43,6 +43,35 @@ def test_held_bytes_counts_each_storage_once_and_moved_bytes_follow_the_ring():
     assert moved_bytes({"all_reduce": 100}, 4) == 150  # 2 Psi (N-1)/N
     assert moved_bytes({"all_gather_single": 100, "reduce_scatter_single": 100}, 4) == 150  # the same volume
     assert moved_bytes({"all_gather_single": 200, "reduce_scatter_single": 100}, 2) == 150  # stage 3: 1.5x
+
+
+def test_relative_difference_is_a_fraction_of_the_change_and_fails_on_nan():
+    start, b = [torch.zeros(4)], [torch.full((4,), 2.0)]  # training moved ||b - start|| = 4
+    assert relative_difference([torch.tensor([2.0, 2.0, 2.0, 2.4])], b, start) == pytest.approx(0.1)
+    assert relative_difference(b, b, start) == 0.0
+    assert relative_difference(b, b, b) == 0.0 and relative_difference(start, b, b) == math.inf  # nothing moved
+    for bad in (math.nan, math.inf):  # a NaN or inf anywhere: no `<=` bound can hold
+        value = relative_difference([torch.tensor([2.0, 2.0, 2.0, bad])], b, start)
+        assert not value <= 1e-3
+
+
+def test_activation_bytes_at_the_end_of_forward_exclude_parameters_and_freed_weights():
+    torch.manual_seed(0)
+    plain = ResidualMLP(5, 1)
+    x = torch.randn(6, 64)
+    expected = activation_bytes(plain, x)
+    assert expected > 0
+    model = ResidualMLP(5, 1)
+    ZeRO(model, [model.stem, *model.blocks, model.head], 3, group=None, lr=1e-2)  # frees weights after forward
+    assert activation_bytes(model, x) == expected
+    held = torch.nn.Linear(64, 5)
+    frozen_copy = held.weight.detach().clone().requires_grad_()  # a weight that is not one of its parameters
+
+    class Twin(torch.nn.Module):
+        def forward(self, t):
+            return t @ frozen_copy.t()
+    x = torch.randn(6, 64, requires_grad=True)  # mm saves both: x for the weight's grad, the weight for x's
+    assert activation_bytes(Twin(), x) == (x.numel() + frozen_copy.numel()) * 4
 
 
 @pytest.mark.timeout(120)
