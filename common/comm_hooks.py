@@ -22,6 +22,8 @@ Two facts measured here (torch 2.13, gloo, CPU):
    threads, and with two or more buckets in flight the step never finished here (3 buckets hung; 1 bucket
    trains). Under gloo, give PowerSGD one bucket: `bucket_cap_mb` >= the gradient's MB. The hook is written
    for NCCL; we have not run it there.
+3. A PowerSGD state is training state (error feedback per rank, warm-start P and Q, its RNG, iter): lesson 15's
+   `resume_powersgd` restores it exactly, with `plain_until_switched` for the one backward that rebuilds buckets.
 Docs: https://pytorch.org/docs/stable/ddp_comm_hooks.html
 """
 # No `from __future__ import annotations`: DDP checks that a hook's annotations are the real GradBucket and
@@ -72,9 +74,9 @@ def comm_hook(name: str, process_group=None, seed: int = 0):
 
 
 def plain_until_switched(hook):
-    """(hook that all-reduces plainly until `switch()` is called and then runs `hook`, switch). Lesson 15's exact
-    PowerSGD resume runs one backward through the plain path so that DDP rebuilds its buckets before the hook
-    and its restored state see a bucket."""
+    """(a hook that all-reduces plainly until `switch()` is called, then runs `hook`; switch). Lesson 15's
+    exact PowerSGD resume runs one backward through the plain path so that DDP rebuilds its buckets before
+    the hook and its restored state see a bucket."""
     plain = [True]
 
     def resumed_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -123,8 +125,8 @@ def gradient_storage_bytes(model, batch) -> int:
 def predicted_buckets(model, first_bucket_bytes: int | None = None) -> int:
     """DDP's bucketing rule: gradients in reverse parameter order (about the order backward produces them), a
     bucket closes once it holds >= its cap. torch 2.13: bucket_cap_mb left at None caps the FIRST bucket at 1 MiB
-    and the rest at 25 MiB (so communication starts early); an explicit bucket_cap_mb caps every bucket. (The
-    first backward of a new DDP model uses one bucket; these are the buckets it rebuilds after it.)
+    and the rest at 25 MiB (so communication starts early); an explicit bucket_cap_mb caps every bucket.
+    (The first backward of a new DDP model uses one bucket; these are the buckets it rebuilds after it.)
 
     `first_bucket_bytes` overrides the first cap: torch.compile's DDPOptimizer cuts its graphs by this rule with
     a 1 MiB first bucket whatever DDP's is (torch/_dynamo/convert_frame.py passes only bucket_bytes_cap)."""
