@@ -244,8 +244,13 @@ def hooks_section(init_state, train_set, test_set, args, info, report) -> None:
                      f"{r['bytes_per_step']:,} bytes all-reduced per step")
         report.perf(f"step_ms_{hook}", r["step_ms"], f"  {label:<10} {{value:.1f}} ms per step (median)")
         report.results["knobs"].append({"knob": f"comm_hook={hook}", "calls": None, **r})
-    base = runs["allreduce"]  # the bounds below: 2 ranks, seeds 0-11 (the lowest baseline 0.82)
-    report.claim("default_hook_learns", base["accuracy"], ">=", 0.8, "  baseline: test accuracy {value:.4f}")
+    base = runs["allreduce"]  # the accuracy bounds: 2 ranks, seeds 0-11 (the lowest baseline 0.82)
+    measured = (args.steps, args.batch, args.lr) == (40, 32, 0.05)  # the setting those bounds come from
+    if measured:
+        report.claim("default_hook_learns", base["accuracy"], ">=", 0.8, "  baseline: test accuracy "
+                     "{value:.4f}")
+    else:
+        print0("  (the accuracy bounds hold for --steps 40 --batch 32 --lr 0.05: here recorded, not claimed)")
     if not info.distributed:
         return
     for hook in ("fp16", "bf16"):
@@ -260,7 +265,7 @@ def hooks_section(init_state, train_set, test_set, args, info, report) -> None:
     # Bounds from seeds 0-11 on 2 ranks (worst, mean): 16-bit rounding flipped no test prediction; after 40
     # steps PowerSGD lost (0.20, 0.11) at rank 1 and (0.09, 0.02) at rank 4: a short run pays, rank 1 most
     for hook, bound, worst in (("fp16", 0.02, 0.0), ("bf16", 0.02, 0.0), ("powersgd1", 0.22, 0.2006),
-                               ("powersgd4", 0.1, 0.0864)):
+                               ("powersgd4", 0.1, 0.0864)) if measured else ():
         report.claim(f"{hook}_accuracy_change", abs(runs[hook]["accuracy"] - base["accuracy"]), "<=", bound,
                      f"  {hook}: |test accuracy - allreduce's| = {{value:.4f}} (seeds 0-11: up to {worst})")
 
