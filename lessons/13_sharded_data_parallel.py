@@ -294,18 +294,18 @@ def pytorch_versions(s: Setup, hand: dict, table: dict) -> dict:
 
 def fsdp2_bytes(s: Setup, runs: dict, moved: dict, ddp_moved: float) -> None:
     N, report = s.info.world_size, s.report
-    # FSDP2 pads each parameter's rows (dim 0) to a multiple of N, not one flat buffer per unit
-    psi_f = 4 * sum(-(-p.shape[0] // N) * N * p[0].numel() for p in s.fresh().parameters())
+    psi_f = 4 * sum(-(-p.shape[0] // N) * N * p[0].numel() for p in s.fresh().parameters())  # rows padded
     for name, gathers in (("fsdp2", 2), ("fsdp2_no_reshard", 1)):
         report.claim(f"{name}_bytes_as_formula", moved[name], "==", (gathers + 1) * psi_f * (N - 1) / N,
                      f"  {name}: {{value:.0f}} ring-model bytes per rank per step = ({gathers} all-gather "
                      f"+ 1 reduce-scatter) x Psi_rows_padded (N-1)/N: {moved[name] / max(ddp_moved, 1):.3f}x "
                      "DDP's")
-    # a value, not a claim: ANY two Adam runs stay within ~2 lr per step of each other
     bf16_diff = s.worst_diff(runs["fsdp2_bf16"][2], runs["fsdp2"][2])
     report.value("bf16_params_vs_fp32", bf16_diff, "  MixedPrecisionPolicy(bf16 params, fp32 reduce) vs "
                  "fp32: {value:.1e}")
-    report.claim("bf16_really_ran", bf16_diff, ">=", 1e-6, "  ... and not 0 (bf16 really ran): {value:.1e}")
+    apart = s.worst_diff(runs["fsdp2_bf16"][2], runs["fsdp2"][2], s.init_params)  # any lr: relative
+    report.claim("bf16_really_ran", apart, ">=", EQUAL, "  ... = {value:.2f} of fp32's change: bf16 really "
+                 "ran (rounding stays < 1e-3)")
     # Per unit and step: 2 all-gathers (bf16: half the bytes) + 1 reduce-scatter (fp32): (2 x 1/2 + 1) / 3
     fp32, bf16 = sum(runs["fsdp2"][3].values()), sum(runs["fsdp2_bf16"][3].values())
     report.claim("bf16_moves_fewer_bytes", 3 * bf16 - 2 * fp32, "==", 0,
