@@ -5,8 +5,11 @@ Each mode is a few lines a user could have written; the exhibit launches it (tor
 so a launch costs only the launcher's own start.
 
     strict_args   argparse that knows only its own options (rejects the legacy launcher's --local-rank)
-    env           print what torchrun told this process (RANK, LOCAL_RANK, WORLD_SIZE, restarts), sleep, exit
+    env           print what torchrun told this process (RANK, LOCAL_RANK, WORLD_SIZE, restarts), sleep (seconds,
+                  or until:PATH exists), exit
     shapes        all_reduce of 4 floats on rank 0 and 8 on rank 1 (gloo aborts the process)
+    threads       print this process's torch threads and a DataLoader worker's (under torchrun)
+    threads_spawn N   the same from N processes started by mp.spawn
     hang          rank 0 enters an all_reduce that rank 1 never joins; faulthandler dumps the stacks on a timer
                   (dump_after_s timeout_s out_dir: each rank writes out_dir/faulthandler_rankR.txt)
 """
@@ -30,7 +33,13 @@ def env(argv: list[str]) -> None:
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID")
     job = argv[0] if argv else "job"
     print(f"{job} " + " ".join(f"{k}={os.environ.get(k)}" for k in keys), flush=True)
-    time.sleep(float(argv[1]) if len(argv) > 1 else 0.0)
+    wait = argv[1] if len(argv) > 1 else "0"
+    if wait.startswith("until:"):  # run until the file exists (at most 60 s): the exhibit decides when we end
+        deadline = time.monotonic() + 60
+        while not os.path.exists(wait[len("until:"):]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    else:
+        time.sleep(float(wait))
 
 
 def spawn_worker(rank: int, world_size: int, port: int) -> None:
@@ -48,6 +57,39 @@ def spawn_worker(rank: int, world_size: int, port: int) -> None:
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)  # skip interpreter finalization: the gloo exit abort (common.session.run_main)
+
+
+def _threads_line(rank: int) -> str:
+    import torch
+    from torch.utils.data import DataLoader
+
+    class Probe(torch.utils.data.Dataset):  # a sample is the thread count of the process that loads it
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, i):
+            return torch.get_num_threads()
+    in_worker = int(next(iter(DataLoader(Probe(), num_workers=1, multiprocessing_context="fork"))))
+    return (f"rank {rank}: torch threads {torch.get_num_threads()}, DataLoader worker threads {in_worker}, "
+            f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}\n")
+
+
+def threads_child(rank: int) -> None:
+    """An importable mp.spawn target: one line about this process's threads, in one write."""
+    os.write(1, _threads_line(rank).encode())
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def threads(argv: list[str]) -> None:
+    os.write(1, _threads_line(int(os.environ.get("RANK", 0))).encode())
+
+
+def threads_spawn(argv: list[str]) -> None:
+    import torch.multiprocessing as mp
+
+    from common.exhibits_worker import threads_child  # by its module's name: the children can import it
+    mp.spawn(threads_child, nprocs=int(argv[0]))
 
 
 def _init(timeout_s: float):
@@ -89,7 +131,8 @@ def hang(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:]]
-    modes = {"strict_args": strict_args, "env": env, "shapes": shapes, "hang": hang}
+    modes = {"strict_args": strict_args, "env": env, "shapes": shapes, "hang": hang, "threads": threads,
+             "threads_spawn": threads_spawn}
     mode = next(a for a in args if a in modes)
     if mode == "strict_args":
         strict_args(args)                       # the user's parser sees every argument, the mode included

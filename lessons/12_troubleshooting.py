@@ -3,7 +3,7 @@
 Run it:
 
     python lessons/12_troubleshooting.py --list                      # the exhibits, their causes and lessons
-    python lessons/12_troubleshooting.py --index                     # the README's symptom index (markdown)
+    python lessons/12_troubleshooting.py --index                     # docs/symptoms.md's table (markdown)
     torchrun --standalone --nproc_per_node=2 lessons/12_troubleshooting.py --show rank_skips_step
     torchrun --standalone --nproc_per_node=2 lessons/12_troubleshooting.py --show collectives   # a group
     torchrun --standalone --nproc_per_node=2 lessons/12_troubleshooting.py --show all
@@ -18,9 +18,11 @@ What to look for:
   own bookkeeping (gathering each rank's outcome to rank 0) runs on the default group with a 120 s timeout, so a
   broken exhibit never poisons the next one. Failures that kill a process (gloo's size-mismatch abort),
   launcher mistakes and a second job run as separate launches with a timeout (common.launch.run_command).
-- The symptom index (README.md, `## Symptom index`) maps each error text to its exhibit and to the lesson that
-  teaches the right way. Notebook 12 adds how to diagnose a hang: a stack of every rank (py-spy dump,
-  faulthandler) from a real, bounded hang, and the GPU-only tools (NCCL_DEBUG, the flight recorder).
+- Every count follows the world size: rank 0 (or the last rank) plays the odd one out, the others alike.
+- The symptom index (docs/symptoms.md, docs/zh/symptoms.md) maps each error text to its exhibit and to the
+  lesson that teaches the right way, and lists NCCL's own error texts (GPU only, not reproduced here).
+  Notebook 12 adds how to diagnose a hang: a stack of every rank (py-spy dump, faulthandler) from a real,
+  bounded hang, and the GPU-only tools (NCCL_DEBUG, the flight recorder).
 
 Sources: https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications
 (TORCH_DISTRIBUTED_DEBUG, monitored_barrier, TORCH_CPP_LOG_LEVEL), https://pytorch.org/docs/stable/notes/ddp.html,
@@ -72,12 +74,11 @@ LESSONS = {"01": "single device", "02": "collectives", "03": "DDP", "04": "custo
 
 
 def symptom_index() -> str:
-    """The README's symptom index: what you see -> cause -> exhibit -> the lesson that teaches the right way."""
+    """docs/symptoms.md's table: what you see -> cause -> exhibit -> the lesson that teaches the right way."""
     rows = ["| what you see | cause | exhibit | the right way |", "|---|---|---|---|"]
     for ex in load_exhibits().values():
-        cell = lambda text: text.replace("|", "\\|")  # noqa: E731  (a pipe would end the cell)
-        rows.append(f"| `{cell(ex.symptom)}` | {cell(ex.cause)} | `{ex.name}` | lesson {ex.lesson} "
-                    f"({LESSONS[ex.lesson]}) |")
+        symptom, cause = (text.replace("|", "\\|") for text in (ex.symptom, ex.cause))  # a pipe ends a cell
+        rows.append(f"| `{symptom}` | {cause} | `{ex.name}` | lesson {ex.lesson} ({LESSONS[ex.lesson]}) |")
     return "\n".join(rows)
 
 
