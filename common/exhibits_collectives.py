@@ -50,7 +50,8 @@ def _steps(model: DDP, n: int, skip: set[int] = frozenset(), seed: int = 1) -> i
 
 
 @exhibit("mismatched_collectives", "collectives", min_world=2, lesson="02",
-         symptom="terminate called after throwing an instance of 'gloo::EnforceNotMet' ... Received data size "
+         symptom="terminate called after throwing an instance of 'gloo::EnforceNotMet' ... Received data "
+                 "size "
                  "doesn't match expected size. Is there a distributed collective mismatch in your code?",
          cause="ranks call all_reduce with different shapes (or a different collective)")
 def mismatched_collectives(ctx: Ctx) -> None:
@@ -60,7 +61,8 @@ def mismatched_collectives(ctx: Ctx) -> None:
             code, out = ctx.launch([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                     "--nproc_per_node=2", "-m", "common.exhibits_worker", "shapes", "10"], 60)
             lines = [first_line(out, "terminate called"), first_line(out, "Received data size", limit=220)]
-            ctx.step("symptom", "rank 0 all_reduces 4 floats, rank 1 8 floats (a launch of its own); gloo says")
+            ctx.step("symptom", "rank 0 all_reduces 4 floats, rank 1 8 floats (a launch of its own); gloo "
+                                "says")
             for line in lines:
                 ctx.say(f"    {line}")
             ctx.record("symptom", lines)
@@ -82,7 +84,8 @@ def _op_and_shape_mismatch(ctx: Ctx) -> None:
     gd = ctx.group(detail=True)
     t = torch.ones(4 if rank == 0 else 8)
     o = ctx.attempt(lambda: dist.all_reduce(t, group=gd))
-    ctx.say("  diagnosis: the same all_reduce with TORCH_DISTRIBUTED_DEBUG=DETAIL names each rank's op and shape:")
+    ctx.say("  diagnosis: the same all_reduce with TORCH_DISTRIBUTED_DEBUG=DETAIL names each rank's op and "
+            "shape:")
     fingerprints = [_fingerprint(full) for full in ctx.gather(o.full)]
     for r, f in enumerate(fingerprints):
         ctx.say(f"    [rank {r}] Detected mismatch between collectives on ranks. {f}")
@@ -95,7 +98,8 @@ def _op_and_shape_mismatch(ctx: Ctx) -> None:
     o = ctx.attempt(lambda: dist.monitored_barrier(
         group=gm, timeout=timedelta(seconds=ctx.timeout_s), wait_all_ranks=True) if rank == 0
                     else time.sleep(ctx.timeout_s + 0.5))  # the other ranks are stuck elsewhere
-    lines = ctx.outcomes(o, "diagnosis_monitored", "  diagnosis: dist.monitored_barrier on rank 0 names the ranks "
+    lines = ctx.outcomes(o, "diagnosis_monitored", "  diagnosis: dist.monitored_barrier on rank 0 names the "
+                                                   "ranks "
                          "that did not arrive:", ranks=[0])
     missing = ", ".join(str(r) for r in range(1, world))
     ctx.claim("monitored_barrier_names_the_others", int(f"Ranks {missing} failed to pass monitoredBarrier"
@@ -120,7 +124,8 @@ def _fixed_by_agreeing_on_the_shape(ctx: Ctx) -> None:
 @exhibit("rank_skips_step", "collectives", min_world=2, lesson="05",
          symptom="Timed out waiting ...ms for recv operation to complete (one rank), while another rank "
                  "finishes without error",
-         cause="one rank `continue`s past a bad batch alone; its next backward pairs with the others' current one")
+         cause="one rank `continue`s past a bad batch alone; its next backward pairs with the others' "
+               "current one")
 def rank_skips_step(ctx: Ctx) -> None:
     bad = {1} if ctx.info.rank == 1 else set()  # rank 1 finds step 1's batch unusable
     model = _ddp(ctx.group())
@@ -156,7 +161,7 @@ class _TwoHeads(nn.Module):
 def _unused_run(group, steps: int = 2, debug: bool = False, **kw) -> float:
     """`steps` steps of a DDP model with an unused head; returns seconds per step.
 
-    debug=True builds the DDP model as TORCH_DISTRIBUTED_DEBUG=INFO would (DDP reads the level when it is built).
+    debug=True builds the DDP model as TORCH_DISTRIBUTED_DEBUG=INFO would (DDP reads the level when built).
     """
     torch.manual_seed(0)
     if debug:
@@ -171,14 +176,16 @@ def _unused_run(group, steps: int = 2, debug: bool = False, **kw) -> float:
 
 
 def _named_in_error(full: str) -> str:
-    """'aux.bias, aux.weight' from 'Parameters which did not receive grad for rank R: aux.bias, aux.weight'."""
+    """'aux.bias, aux.weight' from 'Parameters which did not receive grad for rank R: aux.bias, ...'."""
     m = re.search(r"Parameters which did not receive grad for rank \d+: ([\w., ]+)", full)
     return m.group(1).strip() if m else ""
 
 
 @exhibit("unused_parameter", "collectives", min_world=2, lesson="03",
-         symptom="RuntimeError: Expected to have finished reduction in the prior iteration before starting a new "
-                 "one. This error indicates that your module has parameters that were not used in producing loss.",
+         symptom="RuntimeError: Expected to have finished reduction in the prior iteration before starting a "
+                 "new "
+                 "one. This error indicates that your module has parameters that were not used in producing "
+                 "loss.",
          cause="a parameter gets no gradient, so DDP's reducer never finishes its bucket")
 def unused_parameter(ctx: Ctx) -> None:
     o = ctx.attempt(_unused_run, ctx.group())
@@ -187,56 +194,24 @@ def unused_parameter(ctx: Ctx) -> None:
               ctx.info.world_size, "ranks raising 'Expected to have finished reduction': {value}")
     o = ctx.attempt(_unused_run, ctx.group(), debug=True)
     named = ctx.gather(_named_in_error(o.full))
-    ctx.step("diagnosis", "the error lists parameter indices (2 3); with TORCH_DISTRIBUTED_DEBUG=INFO (or DETAIL) "
+    ctx.step("diagnosis", "the error lists parameter indices (2 3); with TORCH_DISTRIBUTED_DEBUG=INFO (or "
+                          "DETAIL) "
              f"it names them: {named[0] if named else ''}")
     ctx.record("unused", named)
     ctx.claim("info_names_aux", sum(n == "aux.bias, aux.weight" for n in named), "==",
-              ctx.info.world_size if named else 0, "ranks whose INFO error names aux.bias, aux.weight: {value}")
+              ctx.info.world_size if named else 0, "ranks whose INFO error names aux.bias, aux.weight: "
+                                                   "{value}")
     finished = 0
     for kw in ({"find_unused_parameters": True}, {"static_graph": True}):
         name = next(iter(kw))
         o = ctx.attempt(_unused_run, ctx.group(), 20, **kw)
         finished += int(not o.failed)
         if not o.failed:
-            ctx.report.perf(f"unused_parameter_{name}_ms", o.value * 1e3, f"{name}=True: {{value:.2f}} ms per step")
-    ctx.step("fix", "find_unused_parameters=True (walks the graph every step) or static_graph=True (learns it "
+            ctx.report.perf(f"unused_parameter_{name}_ms", o.value * 1e3, f"{name}=True: {{value:.2f}} ms "
+                                                                          f"per step")
+    ctx.step("fix", "find_unused_parameters=True (walks the graph every step) or static_graph=True (learns "
+                    "it "
              "once); best: delete the unused module")
     counts = ctx.gather(finished)
     ctx.claim("fixed_trains", sum(counts), "==", 2 * ctx.info.world_size if counts else 0,
               "(setting, rank) pairs that trained 20 steps without error: {value}")
-
-
-@exhibit("rank0_work_past_timeout", "collectives", min_world=2, lesson="03",
-         symptom="Timed out waiting ...ms for recv operation to complete, on every rank but 0, while rank 0 "
-                 "evaluates or saves",
-         cause="rank-0-only work longer than the collective timeout while the others wait in dist.barrier()")
-def rank0_work_past_timeout(ctx: Ctx) -> None:
-    from common.session import rank0_only
-    work_s = ctx.timeout_s + 1.0  # rank 0's evaluation outlasts the timeout by 1 s
-    g = ctx.group()
-
-    def broken():
-        if ctx.info.master_process:
-            time.sleep(work_s)
-        dist.barrier(group=g)
-    o = ctx.attempt(broken)
-    lines = ctx.outcomes(o, "symptom", f"  symptom: rank 0 works {work_s:g} s, the others wait in dist.barrier():",
-                         ranks=[1])
-    ctx.claim("broken_rank1_times_out", int(TIMEOUT_TEXT in lines[1]) if lines else 1, "==", 1,
-              "rank 1 raises a timeout: {value}")
-    ctx.step("diagnosis", "the failing rank is not the slow one: look at what rank 0 was doing")
-
-    def fixed() -> float:
-        t0 = time.perf_counter()
-        with rank0_only(ctx.info, "the exhibit's rank-0 work") as mine:  # the others wait without the timeout
-            if mine:
-                time.sleep(work_s)
-        return time.perf_counter() - t0
-    o = ctx.attempt(fixed)
-    waited = ctx.gather(o.value if not o.failed else float("nan"))
-    ctx.step("fix", "common.session.rank0_only: the others wait in a barrier of a group with a long timeout")
-    ctx.claim("fixed_finishes", sum(w == w for w in waited), "==", ctx.info.world_size if waited else 0,
-              "ranks that passed the rank-0-only phase without error: {value}")
-    shortest = torch.tensor(waited or [work_s]).min().item()  # NaN (a rank that failed) stays NaN
-    ctx.claim("fixed_wait_past_timeout", shortest, ">=", ctx.timeout_s,
-              "the shortest of those phases lasted {value:.1f} s, longer than --timeout-s")

@@ -1,7 +1,8 @@
 """Lesson 12's exhibits of launch mistakes: each runs real launchers as bounded subprocesses on rank 0.
 
-The scripts they launch are the modes of `common.exhibits_worker` (most import no torch, so a launch costs only
-the launcher's start). Every subprocess has a timeout and is killed with its whole process group after it.
+The scripts they launch are the modes of `common.exhibits_worker` (most import no torch, so a launch
+costs only the launcher's start). Every subprocess has a timeout and is killed with its whole process group
+after it.
 """
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ if __name__ == "__main__":
 @exhibit("mp_spawn_inline_function", "launch", lesson="03",
          symptom="AttributeError: Can't get attribute 'worker' on <module '__main__' (built-in)> "
                  "(mp.spawn from a notebook)",
-         cause="spawn starts fresh interpreters that unpickle the function by name; a notebook's __main__ has none")
+         cause="spawn starts fresh interpreters that unpickle the function by name; a notebook's __main__ "
+               "has none")
 def mp_spawn_inline_function(ctx: Ctx) -> None:
     with ctx.rank0("mp.spawn") as mine:
         if not mine:
@@ -111,7 +113,8 @@ def mp_spawn_inline_function(ctx: Ctx) -> None:
         ctx.record("symptom", child)
         ctx.claim("broken_child_fails", int("Can't get attribute 'worker'" in child), "==", 1,
                   "the child cannot find the function: {value}")
-        ctx.step("diagnosis", "the child's traceback ends in pickle: it imports the function by module and name")
+        ctx.step("diagnosis", "the child's traceback ends in pickle: it imports the function by module and "
+                              "name")
         sums = sorted(re.findall(r"spawned rank \d+: all_reduce sum \d+", out))
         ctx.step("fix", "define the worker in a module and import it: " + "; ".join(sums))
         ctx.claim("fixed_ranks", len(sums), "==", 2, "ranks that ran the imported worker: {value}")
@@ -139,7 +142,9 @@ def rendezvous_port_taken(ctx: Ctx) -> None:
             ctx.claim("broken_fails", int(code != 0 and "EADDRINUSE" in line), "==", 1,
                       "the launch fails with EADDRINUSE: {value}")
             ctx.step("diagnosis", "ss -ltnp | grep PORT (or lsof -i :PORT) shows who listens there")
-            code, out = ctx.launch([*TORCHRUN, "--standalone", "--nproc_per_node=1", *WORKER, "env", "job"], 60)
-        ctx.step("fix", "--standalone (a free port and a fresh run id) on one machine, or a different --master-port")
+            standalone = [*TORCHRUN, "--standalone", "--nproc_per_node=1", *WORKER, "env", "job"]
+            code, out = ctx.launch(standalone, 60)
+        ctx.step("fix", "--standalone (a free port and a fresh run id) on one machine, or a different "
+                        "--master-port")
         ctx.claim("fixed_runs", int(code == 0 and "job RANK=0" in out), "==", 1,
                   "the --standalone launch runs beside it: {value}")

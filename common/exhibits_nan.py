@@ -51,7 +51,7 @@ def nan_spreads_to_all_ranks(ctx: Ctx) -> None:
 
 
 def _masked_sqrt_model(ctx: Ctx) -> tuple[nn.Module, nn.Module]:
-    """(model to train, its unwrapped module): Linear(4, 1) with weight 0.1 and bias 1, so y(ones) = 1.4 > 0."""
+    """(model to train, its unwrapped module): Linear(4, 1), weight 0.1 and bias 1: y(ones) = 1.4 > 0."""
     net = nn.Linear(4, 1)
     with torch.no_grad():
         net.weight.fill_(0.1)
@@ -68,7 +68,7 @@ def _masked_sqrt_loss(model: nn.Module, bad: bool) -> torch.Tensor:
 
 
 def _masked_sqrt_step(ctx: Ctx, guard: bool) -> dict:
-    """One SGD step; guard=True checks the gradient norm before optimizer.step() and skips a non-finite one."""
+    """One SGD step; guard=True checks the gradient norm before optimizer.step(), skips a non-finite one."""
     model, net = _masked_sqrt_model(ctx)
     before = [p.detach().clone() for p in net.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -93,15 +93,18 @@ def _anomaly(ctx: Ctx) -> str:
     net = _masked_sqrt_model(ctx)[1]  # the unwrapped module: no collective in this check
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # it also warns with the forward's traceback
+        bad = ctx.info.rank == ctx.info.world_size - 1
         with torch.autograd.detect_anomaly():
-            o = ctx.attempt(lambda: _masked_sqrt_loss(net, ctx.info.rank == ctx.info.world_size - 1).backward())
+            o = ctx.attempt(lambda: _masked_sqrt_loss(net, bad).backward())
     return o.error or ""
 
 
 @exhibit("nan_gradient_with_finite_loss", "training", lesson="03",
-         symptom="parameters turn nan after optimizer.step() though every loss was finite (a check of the loss "
+         symptom="parameters turn nan after optimizer.step() though every loss was finite (a check of the "
+                 "loss "
                  "passes)",
-         cause="a masked op (torch.where around sqrt or log) hides a NaN from the loss, not from the gradient: "
+         cause="a masked op (torch.where around sqrt or log) hides a NaN from the loss, not from the "
+               "gradient: "
                "0 * NaN = NaN")
 def nan_gradient_with_finite_loss(ctx: Ctx) -> None:
     world = ctx.info.world_size

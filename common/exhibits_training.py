@@ -25,7 +25,8 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 @exhibit("set_epoch_forgotten", "training", lesson="03",
          symptom="every epoch visits the samples in the same order (loss curve repeats; no error)",
-         cause="DistributedSampler shuffles with seed + epoch; without sampler.set_epoch(epoch) epoch stays 0")
+         cause="DistributedSampler shuffles with seed + epoch; without sampler.set_epoch(epoch) epoch stays "
+               "0")
 def set_epoch_forgotten(ctx: Ctx) -> None:
     def orders(call_set_epoch: bool) -> list[list[int]]:
         s = DistributedSampler(range(16), num_replicas=2, rank=ctx.info.rank % 2, shuffle=True, seed=0)
@@ -48,7 +49,8 @@ def set_epoch_forgotten(ctx: Ctx) -> None:
 @exhibit("checkpoint_module_prefix", "training", lesson="03",
          symptom='RuntimeError: Error(s) in loading state_dict for Linear: Missing key(s) in state_dict: '
                  '"weight", "bias". Unexpected key(s) in state_dict: "module.weight", "module.bias".',
-         cause="the checkpoint was saved from the DDP wrapper (ddp_model.state_dict()), whose keys start with module.")
+         cause="the checkpoint was saved from the DDP wrapper (ddp_model.state_dict()), whose keys start "
+               "with module.")
 def checkpoint_module_prefix(ctx: Ctx) -> None:
     torch.manual_seed(0)
     raw_model = nn.Linear(4, 2)
@@ -82,7 +84,8 @@ def checkpoint_module_prefix(ctx: Ctx) -> None:
 @exhibit("checkpoint_weights_only", "training", lesson="01",
          symptom="_pickle.UnpicklingError: Weights only load failed ... Unsupported global: "
                  "GLOBAL argparse.Namespace was not an allowed global by default",
-         cause="torch.load defaults to weights_only=True since 2.6; the checkpoint pickled an arbitrary object")
+         cause="torch.load defaults to weights_only=True since 2.6; the checkpoint pickled an arbitrary "
+               "object")
 def checkpoint_weights_only(ctx: Ctx) -> None:
     buf = io.BytesIO()
     torch.save({"model": nn.Linear(4, 2).state_dict(), "args": argparse.Namespace(lr=0.1)}, buf)
@@ -105,7 +108,8 @@ def checkpoint_weights_only(ctx: Ctx) -> None:
 @exhibit("batchnorm_batch_of_one", "training", lesson="06",
          symptom="ValueError: Expected more than 1 value per channel when training, got input size "
                  "torch.Size([1, 4])",
-         cause="the last batch of a rank holds one sample (ceil(len(dataset) / world_size) % batch_size == 1: "
+         cause="the last batch of a rank holds one sample (ceil(len(dataset) / world_size) % batch_size == "
+               "1: "
                "the sampler pads)")
 def batchnorm_batch_of_one(ctx: Ctx) -> None:
     bn = nn.BatchNorm1d(4).train()
@@ -118,10 +122,12 @@ def batchnorm_batch_of_one(ctx: Ctx) -> None:
     ctx.record("symptom", o.error)
     ctx.claim("broken_raises", int("Expected more than 1 value per channel" in (o.error or "")), "==", 1,
               "BatchNorm raises on a batch of one: {value}")
-    ctx.step("diagnosis", "print ceil(len(dataset) / world_size) % batch_size and each rank's last batch size")
+    ctx.step("diagnosis", "print ceil(len(dataset) / world_size) % batch_size and each rank's last batch "
+                          "size")
     ctx.step("fix", "DataLoader(drop_last=True) for training (or a SyncBatchNorm over the global batch)")
     smallest = min(len(b) for b in DataLoader(shard, batch_size=batch, drop_last=True))
-    ctx.claim("fixed_smallest_batch", smallest, "==", batch, "with drop_last the smallest batch holds {value}")
+    ctx.claim("fixed_smallest_batch", smallest, "==", batch, "with drop_last the smallest batch holds "
+                                                             "{value}")
 
 
 @exhibit("syncbatchnorm_on_cpu", "training", min_world=2, lesson="06",
@@ -154,7 +160,8 @@ def syncbatchnorm_on_cpu(ctx: Ctx) -> None:
 
 def _thread_counts(out: str) -> list[tuple[int, int]]:
     """[(torch threads, DataLoader worker threads), ...] from the `threads` worker's lines."""
-    return [(int(t), int(w)) for t, w in re.findall(r"torch threads (\d+), DataLoader worker threads (\d+)", out)]
+    found = re.findall(r"torch threads (\d+), DataLoader worker threads (\d+)", out)
+    return [(int(t), int(w)) for t, w in found]
 
 
 @exhibit("too_many_threads", "training", lesson="03",
@@ -168,7 +175,8 @@ def too_many_threads(ctx: Ctx) -> None:
         if not mine:
             return
         unset = {"OMP_NUM_THREADS": None}  # as in a fresh shell
-        code, out = ctx.launch([sys.executable, "-m", "common.exhibits_worker", "threads_spawn", "2"], 90, unset)
+        spawn = [sys.executable, "-m", "common.exhibits_worker", "threads_spawn", "2"]
+        code, out = ctx.launch(spawn, 90, unset)
         spawned = _thread_counts(out)
         ctx.step("symptom", f"mp.spawn of 2 processes on {cores} cores, OMP_NUM_THREADS unset:")
         for line in sorted(re.findall(r"rank \d+: torch threads .*", out)):
@@ -180,12 +188,14 @@ def too_many_threads(ctx: Ctx) -> None:
                  "sets itself to one thread")
         ctx.claim("dataloader_worker_threads", max((w for _, w in spawned), default=0), "==", 1,
                   "threads of a DataLoader worker: {value}")
-        code, out = ctx.launch([*TORCHRUN, "--standalone", "--nproc_per_node=2", "-m", "common.exhibits_worker",
-                                "threads"], 90, unset)
+        torchrun = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "-m", "common.exhibits_worker",
+                    "threads"]
+        code, out = ctx.launch(torchrun, 90, unset)
         launched = _thread_counts(out)
         ctx.step("fix", "torchrun (it sets OMP_NUM_THREADS=1 for nproc_per_node > 1 and says so), or set "
                  "OMP_NUM_THREADS = cores // processes before mp.spawn")
         for line in sorted(re.findall(r"rank \d+: torch threads .*", out)):
             ctx.say(f"    {line}")
-        ctx.claim("fixed_threads_per_process", max(t for t, _ in launched) if len(launched) == 2 else 0, "==", 1,
+        per_process = max(t for t, _ in launched) if len(launched) == 2 else 0
+        ctx.claim("fixed_threads_per_process", per_process, "==", 1,
                   "torch threads per process under torchrun: {value}")

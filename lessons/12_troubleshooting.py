@@ -15,9 +15,10 @@ What to look for:
   its result), and records its claims (`<exhibit>_<what>`) in --results.
 - Nothing hangs: a broken collective runs in a fresh gloo group bounded by --timeout-s (2 s) and raises
   "Timed out waiting 2000ms ..." where a real job would wait for 30 (gloo) or 10 (NCCL) minutes. The lesson's
-  own bookkeeping (gathering each rank's outcome to rank 0) runs on the default group with a 120 s timeout, so a
-  broken exhibit never poisons the next one. Failures that kill a process (gloo's size-mismatch abort),
-  launcher mistakes and a second job run as separate launches with a timeout (common.launch.run_command).
+  own bookkeeping (gathering each rank's outcome to rank 0) runs on the default group with a 120 s
+  timeout, so a broken exhibit never poisons the next one. Failures that kill a process (gloo's
+  size-mismatch abort), launcher mistakes and a second job run as separate launches with a timeout
+  (common.launch.run_command).
 - Every count follows the world size: rank 0 (or the last rank) plays the odd one out, the others alike.
 - The symptom index (docs/symptoms.md, docs/zh/symptoms.md) maps each error text to its exhibit and to the
   lesson that teaches the right way, and lists NCCL's own error texts (GPU only, not reproduced here).
@@ -25,7 +26,8 @@ What to look for:
   bounded hang, and the GPU-only tools (NCCL_DEBUG, the flight recorder).
 
 Sources: https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications
-(TORCH_DISTRIBUTED_DEBUG, monitored_barrier, TORCH_CPP_LOG_LEVEL), https://pytorch.org/docs/stable/notes/ddp.html,
+(TORCH_DISTRIBUTED_DEBUG, monitored_barrier, TORCH_CPP_LOG_LEVEL),
+https://pytorch.org/docs/stable/notes/ddp.html,
 https://pytorch.org/docs/stable/elastic/run.html (rendezvous, --standalone),
 https://pytorch.org/tutorials/prototype/flight_recorder_tutorial.html (the NCCL flight recorder).
 """
@@ -48,7 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--show", default=None, metavar="NAME",
                    help=f"an exhibit's name, a group ({', '.join(GROUPS)}) or 'all'")
     p.add_argument("--seed", type=int, default=0, help="every exhibit seeds its own models from this")
-    p.add_argument("--results", default=None, help="rank 0 writes the claims of every exhibit shown here as JSON")
+    p.add_argument("--results", default=None, help="rank 0 writes the claims of every exhibit shown here as "
+                                                   "JSON")
     add_distributed_args(p, timeout_s=2.0)  # --timeout-s bounds each broken collective
     args = p.parse_args(argv)
     exhibits = load_exhibits()
@@ -69,7 +72,8 @@ def list_exhibits() -> None:
         print(f"{ex.name:34s} {ex.group:12s} lesson {ex.lesson}  {ex.cause}")
 
 
-LESSONS = {"01": "single device", "02": "collectives", "03": "DDP", "04": "custom samplers", "05": "uneven data",
+LESSONS = {"01": "single device", "02": "collectives", "03": "DDP", "04": "custom samplers",
+           "05": "uneven data",
            "06": "SyncBatchNorm", "07": "gradient accumulation"}
 
 
@@ -92,7 +96,8 @@ def main(argv=None) -> None:
     session_args = argparse.Namespace(**{**vars(args), "timeout_s": BOOKKEEPING_TIMEOUT_S})
     with distributed_session(session_args) as info:
         report = Report(info)
-        report.value("world_size", info.world_size, "world_size {value}; each broken collective is bounded by "
+        report.value("world_size", info.world_size, "world_size {value}; each broken collective is "
+                                                    "bounded by "
                      f"--timeout-s {args.timeout_s:g} s")
         report.record("timeout_s", args.timeout_s)
         report.record("shown", [ex.name for ex in chosen])
