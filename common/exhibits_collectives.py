@@ -23,8 +23,8 @@ TIMEOUT_TEXT = "Timed out waiting"  # gloo's words when a collective's peer neve
 
 def _fingerprint(message: str) -> str:
     """'Rank R is running collective: OpType=..., TensorShape=[...]' from a DETAIL mismatch message."""
-    m = re.search(r"(Rank \d+ is running collective): CollectiveFingerPrint\(.*?(OpType=\w+), "
-                  r"(TensorShape=\[[^\]]*\])", message)
+    m = re.search(r"(Rank \d+ is running collective): "
+                  r"CollectiveFingerPrint\(.*?(OpType=\w+), (TensorShape=\[[^\]]*\])", message)
     return ", ".join(m.groups()).replace("collective,", "collective:") if m else message[:120]
 
 
@@ -50,9 +50,9 @@ def _steps(model: DDP, n: int, skip: set[int] = frozenset(), seed: int = 1) -> i
 
 
 @exhibit("mismatched_collectives", "collectives", min_world=2, lesson="02",
-         symptom="terminate called after throwing an instance of 'gloo::EnforceNotMet' ... Received data "
-                 "size "
-                 "doesn't match expected size. Is there a distributed collective mismatch in your code?",
+         symptom="terminate called after throwing an instance of "
+                 "'gloo::EnforceNotMet' ... Received data size doesn't match expected "
+                 "size. Is there a distributed collective mismatch in your code?",
          cause="ranks call all_reduce with different shapes (or a different collective)")
 def mismatched_collectives(ctx: Ctx) -> None:
     rank = ctx.info.rank
@@ -61,8 +61,8 @@ def mismatched_collectives(ctx: Ctx) -> None:
             code, out = ctx.launch([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                     "--nproc_per_node=2", "-m", "common.exhibits_worker", "shapes", "10"], 60)
             lines = [first_line(out, "terminate called"), first_line(out, "Received data size", limit=220)]
-            ctx.step("symptom", "rank 0 all_reduces 4 floats, rank 1 8 floats (a launch of its own); gloo "
-                                "says")
+            ctx.step("symptom", "rank 0 all_reduces 4 floats, rank 1 8 "
+                                "floats (a launch of its own); gloo says")
             for line in lines:
                 ctx.say(f"    {line}")
             ctx.record("symptom", lines)
@@ -84,8 +84,8 @@ def _op_and_shape_mismatch(ctx: Ctx) -> None:
     gd = ctx.group(detail=True)
     t = torch.ones(4 if rank == 0 else 8)
     o = ctx.attempt(lambda: dist.all_reduce(t, group=gd))
-    ctx.say("  diagnosis: the same all_reduce with TORCH_DISTRIBUTED_DEBUG=DETAIL names each rank's op and "
-            "shape:")
+    ctx.say("  diagnosis: the same all_reduce with "
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL names each rank's op and shape:")
     fingerprints = [_fingerprint(full) for full in ctx.gather(o.full)]
     for r, f in enumerate(fingerprints):
         ctx.say(f"    [rank {r}] Detected mismatch between collectives on ranks. {f}")
@@ -98,8 +98,8 @@ def _op_and_shape_mismatch(ctx: Ctx) -> None:
     o = ctx.attempt(lambda: dist.monitored_barrier(
         group=gm, timeout=timedelta(seconds=ctx.timeout_s), wait_all_ranks=True) if rank == 0
                     else time.sleep(ctx.timeout_s + 0.5))  # the other ranks are stuck elsewhere
-    lines = ctx.outcomes(o, "diagnosis_monitored", "  diagnosis: dist.monitored_barrier on rank 0 names the "
-                                                   "ranks "
+    lines = ctx.outcomes(o, "diagnosis_monitored", "  diagnosis: dist.monitored_barrier "
+                                                   "on rank 0 names the ranks "
                          "that did not arrive:", ranks=[0])
     missing = ", ".join(str(r) for r in range(1, world))
     ctx.claim("monitored_barrier_names_the_others", int(f"Ranks {missing} failed to pass monitoredBarrier"
@@ -122,10 +122,10 @@ def _fixed_by_agreeing_on_the_shape(ctx: Ctx) -> None:
 
 
 @exhibit("rank_skips_step", "collectives", min_world=2, lesson="05",
-         symptom="Timed out waiting ...ms for recv operation to complete (one rank), while another rank "
-                 "finishes without error",
-         cause="one rank `continue`s past a bad batch alone; its next backward pairs with the others' "
-               "current one")
+         symptom="Timed out waiting ...ms for recv operation to complete "
+                 "(one rank), while another rank finishes without error",
+         cause="one rank `continue`s past a bad batch alone; its "
+               "next backward pairs with the others' current one")
 def rank_skips_step(ctx: Ctx) -> None:
     bad = {1} if ctx.info.rank == 1 else set()  # rank 1 finds step 1's batch unusable
     model = _ddp(ctx.group())
@@ -182,10 +182,9 @@ def _named_in_error(full: str) -> str:
 
 
 @exhibit("unused_parameter", "collectives", min_world=2, lesson="03",
-         symptom="RuntimeError: Expected to have finished reduction in the prior iteration before starting a "
-                 "new "
-                 "one. This error indicates that your module has parameters that were not used in producing "
-                 "loss.",
+         symptom="RuntimeError: Expected to have finished reduction in the prior "
+                 "iteration before starting a new one. This error indicates that "
+                 "your module has parameters that were not used in producing loss.",
          cause="a parameter gets no gradient, so DDP's reducer never finishes its bucket")
 def unused_parameter(ctx: Ctx) -> None:
     o = ctx.attempt(_unused_run, ctx.group())
@@ -194,23 +193,23 @@ def unused_parameter(ctx: Ctx) -> None:
               ctx.info.world_size, "ranks raising 'Expected to have finished reduction': {value}")
     o = ctx.attempt(_unused_run, ctx.group(), debug=True)
     named = ctx.gather(_named_in_error(o.full))
-    ctx.step("diagnosis", "the error lists parameter indices (2 3); with TORCH_DISTRIBUTED_DEBUG=INFO (or "
-                          "DETAIL) "
+    ctx.step("diagnosis", "the error lists parameter indices (2 3); with "
+                          "TORCH_DISTRIBUTED_DEBUG=INFO (or DETAIL) "
              f"it names them: {named[0] if named else ''}")
     ctx.record("unused", named)
     ctx.claim("info_names_aux", sum(n == "aux.bias, aux.weight" for n in named), "==",
-              ctx.info.world_size if named else 0, "ranks whose INFO error names aux.bias, aux.weight: "
-                                                   "{value}")
+              ctx.info.world_size if named else 0, "ranks whose INFO error names "
+                                                   "aux.bias, aux.weight: {value}")
     finished = 0
     for kw in ({"find_unused_parameters": True}, {"static_graph": True}):
         name = next(iter(kw))
         o = ctx.attempt(_unused_run, ctx.group(), 20, **kw)
         finished += int(not o.failed)
         if not o.failed:
-            ctx.report.perf(f"unused_parameter_{name}_ms", o.value * 1e3, f"{name}=True: {{value:.2f}} ms "
-                                                                          f"per step")
-    ctx.step("fix", "find_unused_parameters=True (walks the graph every step) or static_graph=True (learns "
-                    "it "
+            ctx.report.perf(f"unused_parameter_{name}_ms", o.value * 1e3, f"{name}=True: "
+                                                                          f"{{value:.2f}} ms per step")
+    ctx.step("fix", "find_unused_parameters=True (walks the graph "
+                    "every step) or static_graph=True (learns it "
              "once); best: delete the unused module")
     counts = ctx.gather(finished)
     ctx.claim("fixed_trains", sum(counts), "==", 2 * ctx.info.world_size if counts else 0,

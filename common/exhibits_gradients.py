@@ -65,10 +65,10 @@ def _global_batch_grad(k: int, world: int) -> torch.Tensor:
 
 
 @exhibit("loss_not_divided_by_k", "training", min_world=2, lesson="07",
-         symptom="with accumulation the training diverges or needs a k times smaller learning rate (no "
-                 "error)",
-         cause="the loss of each micro-step is not divided by k: the accumulated gradient is a sum, not a "
-               "mean")
+         symptom="with accumulation the training diverges or "
+                 "needs a k times smaller learning rate (no error)",
+         cause="the loss of each micro-step is not divided by "
+               "k: the accumulated gradient is a sum, not a mean")
 def loss_not_divided_by_k(ctx: Ctx) -> None:
     k = 4
     _, summed = _accum_grad(ctx.group(), k, no_sync_forward=True, divide=False)
@@ -79,17 +79,17 @@ def loss_not_divided_by_k(ctx: Ctx) -> None:
     ctx.step("diagnosis", f"compare with one step on the global batch (all {ctx.info.world_size} ranks' {k} "
              "micro-batches in one loss, computed here in each process)")
     _, mean = _accum_grad(ctx.group(), k, no_sync_forward=True, divide=True)
-    ctx.step("fix", "loss = loss / k on every micro-step (or weight each micro-batch by its share of "
-                    "samples)")
+    ctx.step("fix", "loss = loss / k on every micro-step (or weight "
+                    "each micro-batch by its share of samples)")
     ctx.claim("fixed_gradient_diff", (mean - reference).abs().max().item(), "<=", 1e-6,
               "max |divided gradient - the global batch's gradient|: {value:.1e}")
 
 
 @exhibit("unscale_twice", "training", lesson="07",
-         symptom="RuntimeError: unscale_() has already been called on this optimizer since the last "
-                 "update().",
-         cause="GradScaler.unscale_ is called once per micro-step (e.g. to clip inside the accumulation "
-               "loop)")
+         symptom="RuntimeError: unscale_() has already been called "
+                 "on this optimizer since the last update().",
+         cause="GradScaler.unscale_ is called once per micro-step "
+               "(e.g. to clip inside the accumulation loop)")
 def unscale_twice(ctx: Ctx) -> None:
     torch.manual_seed(0)
     model = nn.Linear(4, 2)

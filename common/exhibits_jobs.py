@@ -85,11 +85,11 @@ def _two_jobs(args_a: list[str], args_b: list[str], b_s: float, wait_for: str = 
 
 
 @exhibit("second_job_joins_first", "launch", lesson="03",
-         symptom="a running job's worker gets SIGTERM (torchrun: Sending process PID closing signal SIGTERM) "
-                 "when another job starts",
-         cause="two jobs with the same --rdzv-endpoint and --rdzv-id form one rendezvous: with "
-               "--nnodes=MIN:MAX "
-               "the second one joins, and the first one's agent stops its workers to admit it")
+         symptom="a running job's worker gets SIGTERM (torchrun: Sending "
+                 "process PID closing signal SIGTERM) when another job starts",
+         cause="two jobs with the same --rdzv-endpoint and --rdzv-id form "
+               "one rendezvous: with --nnodes=MIN:MAX the second one joins, "
+               "and the first one's agent stops its workers to admit it")
 def second_job_joins_first(ctx: Ctx) -> None:
     with ctx.rank0("two jobs with one rendezvous") as mine:
         if not mine:
@@ -112,19 +112,17 @@ def second_job_joins_first(ctx: Ctx) -> None:
         text_a, text_b = _two_jobs(args_a, args_b, 0, then_s=10)
         alone = [f"{j} RANK=0 LOCAL_RANK=0 WORLD_SIZE=1" in t for j, t in zip("AB", (text_a, text_b))]
         ctx.record("fixed", {"alone": alone, "b": text_b[-200:]})
-        ctx.step("fix", "a unique --rdzv-id per job ($SLURM_JOB_ID): B runs alone and A's worker keeps "
-                        "running")
+        ctx.step("fix", "a unique --rdzv-id per job ($SLURM_JOB_ID): "
+                        "B runs alone and A's worker keeps running")
         ctx.claim("fixed_jobs_alone", sum(alone) if "closing signal" not in text_a else 0, "==", 2,
                   "jobs that ran alone, with job A's worker never stopped: {value}")
 
 
 @exhibit("second_job_loses_store", "launch", lesson="03",
-         symptom="torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the "
-                 "C10d "
-                 "store has failed. See inner exception for details. (job B, when job A ends)",
-         cause="two jobs with the same --rdzv-endpoint (own --rdzv-ids): the first job's agent hosts the "
-               "store "
-               "both use, and takes it along when it exits (pytorch/pytorch#126510)")
+         symptom="torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to "
+                 "the C10d store has failed. See inner exception for details. (job B, when job A ends)",
+         cause="two jobs with the same --rdzv-endpoint (own --rdzv-ids): the first job's agent "
+               "hosts the store both use, and takes it along when it exits (pytorch/pytorch#126510)")
 def second_job_loses_store(ctx: Ctx) -> None:
     with ctx.rank0("two jobs on one endpoint") as mine:
         if not mine:
@@ -132,20 +130,20 @@ def second_job_loses_store(ctx: Ctx) -> None:
         port = _free_port()
         text_a, text_b = _two_jobs(_same_endpoint(port, "jobA"), _same_endpoint(port, "jobB"), 60, then_s=20)
         error = first_line(text_b, "RendezvousConnectionError: The connection")
-        ctx.step("symptom", "jobs A and B, own --rdzv-ids, one --rdzv-endpoint; B's worker runs, then A "
-                            "ends; B:")
+        ctx.step("symptom", "jobs A and B, own --rdzv-ids, one "
+                            "--rdzv-endpoint; B's worker runs, then A ends; B:")
         ctx.say(f"    {error}")
         ctx.record("symptom", error)
         ctx.record("b_log_tail", text_b[-200:])
         ctx.claim("broken_second_job_dies", int("B RANK=0" in text_b and bool(error)
                                                 and "exit code of B: None" not in text_b), "==", 1,
                   "job B started, then died with RendezvousConnectionError when A ended: {value}")
-        ctx.step("diagnosis", "B's traceback goes through the agent's num_nodes_waiting / keep-alive into "
-                              "the "
+        ctx.step("diagnosis", "B's traceback goes through the agent's "
+                              "num_nodes_waiting / keep-alive into the "
                  "c10d store at A's --rdzv-endpoint")
         text_a, text_b = _two_jobs(_same_endpoint(port, "jobA"), _same_endpoint(_free_port(), "jobB"), 3,
                                    then_s=30)
-        ctx.step("fix", "each job its own --rdzv-endpoint port (and --rdzv-id), or --standalone on one "
-                        "machine")
+        ctx.step("fix", "each job its own --rdzv-endpoint port (and "
+                        "--rdzv-id), or --standalone on one machine")
         ctx.claim("fixed_second_job_finishes", int("exit code of B: 0" in text_b), "==", 1,
                   "job B, on its own port, outlived job A and exited 0: {value}")

@@ -96,10 +96,10 @@ if __name__ == "__main__":
 
 
 @exhibit("mp_spawn_inline_function", "launch", lesson="03",
-         symptom="AttributeError: Can't get attribute 'worker' on <module '__main__' (built-in)> "
-                 "(mp.spawn from a notebook)",
-         cause="spawn starts fresh interpreters that unpickle the function by name; a notebook's __main__ "
-               "has none")
+         symptom="AttributeError: Can't get attribute 'worker' on <module "
+                 "'__main__' (built-in)> (mp.spawn from a notebook)",
+         cause="spawn starts fresh interpreters that unpickle the "
+               "function by name; a notebook's __main__ has none")
 def mp_spawn_inline_function(ctx: Ctx) -> None:
     with ctx.rank0("mp.spawn") as mine:
         if not mine:
@@ -113,16 +113,16 @@ def mp_spawn_inline_function(ctx: Ctx) -> None:
         ctx.record("symptom", child)
         ctx.claim("broken_child_fails", int("Can't get attribute 'worker'" in child), "==", 1,
                   "the child cannot find the function: {value}")
-        ctx.step("diagnosis", "the child's traceback ends in pickle: it imports the function by module and "
-                              "name")
+        ctx.step("diagnosis", "the child's traceback ends in pickle: it "
+                              "imports the function by module and name")
         sums = sorted(re.findall(r"spawned rank \d+: all_reduce sum \d+", out))
         ctx.step("fix", "define the worker in a module and import it: " + "; ".join(sums))
         ctx.claim("fixed_ranks", len(sums), "==", 2, "ranks that ran the imported worker: {value}")
 
 
 @exhibit("rendezvous_port_taken", "launch", lesson="03",
-         symptom="torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
-                 "network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE",
+         symptom="torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+                 "local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE",
          cause="a second job on the same machine with the same --master-port (29500 by default)")
 def rendezvous_port_taken(ctx: Ctx) -> None:
     with ctx.rank0("a launch on a taken port") as mine:
@@ -144,7 +144,7 @@ def rendezvous_port_taken(ctx: Ctx) -> None:
             ctx.step("diagnosis", "ss -ltnp | grep PORT (or lsof -i :PORT) shows who listens there")
             standalone = [*TORCHRUN, "--standalone", "--nproc_per_node=1", *WORKER, "env", "job"]
             code, out = ctx.launch(standalone, 60)
-        ctx.step("fix", "--standalone (a free port and a fresh run id) on one machine, or a different "
-                        "--master-port")
+        ctx.step("fix", "--standalone (a free port and a fresh run id) "
+                        "on one machine, or a different --master-port")
         ctx.claim("fixed_runs", int(code == 0 and "job RANK=0" in out), "==", 1,
                   "the --standalone launch runs beside it: {value}")

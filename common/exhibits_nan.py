@@ -100,12 +100,10 @@ def _anomaly(ctx: Ctx) -> str:
 
 
 @exhibit("nan_gradient_with_finite_loss", "training", lesson="03",
-         symptom="parameters turn nan after optimizer.step() though every loss was finite (a check of the "
-                 "loss "
-                 "passes)",
-         cause="a masked op (torch.where around sqrt or log) hides a NaN from the loss, not from the "
-               "gradient: "
-               "0 * NaN = NaN")
+         symptom="parameters turn nan after optimizer.step() though "
+                 "every loss was finite (a check of the loss passes)",
+         cause="a masked op (torch.where around sqrt, or log at 0) hides "
+               "a NaN from the loss, not from the gradient: 0 * NaN = NaN")
 def nan_gradient_with_finite_loss(ctx: Ctx) -> None:
     world = ctx.info.world_size
     broken = _masked_sqrt_step(ctx, guard=False)

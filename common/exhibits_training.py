@@ -25,8 +25,8 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 @exhibit("set_epoch_forgotten", "training", lesson="03",
          symptom="every epoch visits the samples in the same order (loss curve repeats; no error)",
-         cause="DistributedSampler shuffles with seed + epoch; without sampler.set_epoch(epoch) epoch stays "
-               "0")
+         cause="DistributedSampler shuffles with seed + epoch; "
+               "without sampler.set_epoch(epoch) epoch stays 0")
 def set_epoch_forgotten(ctx: Ctx) -> None:
     def orders(call_set_epoch: bool) -> list[list[int]]:
         s = DistributedSampler(range(16), num_replicas=2, rank=ctx.info.rank % 2, shuffle=True, seed=0)
@@ -49,8 +49,8 @@ def set_epoch_forgotten(ctx: Ctx) -> None:
 @exhibit("checkpoint_module_prefix", "training", lesson="03",
          symptom='RuntimeError: Error(s) in loading state_dict for Linear: Missing key(s) in state_dict: '
                  '"weight", "bias". Unexpected key(s) in state_dict: "module.weight", "module.bias".',
-         cause="the checkpoint was saved from the DDP wrapper (ddp_model.state_dict()), whose keys start "
-               "with module.")
+         cause="the checkpoint was saved from the DDP wrapper "
+               "(ddp_model.state_dict()), whose keys start with module.")
 def checkpoint_module_prefix(ctx: Ctx) -> None:
     torch.manual_seed(0)
     raw_model = nn.Linear(4, 2)
@@ -82,10 +82,10 @@ def checkpoint_module_prefix(ctx: Ctx) -> None:
 
 
 @exhibit("checkpoint_weights_only", "training", lesson="01",
-         symptom="_pickle.UnpicklingError: Weights only load failed ... Unsupported global: "
-                 "GLOBAL argparse.Namespace was not an allowed global by default",
-         cause="torch.load defaults to weights_only=True since 2.6; the checkpoint pickled an arbitrary "
-               "object")
+         symptom="_pickle.UnpicklingError: Weights only load failed ... Unsupported "
+                 "global: GLOBAL argparse.Namespace was not an allowed global by default",
+         cause="torch.load defaults to weights_only=True since "
+               "2.6; the checkpoint pickled an arbitrary object")
 def checkpoint_weights_only(ctx: Ctx) -> None:
     buf = io.BytesIO()
     torch.save({"model": nn.Linear(4, 2).state_dict(), "args": argparse.Namespace(lr=0.1)}, buf)
@@ -106,11 +106,10 @@ def checkpoint_weights_only(ctx: Ctx) -> None:
 
 
 @exhibit("batchnorm_batch_of_one", "training", lesson="06",
-         symptom="ValueError: Expected more than 1 value per channel when training, got input size "
-                 "torch.Size([1, 4])",
-         cause="the last batch of a rank holds one sample (ceil(len(dataset) / world_size) % batch_size == "
-               "1: "
-               "the sampler pads)")
+         symptom="ValueError: Expected more than 1 value per channel "
+                 "when training, got input size torch.Size([1, 4])",
+         cause="the last batch of a rank holds one sample (ceil(len(dataset) "
+               "/ world_size) % batch_size == 1: the sampler pads)")
 def batchnorm_batch_of_one(ctx: Ctx) -> None:
     bn = nn.BatchNorm1d(4).train()
     n, batch, world = 17, 4, 2  # 17 samples, 4 per rank, 2 ranks: the last step leaves 1 sample on a rank
@@ -122,17 +121,17 @@ def batchnorm_batch_of_one(ctx: Ctx) -> None:
     ctx.record("symptom", o.error)
     ctx.claim("broken_raises", int("Expected more than 1 value per channel" in (o.error or "")), "==", 1,
               "BatchNorm raises on a batch of one: {value}")
-    ctx.step("diagnosis", "print ceil(len(dataset) / world_size) % batch_size and each rank's last batch "
-                          "size")
+    ctx.step("diagnosis", "print ceil(len(dataset) / world_size) % "
+                          "batch_size and each rank's last batch size")
     ctx.step("fix", "DataLoader(drop_last=True) for training (or a SyncBatchNorm over the global batch)")
     smallest = min(len(b) for b in DataLoader(shard, batch_size=batch, drop_last=True))
-    ctx.claim("fixed_smallest_batch", smallest, "==", batch, "with drop_last the smallest batch holds "
-                                                             "{value}")
+    ctx.claim("fixed_smallest_batch", smallest, "==", batch, "with drop_last the smallest "
+                                                             "batch holds {value}")
 
 
 @exhibit("syncbatchnorm_on_cpu", "training", min_world=2, lesson="06",
-         symptom="ValueError: SyncBatchNorm expected input tensor to be on GPU or XPU or privateuseone "
-                 "(or: SyncBatchNorm layers only work with GPU modules)",
+         symptom="ValueError: SyncBatchNorm expected input tensor to be on GPU or XPU "
+                 "or privateuseone (or: SyncBatchNorm layers only work with GPU modules)",
          cause="torch.nn.SyncBatchNorm runs on CUDA (and a few accelerators) only")
 def syncbatchnorm_on_cpu(ctx: Ctx) -> None:
     from common.sync_batchnorm import SyncBatchNorm
@@ -165,10 +164,11 @@ def _thread_counts(out: str) -> list[tuple[int, int]]:
 
 
 @exhibit("too_many_threads", "training", lesson="03",
-         symptom="more processes make training slower; top shows 100% on every core (mp.spawn, or a launcher "
-                 "that does not set OMP_NUM_THREADS)",
-         cause="each process starts one torch thread per core; torchrun sets OMP_NUM_THREADS=1 when "
-               "nproc_per_node > 1, mp.spawn does not (DataLoader workers run one thread each)")
+         symptom="more processes make training slower; top shows 100% on every "
+                 "core (mp.spawn, or a launcher that does not set OMP_NUM_THREADS)",
+         cause="each process starts the torch threads it would start alone (one "
+               "per core); torchrun sets OMP_NUM_THREADS=1 when nproc_per_node "
+               "> 1, mp.spawn does not (DataLoader workers run one thread each)")
 def too_many_threads(ctx: Ctx) -> None:
     cores = len(os.sched_getaffinity(0))
     with ctx.rank0("launches without OMP_NUM_THREADS") as mine:
@@ -182,8 +182,11 @@ def too_many_threads(ctx: Ctx) -> None:
         for line in sorted(re.findall(r"rank \d+: torch threads .*", out)):
             ctx.say(f"    {line}")
         ctx.record("symptom", spawned)
-        ctx.claim("broken_threads_per_core", sum(t for t, _ in spawned) / cores if len(spawned) == 2 else 0.0,
-                  ">=", 2.0, "torch threads of both processes per core (each takes every core): {value:g}")
+        alone = int((re.findall(r"one process alone: torch threads (\d+)", out) or ["0"])[0])
+        total = sum(t for t, _ in spawned)
+        ctx.claim("broken_threads_vs_alone", total / alone if alone and len(spawned) == 2 else 0.0, "==", 2.0,
+                  f"threads of the 2 processes / threads of one process alone ({alone}): "
+                  f"{{value:g}} (each takes what it would alone: {total} threads on {cores} cores)")
         ctx.step("diagnosis", "torch.get_num_threads() in each process, times processes; a DataLoader worker "
                  "sets itself to one thread")
         ctx.claim("dataloader_worker_threads", max((w for _, w in spawned), default=0), "==", 1,

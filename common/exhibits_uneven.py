@@ -19,8 +19,8 @@ from common.ranks import max_param_diff_across_ranks
 
 
 @exhibit("rank0_work_past_timeout", "collectives", min_world=2, lesson="03",
-         symptom="Timed out waiting ...ms for recv operation to complete, on every rank but 0, while rank 0 "
-                 "evaluates or saves",
+         symptom="Timed out waiting ...ms for recv operation to complete, "
+                 "on every rank but 0, while rank 0 evaluates or saves",
          cause="rank-0-only work longer than the collective timeout while the others wait in dist.barrier()")
 def rank0_work_past_timeout(ctx: Ctx) -> None:
     from common.session import rank0_only
@@ -32,8 +32,8 @@ def rank0_work_past_timeout(ctx: Ctx) -> None:
             time.sleep(work_s)
         dist.barrier(group=g)
     o = ctx.attempt(broken)
-    lines = ctx.outcomes(o, "symptom", f"  symptom: rank 0 works {work_s:g} s, the others wait in "
-                                       f"dist.barrier():",
+    lines = ctx.outcomes(o, "symptom", f"  symptom: rank 0 works {work_s:g} "
+                                       f"s, the others wait in dist.barrier():",
                          ranks=[1])
     ctx.claim("broken_rank1_times_out", int(TIMEOUT_TEXT in lines[1]) if lines else 1, "==", 1,
               "rank 1 raises a timeout: {value}")
@@ -56,8 +56,8 @@ def rank0_work_past_timeout(ctx: Ctx) -> None:
 
 
 @exhibit("uneven_batches_without_join", "collectives", min_world=2, lesson="05",
-         symptom="Timed out waiting ...ms for recv operation to complete on the rank with more batches "
-                 "(or a hang without timeout)",
+         symptom="Timed out waiting ...ms for recv operation to complete "
+                 "on the rank with more batches (or a hang without timeout)",
          cause="ranks have different numbers of batches; the last all-reduce has no partner")
 def uneven_batches_without_join(ctx: Ctx) -> None:
     n = 3 if ctx.info.rank == 0 else 2  # an unpadded sampler: 3 batches on rank 0, 2 on the others
@@ -69,17 +69,16 @@ def uneven_batches_without_join(ctx: Ctx) -> None:
     model = _ddp(ctx.group())
     with Join([model]):  # finished ranks shadow DDP's all-reduce for the others
         taken = _steps(model, n)
-    ctx.step("fix", "with Join([ddp_model]): (lesson 05), or pad so every rank has the same number of "
-                    "batches")
+    ctx.step("fix", "with Join([ddp_model]): (lesson 05), or pad "
+                    "so every rank has the same number of batches")
     ctx.claim("fixed_replicas_identical", max_param_diff_across_ranks(model, ctx.info), "==", 0.0,
               "max |parameter difference| after Join: {value}")
     ctx.record("fixed_steps", taken)  # 3 on rank 0, 2 on the others
 
 
 @exhibit("eval_through_ddp_on_empty_rank", "collectives", min_world=2, lesson="05",
-         symptom="evaluation hangs until the timeout (Timed out waiting ...ms for send operation to "
-                 "complete) "
-                 "when a rank's evaluation shard is empty",
+         symptom="evaluation hangs until the timeout (Timed out waiting ...ms for "
+                 "send operation to complete) when a rank's evaluation shard is empty",
          cause="the DDP forward broadcasts buffers; the rank with no batch never joins it")
 def eval_through_ddp_on_empty_rank(ctx: Ctx) -> None:
     torch.manual_seed(0)
@@ -101,8 +100,8 @@ def eval_through_ddp_on_empty_rank(ctx: Ctx) -> None:
                          example=TIMEOUT_TEXT)
     ctx.claim("broken_raises", sum(not l.startswith("finished") for l in lines), "==", ctx.info.world_size,
               "ranks that raise in evaluation (a timeout, or the pair their peer closed): {value}")
-    ctx.step("diagnosis", "rank 0 is in DDP's buffer broadcast, the others in the metric all_reduce (py-spy "
-                          "dump)")
+    ctx.step("diagnosis", "rank 0 is in DDP's buffer broadcast, the "
+                          "others in the metric all_reduce (py-spy dump)")
     gf = ctx.group()
     total = evaluate(model.module)  # the unwrapped module: no collective in forward
     ctx.step("fix", "evaluate ddp_model.module and all_reduce (sum, count) once")

@@ -72,8 +72,8 @@ def _threads_line(rank: int) -> str:
         def __getitem__(self, i):
             return torch.get_num_threads()
     in_worker = int(next(iter(DataLoader(Probe(), num_workers=1, multiprocessing_context="fork"))))
-    return (f"rank {rank}: torch threads {torch.get_num_threads()}, DataLoader worker threads {in_worker}, "
-            f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}\n")
+    return (f"rank {rank}: torch threads {torch.get_num_threads()}, DataLoader worker "
+            f"threads {in_worker}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}\n")
 
 
 def threads_child(rank: int) -> None:
@@ -88,9 +88,11 @@ def threads(argv: list[str]) -> None:
 
 
 def threads_spawn(argv: list[str]) -> None:
+    import torch
     import torch.multiprocessing as mp
 
     from common.exhibits_worker import threads_child  # by its module's name: the children can import it
+    print(f"one process alone: torch threads {torch.get_num_threads()}", flush=True)
     mp.spawn(threads_child, nprocs=int(argv[0]))
 
 

@@ -50,19 +50,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--show", default=None, metavar="NAME",
                    help=f"an exhibit's name, a group ({', '.join(GROUPS)}) or 'all'")
     p.add_argument("--seed", type=int, default=0, help="every exhibit seeds its own models from this")
-    p.add_argument("--results", default=None, help="rank 0 writes the claims of every exhibit shown here as "
-                                                   "JSON")
+    p.add_argument("--results", default=None, help="rank 0 writes the claims of "
+                                                   "every exhibit shown here as JSON")
     add_distributed_args(p, timeout_s=2.0)  # --timeout-s bounds each broken collective
     args = p.parse_args(argv)
     exhibits = load_exhibits()
     if args.list + args.index + (args.show is not None) != 1:
         raise LessonError("give exactly one of --list, --index or --show NAME (see --list for the names)")
     if args.show is not None and args.show not in {*exhibits, *GROUPS, "all"}:
-        raise LessonError(f"--show {args.show}: no such exhibit or group; --list shows the {len(exhibits)} "
-                          f"exhibits, groups are {', '.join(GROUPS)}, or all")
+        raise LessonError(f"--show {args.show}: no such exhibit or group; --list shows the "
+                          f"{len(exhibits)} exhibits, groups are {', '.join(GROUPS)}, or all")
     if not 0.5 <= args.timeout_s <= 60:
-        raise LessonError(f"--timeout-s must be between 0.5 and 60 s here (each broken version waits that "
-                          f"long), got {args.timeout_s}")
+        raise LessonError(f"--timeout-s must be between 0.5 and 60 s here (each "
+                          f"broken version waits that long), got {args.timeout_s}")
     return args
 
 
@@ -96,8 +96,8 @@ def main(argv=None) -> None:
     session_args = argparse.Namespace(**{**vars(args), "timeout_s": BOOKKEEPING_TIMEOUT_S})
     with distributed_session(session_args) as info:
         report = Report(info)
-        report.value("world_size", info.world_size, "world_size {value}; each broken collective is "
-                                                    "bounded by "
+        report.value("world_size", info.world_size, "world_size {value}; each broken "
+                                                    "collective is bounded by "
                      f"--timeout-s {args.timeout_s:g} s")
         report.record("timeout_s", args.timeout_s)
         report.record("shown", [ex.name for ex in chosen])
