@@ -38,7 +38,7 @@ def nan_spreads_to_all_ranks(ctx: Ctx) -> None:
     model, _ = step(guard=False)
     bad = ctx.gather(int(not all(torch.isfinite(p).all() for p in model.parameters())))
     ctx.step("symptom", f"rank 1 has one NaN input; ranks with NaN parameters after one step: {bad}")
-    ctx.claim("broken_ranks_with_nan", sum(bad) if bad else 2, "==", 2,
+    ctx.claim("broken_ranks_with_nan", sum(bad), "==", ctx.info.world_size if bad else 0,
               "ranks whose parameters turned NaN: {value}")
     ctx.step("diagnosis", "check torch.isfinite(loss) per rank before backward: only rank 1's is NaN")
     model, stepped = step(guard=True)

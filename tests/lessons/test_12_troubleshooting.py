@@ -2,7 +2,7 @@
 
 The whole module launches the lesson 5 times: --list (plain python), --show all and --show
 uneven_batches_without_join (torchrun, 2 processes), --show collectives on 3 processes (every count follows the
-world size), and one bad --show name.
+world size) and --show training on 3 processes, and one bad --show name.
 """
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def test_second_job_on_the_same_machine(shown):
             in exhibit(shown, "second_job_loses_store")["symptom"])
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 def test_three_ranks_every_count_follows_the_world_size():
     """At 3 ranks rank 0 (or rank 1) is still the odd one out and the others behave alike: every claim holds."""
     run = run_lesson("12_troubleshooting", nproc=3, args=["--show", "collectives"], timeout_s=360).check()
@@ -193,6 +193,10 @@ def test_three_ranks_every_count_follows_the_world_size():
         "diagnosis_monitored"][0]
     assert claims_of(run, "unused_parameter", {"fixed_trains"})["fixed_trains"] == 6
     assert claims_of(run, "eval_through_ddp_on_empty_rank", {"broken_raises"})["broken_raises"] == 3
+    run = run_lesson("12_troubleshooting", nproc=3, args=["--show", "training"], timeout_s=200).check()
+    assert_claims(run.results, set())  # every recorded claim holds
+    assert claims_of(run, "nan_spreads_to_all_ranks", {"broken_ranks_with_nan"})["broken_ranks_with_nan"] == 3
+    assert claims_of(run, "nan_gradient_with_finite_loss", {"fixed_skipped"})["fixed_skipped"] == 3
 
 
 @pytest.mark.timeout(120)
