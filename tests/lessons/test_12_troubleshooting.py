@@ -1,6 +1,6 @@
 """Lesson 12: every exhibit's symptom (the error text or the wrong number) and its fix, from one `--show all` launch.
 
-The whole module launches the lesson 5 times: --list (plain python), --show all and --show
+The whole module launches the lesson 6 times: --list (plain python), --show all and --show
 uneven_batches_without_join (torchrun, 2 processes), --show collectives on 3 processes (every count follows the
 world size) and --show training on 3 processes, and one bad --show name.
 """
@@ -19,7 +19,8 @@ EXHIBITS = importlib.import_module("common.exhibits").load_exhibits()
 @pytest.fixture(scope="module")
 def shown():
     """Every exhibit, 2 processes, each broken collective bounded by --timeout-s 2."""
-    return run_lesson("12_troubleshooting", nproc=2, args=["--show", "all"], timeout_s=240).check()
+    # about 200 s on the shared 2-core machine: 23 exhibits, a dozen launches of torchrun agents among them
+    return run_lesson("12_troubleshooting", nproc=2, args=["--show", "all"], timeout_s=420).check()
 
 
 def claims_of(run, name: str, expected: set[str]) -> dict:
@@ -40,7 +41,7 @@ def test_list_shows_every_exhibit():
     assert all(f"lesson {ex.lesson}" in run.stdout for ex in EXHIBITS.values())
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_every_exhibit_shown_and_every_claim_holds(shown):
     assert shown.results["shown"] == list(EXHIBITS)
     assert_claims(shown.results, set())
@@ -50,7 +51,7 @@ def test_every_exhibit_shown_and_every_claim_holds(shown):
         assert "symptom" in section and "fix:" in section, name
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_mismatched_collectives(shown):
     c = claims_of(shown, "mismatched_collectives", {"broken_aborts", "op_mismatch_raises",
                                                      "detail_names_shapes", "monitored_barrier_names_the_others",
@@ -62,14 +63,14 @@ def test_mismatched_collectives(shown):
     assert "Ranks 1 failed to pass monitoredBarrier in 2000 ms" in ex["diagnosis_monitored"][0]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_rank_skips_step(shown):
     claims_of(shown, "rank_skips_step", {"broken_times_out", "fixed_steps_equal", "fixed_replicas_identical"})
     lines = exhibit(shown, "rank_skips_step")["symptom"]
     assert "Timed out waiting 2000ms" in lines[0] and lines[1] == "finished: 2"  # rank 1 ran on, silently
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_unused_parameter(shown):
     c = claims_of(shown, "unused_parameter", {"broken_raises", "info_names_aux", "fixed_trains"})
     assert (c["broken_raises"], c["info_names_aux"], c["fixed_trains"]) == (2, 2, 4)
@@ -79,7 +80,7 @@ def test_unused_parameter(shown):
     assert {"unused_parameter_find_unused_parameters_ms", "unused_parameter_static_graph_ms"} <= set(shown.results)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_rank0_work_past_timeout(shown):
     c = claims_of(shown, "rank0_work_past_timeout", {"broken_rank1_times_out", "fixed_finishes",
                                                      "fixed_wait_past_timeout"})
@@ -88,26 +89,26 @@ def test_rank0_work_past_timeout(shown):
     assert "Timed out waiting 2000ms" in exhibit(shown, "rank0_work_past_timeout")["symptom"][1]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_uneven_batches_without_join(shown):
     claims_of(shown, "uneven_batches_without_join", {"broken_rank0_times_out", "fixed_replicas_identical"})
     assert exhibit(shown, "uneven_batches_without_join")["symptom"][1] == "finished: 2"
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_eval_through_ddp_on_empty_rank(shown):
     c = claims_of(shown, "eval_through_ddp_on_empty_rank", {"broken_raises", "fixed_count"})
     assert c["broken_raises"] == 2 and c["fixed_count"] == 1.0
     assert any("Timed out waiting 2000ms" in l for l in exhibit(shown, "eval_through_ddp_on_empty_rank")["symptom"])
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_set_epoch_forgotten(shown):
     c = claims_of(shown, "set_epoch_forgotten", {"broken_distinct_orders", "fixed_distinct_orders"})
     assert (c["broken_distinct_orders"], c["fixed_distinct_orders"]) == (1, 3)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_checkpoints(shown):
     claims_of(shown, "checkpoint_module_prefix", {"broken_raises", "fixed_equal"})
     assert "consume_prefix_in_state_dict_if_present" in shown.stdout
@@ -116,7 +117,7 @@ def test_checkpoints(shown):
     assert "Unsupported global: GLOBAL argparse.Namespace" in exhibit(shown, "checkpoint_weights_only")["symptom"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_accumulation_mistakes(shown):
     c = claims_of(shown, "no_sync_around_backward_only", {"broken_allreduces", "fixed_allreduces"})
     assert (c["broken_allreduces"], c["fixed_allreduces"]) == (4, 1)
@@ -126,7 +127,7 @@ def test_accumulation_mistakes(shown):
     assert "unscale_() has already been called" in exhibit(shown, "unscale_twice")["symptom"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_batchnorm_exhibits(shown):
     claims_of(shown, "batchnorm_batch_of_one", {"broken_raises", "fixed_smallest_batch"})
     assert "Expected more than 1 value per channel when training" in exhibit(shown, "batchnorm_batch_of_one")[
@@ -135,7 +136,7 @@ def test_batchnorm_exhibits(shown):
     assert "SyncBatchNorm layers only work with GPU modules" in exhibit(shown, "syncbatchnorm_on_cpu")["symptom"][1]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_too_many_threads(shown):
     c = claims_of(shown, "too_many_threads", {"broken_threads_vs_alone", "dataloader_worker_threads",
                                               "fixed_threads_per_process"})
@@ -143,14 +144,14 @@ def test_too_many_threads(shown):
     assert (c["dataloader_worker_threads"], c["fixed_threads_per_process"]) == (1, 1)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_nan_spreads_to_all_ranks(shown):
     c = claims_of(shown, "nan_spreads_to_all_ranks", {"broken_ranks_with_nan", "fixed_finite",
                                                        "fixed_replicas_identical"})
     assert c["broken_ranks_with_nan"] == 2  # only rank 1's input held a NaN
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_nan_gradient_with_finite_loss(shown):
     c = claims_of(shown, "nan_gradient_with_finite_loss", {"broken_loss_finite", "broken_ranks_with_nan",
                                                             "anomaly_names_sqrt", "fixed_skipped",
@@ -160,7 +161,7 @@ def test_nan_gradient_with_finite_loss(shown):
     assert errors[0] == "" and "Function 'SqrtBackward0' returned nan values" in errors[1]  # the outlier's rank
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_launch_mistakes(shown):
     claims_of(shown, "legacy_launcher_local_rank", {"broken_rejected", "fixed_parses"})
     assert "unrecognized arguments: --local-rank=0" in exhibit(shown, "legacy_launcher_local_rank")["symptom"]
@@ -171,7 +172,7 @@ def test_launch_mistakes(shown):
         "symptom"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_second_job_on_the_same_machine(shown):
     claims_of(shown, "rendezvous_port_taken", {"broken_fails", "fixed_runs"})
     assert "EADDRINUSE" in exhibit(shown, "rendezvous_port_taken")["symptom"]
