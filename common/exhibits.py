@@ -1,4 +1,4 @@
-"""The troubleshooting exhibits' frame (lesson 12): a registry, and a context that runs a broken version bounded.
+"""The frame of lesson 12's exhibits: a registry, and a context that runs a broken version bounded.
 
 An exhibit is a small function, one per failure, that shows three things in order:
 
@@ -7,12 +7,12 @@ An exhibit is a small function, one per failure, that shows three things in orde
     diagnosis  the step that reveals the cause (TORCH_DISTRIBUTED_DEBUG=DETAIL, monitored_barrier, a count)
     fix        the right version and its result
 
-Exhibits live in `common.exhibits_collectives`, `common.exhibits_training` and `common.exhibits_launch`, and
-register themselves with `@exhibit(...)`. Two ways to keep one exhibit's failure from poisoning the next:
+Exhibits live in the modules `common.exhibits_<name>` for each name in MODULES, and register themselves
+with `@exhibit(...)`. Two ways to keep one exhibit's failure from poisoning the next:
 - in-world exhibits run every broken collective in a fresh gloo group (`ctx.group()`) with the short timeout;
   the default group (a long timeout) only gathers the outcomes to rank 0;
-- a failure that kills the process (gloo aborts on a size mismatch), a launcher mistake or a second job runs as
-  a bounded subprocess on rank 0 (`ctx.launch`, `common.launch.run_command` with a timeout).
+- a failure that kills the process (gloo aborts on a size mismatch), a launcher mistake or a second job runs
+  as a bounded subprocess on rank 0 (`ctx.launch`, `common.launch.run_command` with a timeout).
 """
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ __all__ = ["Exhibit", "EXHIBITS", "GROUPS", "exhibit", "load_exhibits", "Outcome
            "first_line"]
 
 GROUPS = ("collectives", "training", "launch")
-MODULES = ("collectives", "training", "gradients", "launch")  # common.exhibits_<module>, in --list order
+# common.exhibits_<module>, in --list order
+MODULES = ("collectives", "uneven", "training", "gradients", "nan", "launch", "jobs")
 
 
 @dataclass(frozen=True)
@@ -130,8 +131,8 @@ class Outcome:
 class Ctx:
     """What an exhibit works with: who this rank is, fresh bounded groups, outcomes, and the report.
 
-    Every method may be called on every rank; printing happens on rank 0 (through `Report`), and each exhibit's
-    claims are named `<exhibit>_<what>` in the results JSON.
+    Every method may be called on every rank; printing happens on rank 0 (through `Report`), and each
+    exhibit's claims are named `<exhibit>_<what>` in the results JSON.
     """
 
     def __init__(self, ex: Exhibit, info: DistInfo, report: Report, timeout_s: float):
@@ -140,7 +141,7 @@ class Ctx:
 
     # -- groups and attempts -----------------------------------------------------------------------------
     def group(self, detail: bool = False, timeout_s: float | None = None):
-        """A fresh gloo group of every rank, bounded by --timeout-s (every rank must call this, in the same order).
+        """A fresh gloo group of every rank, bounded by --timeout-s (every rank calls this, in one order).
 
         detail=True wraps it as TORCH_DISTRIBUTED_DEBUG=DETAIL would: before each collective the ranks compare
         its fingerprint (op, shapes, dtypes) and raise "Detected mismatch between collectives on ranks".
@@ -154,7 +155,7 @@ class Ctx:
                 dist.set_debug_level(dist.DebugLevel.OFF)
 
     def attempt(self, fn: Callable, *args, **kwargs) -> Outcome:
-        """Run `fn(*args, **kwargs)` on this rank; an exception becomes `Outcome.error` ("Class: first line")."""
+        """Run `fn(*args, **kwargs)` on this rank; an exception becomes `Outcome.error` ("Class: line")."""
         try:
             return Outcome(value=fn(*args, **kwargs))
         except Exception as e:  # the symptom is the exception: keep its class and first line
@@ -192,7 +193,7 @@ class Ctx:
             yield mine
 
     def launch(self, cmd: Sequence[str], timeout_s: float = 60, env: dict | None = None):
-        """Run `cmd` as a bounded subprocess (rank 0 only); returns (returncode or 'timeout', stdout + stderr)."""
+        """Run `cmd` as a bounded subprocess (rank 0 only); returns (returncode or 'timeout', output)."""
         try:
             p = run_command(cmd, timeout_s=timeout_s, env=env)
             return p.returncode, p.stdout + p.stderr

@@ -1,23 +1,19 @@
 """Lesson 12's exhibits of launch mistakes: each runs real launchers as bounded subprocesses on rank 0.
 
-The scripts they launch are the modes of `common.exhibits_worker` (most import no torch, so a launch costs only
-the launcher's start). Every subprocess has a timeout and is killed with its whole process group after it.
+The scripts they launch are the modes of `common.exhibits_worker` (most import no torch, so a launch
+costs only the launcher's start). Every subprocess has a timeout and is killed with its whole process group
+after it.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from common.exhibits import Ctx, exhibit, first_line, normalise
-from common.launch import REPO_ROOT
 from common.session import add_legacy_launcher_args
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -59,19 +55,30 @@ def legacy_launcher_local_rank(ctx: Ctx) -> None:
          symptom="RuntimeError: CUDA error: invalid device ordinal (GPU only), on the second node only",
          cause="local_rank = dist.get_rank(): the global rank (2, 3 on node 1) used as this node's GPU index")
 def local_rank_from_global_rank(ctx: Ctx) -> None:
-    # what torchrun sets on 2 nodes x 2 processes (measured by lesson 03's two-node test on loopback)
-    world = [dict(RANK=r, LOCAL_RANK=r % 2, WORLD_SIZE=4, LOCAL_WORLD_SIZE=2) for r in range(4)]
-    gpus_per_node = 2
-    wrong = [w["RANK"] for w in world]  # torch.cuda.set_device(dist.get_rank())
-    bad = [i for i in wrong if i >= gpus_per_node]
-    ctx.step("symptom", f"2 nodes x 2 GPUs, device index = dist.get_rank(): {wrong}; indices {bad} do not "
-             "exist on a 2-GPU node -> 'CUDA error: invalid device ordinal' (the GPU message; nothing on CPU)")
-    ctx.claim("broken_invalid_indices", len(bad), "==", 2, "device indices out of range on node 1: {value}")
-    ctx.step("diagnosis", "print RANK, LOCAL_RANK and torch.cuda.device_count() on each node")
-    right = [w["LOCAL_RANK"] for w in world]
-    ctx.step("fix", f"device = cuda:LOCAL_RANK (common.env.read_torchrun_env): {right}")
-    ctx.claim("fixed_invalid_indices", sum(i >= gpus_per_node for i in right), "==", 0,
-              "device indices out of range with LOCAL_RANK: {value}")
+    with ctx.rank0("two nodes on loopback") as mine:
+        if not mine:
+            return
+        gpus_per_node = 2  # --nproc_per_node=2: one process per GPU
+        cmd = [*TORCHRUN, "--nnodes=2", f"--nproc_per_node={gpus_per_node}", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{_free_port()}", f"--rdzv-id=job-{uuid.uuid4().hex[:8]}",
+               *WORKER, "env", "node"]
+        with ThreadPoolExecutor(2) as pool:  # two "nodes": the same command twice, joined by the rendezvous
+            outs = [out for _, out in pool.map(lambda _: ctx.launch(cmd, 90), range(2))]
+        procs = sorted((int(r), int(lr)) for r, lr in re.findall(r"node RANK=(\d+) LOCAL_RANK=(\d+)",
+                                                                  "".join(outs)))
+        wrong = [r for r, _ in procs]  # torch.cuda.set_device(dist.get_rank())
+        bad = [i for i in wrong if i >= gpus_per_node]
+        ctx.step("symptom", f"2 nodes x {gpus_per_node} processes (torchrun on loopback), device index = "
+                 f"dist.get_rank(): {wrong}; indices {bad} do not exist on a {gpus_per_node}-GPU node -> "
+                 "'CUDA error: invalid device ordinal' (the GPU message; nothing on CPU)")
+        ctx.record("ranks", procs)
+        ctx.claim("broken_invalid_indices", len(bad) if len(procs) == 4 else 0, "==", 2,
+                  "device indices out of range, over the 4 processes: {value}")
+        ctx.step("diagnosis", "print RANK, LOCAL_RANK and torch.cuda.device_count() on each node")
+        right = [lr for _, lr in procs]
+        ctx.step("fix", f"device = cuda:LOCAL_RANK (common.env.read_torchrun_env): {right}")
+        ctx.claim("fixed_invalid_indices", sum(i >= gpus_per_node for i in right) if len(procs) == 4 else 1,
+                  "==", 0, "device indices out of range with LOCAL_RANK: {value}")
 
 
 SPAWN_SCRIPT = '''
@@ -89,9 +96,10 @@ if __name__ == "__main__":
 
 
 @exhibit("mp_spawn_inline_function", "launch", lesson="03",
-         symptom="AttributeError: Can't get attribute 'worker' on <module '__main__' (built-in)> "
-                 "(mp.spawn from a notebook)",
-         cause="spawn starts fresh interpreters that unpickle the function by name; a notebook's __main__ has none")
+         symptom="AttributeError: Can't get attribute 'worker' on <module "
+                 "'__main__' (built-in)> (mp.spawn from a notebook)",
+         cause="spawn starts fresh interpreters that unpickle the "
+               "function by name; a notebook's __main__ has none")
 def mp_spawn_inline_function(ctx: Ctx) -> None:
     with ctx.rank0("mp.spawn") as mine:
         if not mine:
@@ -105,15 +113,16 @@ def mp_spawn_inline_function(ctx: Ctx) -> None:
         ctx.record("symptom", child)
         ctx.claim("broken_child_fails", int("Can't get attribute 'worker'" in child), "==", 1,
                   "the child cannot find the function: {value}")
-        ctx.step("diagnosis", "the child's traceback ends in pickle: it imports the function by module and name")
+        ctx.step("diagnosis", "the child's traceback ends in pickle: it "
+                              "imports the function by module and name")
         sums = sorted(re.findall(r"spawned rank \d+: all_reduce sum \d+", out))
         ctx.step("fix", "define the worker in a module and import it: " + "; ".join(sums))
         ctx.claim("fixed_ranks", len(sums), "==", 2, "ranks that ran the imported worker: {value}")
 
 
 @exhibit("rendezvous_port_taken", "launch", lesson="03",
-         symptom="torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
-                 "network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE",
+         symptom="torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+                 "local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE",
          cause="a second job on the same machine with the same --master-port (29500 by default)")
 def rendezvous_port_taken(ctx: Ctx) -> None:
     with ctx.rank0("a launch on a taken port") as mine:
@@ -133,77 +142,9 @@ def rendezvous_port_taken(ctx: Ctx) -> None:
             ctx.claim("broken_fails", int(code != 0 and "EADDRINUSE" in line), "==", 1,
                       "the launch fails with EADDRINUSE: {value}")
             ctx.step("diagnosis", "ss -ltnp | grep PORT (or lsof -i :PORT) shows who listens there")
-            code, out = ctx.launch([*TORCHRUN, "--standalone", "--nproc_per_node=1", *WORKER, "env", "job"], 60)
-        ctx.step("fix", "--standalone (a free port and a fresh run id) on one machine, or a different --master-port")
+            standalone = [*TORCHRUN, "--standalone", "--nproc_per_node=1", *WORKER, "env", "job"]
+            code, out = ctx.launch(standalone, 60)
+        ctx.step("fix", "--standalone (a free port and a fresh run id) "
+                        "on one machine, or a different --master-port")
         ctx.claim("fixed_runs", int(code == 0 and "job RANK=0" in out), "==", 1,
                   "the --standalone launch runs beside it: {value}")
-
-
-def _start(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([*TORCHRUN, *args], stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                            env=env, start_new_session=True)
-
-
-def _wait_for(log: Path, text: str, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if text in log.read_text():
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def _stop(*procs: subprocess.Popen) -> None:
-    """SIGTERM each agent (torchrun then stops its workers, which run in sessions of their own), SIGKILL later."""
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-
-
-@exhibit("second_job_joins_first", "launch", lesson="03",
-         symptom="a running job's workers get SIGTERM and restart when another job starts; both then wait "
-                 "(DistStoreError: wait timeout ... /torch.rendezvous.<id>)",
-         cause="two jobs with the same --rdzv-endpoint and --rdzv-id form one rendezvous: the second joins the first "
-               "when its --nnodes=MIN:MAX has room (a full, fixed --nnodes makes the second wait)")
-def second_job_joins_first(ctx: Ctx) -> None:
-    with ctx.rank0("two jobs with one rendezvous") as mine:
-        if not mine:
-            return
-        port = _free_port()
-        same = ["--nnodes=1:2", "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                "--rdzv-id=myjob", "--rdzv-conf=last_call_timeout=1", "--monitor-interval=0.2"]
-        with tempfile.TemporaryDirectory() as tmp:
-            log_a, log_b = Path(tmp) / "a.log", Path(tmp) / "b.log"
-            a = _start([*same, *WORKER, "env", "A", "60"], log_a)
-            started = _wait_for(log_a, "A RANK=0", 30)
-            b = _start([*same, *WORKER, "env", "B", "60"], log_b)
-            killed = _wait_for(log_a, "closing signal SIGTERM", 20)  # A's agent stops its worker for B
-            time.sleep(1.0)
-            _stop(a, b)
-            text_a, text_b = log_a.read_text(), log_b.read_text()
-        ctx.step("symptom", "job A runs (WORLD_SIZE=1); job B starts with the same endpoint and --rdzv-id:")
-        ctx.say(f"    job A: {first_line(text_a, 'A RANK=0').split(' TORCHELASTIC_RUN_ID')[0]}")
-        ctx.say("    job A's agent: Sending process PID closing signal SIGTERM  (its worker, mid-training)")
-        ctx.record("symptom", {"a_started": started, "a_worker_killed": killed, "b_ran": "B RANK=" in text_b})
-        ctx.claim("broken_first_job_killed", int(started and killed), "==", 1,
-                  "job A's running worker was stopped when job B arrived: {value}")
-        ctx.step("diagnosis", "TORCHELASTIC_RUN_ID is the same in both jobs; torchrun logs 'Detected 1 new nodes' "
-                 "(LOGLEVEL=INFO)")
-        with tempfile.TemporaryDirectory() as tmp:
-            logs = [Path(tmp) / "a.log", Path(tmp) / "b.log"]
-            procs = [_start(["--standalone", "--nproc_per_node=1", *WORKER, "env", job, "0"], log)
-                     for job, log in zip("AB", logs)]
-            deadline = time.monotonic() + 60
-            codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
-            texts = [log.read_text() for log in logs]
-        ok = [c == 0 and f"{j} RANK=0 LOCAL_RANK=0 WORLD_SIZE=1" in t for c, j, t in zip(codes, "AB", texts)]
-        ctx.step("fix", "a unique --rdzv-id per job ($SLURM_JOB_ID) and its own port, or --standalone on one "
-                 "machine: A and B each run alone, WORLD_SIZE=1")
-        ctx.claim("fixed_jobs_alone", sum(ok), "==", 2, "jobs that ran alone and finished: {value}")

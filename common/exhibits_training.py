@@ -8,20 +8,25 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import time
+import re
+import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from common.exhibits import Ctx, exhibit
 
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
 
 @exhibit("set_epoch_forgotten", "training", lesson="03",
          symptom="every epoch visits the samples in the same order (loss curve repeats; no error)",
-         cause="DistributedSampler shuffles with seed + epoch; without sampler.set_epoch(epoch) epoch stays 0")
+         cause="DistributedSampler shuffles with seed + epoch; "
+               "without sampler.set_epoch(epoch) epoch stays 0")
 def set_epoch_forgotten(ctx: Ctx) -> None:
     def orders(call_set_epoch: bool) -> list[list[int]]:
         s = DistributedSampler(range(16), num_replicas=2, rank=ctx.info.rank % 2, shuffle=True, seed=0)
@@ -44,7 +49,8 @@ def set_epoch_forgotten(ctx: Ctx) -> None:
 @exhibit("checkpoint_module_prefix", "training", lesson="03",
          symptom='RuntimeError: Error(s) in loading state_dict for Linear: Missing key(s) in state_dict: '
                  '"weight", "bias". Unexpected key(s) in state_dict: "module.weight", "module.bias".',
-         cause="the checkpoint was saved from the DDP wrapper (ddp_model.state_dict()), whose keys start with module.")
+         cause="the checkpoint was saved from the DDP wrapper "
+               "(ddp_model.state_dict()), whose keys start with module.")
 def checkpoint_module_prefix(ctx: Ctx) -> None:
     torch.manual_seed(0)
     raw_model = nn.Linear(4, 2)
@@ -59,18 +65,27 @@ def checkpoint_module_prefix(ctx: Ctx) -> None:
     ctx.claim("broken_raises", int("Unexpected key(s) in state_dict: \"module.weight\"" in o.full), "==", 1,
               "load_state_dict rejects the module.-prefixed keys: {value}")
     ctx.step("diagnosis", f"the saved keys: {sorted(saved)}")
-    fixed = nn.Linear(4, 2)
-    fixed.load_state_dict(raw_model.state_dict())  # save raw_model (= ddp_model.module) instead
-    ctx.step("fix", "save ddp_model.module.state_dict() (the raw model), or strip the prefix with "
-             "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, 'module.')")
-    ctx.claim("fixed_equal", (fixed.weight - raw_model.weight).abs().max().item(), "==", 0.0,
-              "max |difference| of the reloaded weights: {value}")
+    buf = io.BytesIO()
+    torch.save(saved, buf)  # the checkpoint as written, read back as a user would
+    checkpoint = torch.load(io.BytesIO(buf.getvalue()))
+    consume_prefix_in_state_dict_if_present(checkpoint, "module.")
+    torch.manual_seed(1)
+    fixed = nn.Linear(4, 2)  # a fresh model: different weights until it loads
+    before = max((p - q).abs().max().item() for p, q in zip(fixed.parameters(), raw_model.parameters()))
+    fixed.load_state_dict(checkpoint)
+    ctx.step("fix", "strip the prefix: torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, "
+             f"'module.'), then load (a fresh model differed by {before:.2f} before); next time save "
+             "ddp_model.module.state_dict()")
+    diff = torch.stack([(p - q).abs().max() for p, q in zip(fixed.parameters(), raw_model.parameters())])
+    ctx.claim("fixed_equal", diff.max().item(), "==", 0.0,
+              "max |difference| of the loaded weight and bias from the saved model's: {value}")
 
 
 @exhibit("checkpoint_weights_only", "training", lesson="01",
-         symptom="_pickle.UnpicklingError: Weights only load failed ... Unsupported global: "
-                 "GLOBAL argparse.Namespace was not an allowed global by default",
-         cause="torch.load defaults to weights_only=True since 2.6; the checkpoint pickled an arbitrary object")
+         symptom="_pickle.UnpicklingError: Weights only load failed ... Unsupported "
+                 "global: GLOBAL argparse.Namespace was not an allowed global by default",
+         cause="torch.load defaults to weights_only=True since "
+               "2.6; the checkpoint pickled an arbitrary object")
 def checkpoint_weights_only(ctx: Ctx) -> None:
     buf = io.BytesIO()
     torch.save({"model": nn.Linear(4, 2).state_dict(), "args": argparse.Namespace(lr=0.1)}, buf)
@@ -91,10 +106,10 @@ def checkpoint_weights_only(ctx: Ctx) -> None:
 
 
 @exhibit("batchnorm_batch_of_one", "training", lesson="06",
-         symptom="ValueError: Expected more than 1 value per channel when training, got input size "
-                 "torch.Size([1, 4])",
-         cause="the last batch of a rank holds one sample (ceil(len(dataset) / world_size) % batch_size == 1: "
-               "the sampler pads)")
+         symptom="ValueError: Expected more than 1 value per channel "
+                 "when training, got input size torch.Size([1, 4])",
+         cause="the last batch of a rank holds one sample (ceil(len(dataset) "
+               "/ world_size) % batch_size == 1: the sampler pads)")
 def batchnorm_batch_of_one(ctx: Ctx) -> None:
     bn = nn.BatchNorm1d(4).train()
     n, batch, world = 17, 4, 2  # 17 samples, 4 per rank, 2 ranks: the last step leaves 1 sample on a rank
@@ -106,15 +121,17 @@ def batchnorm_batch_of_one(ctx: Ctx) -> None:
     ctx.record("symptom", o.error)
     ctx.claim("broken_raises", int("Expected more than 1 value per channel" in (o.error or "")), "==", 1,
               "BatchNorm raises on a batch of one: {value}")
-    ctx.step("diagnosis", "print ceil(len(dataset) / world_size) % batch_size and each rank's last batch size")
+    ctx.step("diagnosis", "print ceil(len(dataset) / world_size) % "
+                          "batch_size and each rank's last batch size")
     ctx.step("fix", "DataLoader(drop_last=True) for training (or a SyncBatchNorm over the global batch)")
     smallest = min(len(b) for b in DataLoader(shard, batch_size=batch, drop_last=True))
-    ctx.claim("fixed_smallest_batch", smallest, "==", batch, "with drop_last the smallest batch holds {value}")
+    ctx.claim("fixed_smallest_batch", smallest, "==", batch, "with drop_last the smallest "
+                                                             "batch holds {value}")
 
 
 @exhibit("syncbatchnorm_on_cpu", "training", min_world=2, lesson="06",
-         symptom="ValueError: SyncBatchNorm expected input tensor to be on GPU or XPU or privateuseone "
-                 "(or: SyncBatchNorm layers only work with GPU modules)",
+         symptom="ValueError: SyncBatchNorm expected input tensor to be on GPU or XPU "
+                 "or privateuseone (or: SyncBatchNorm layers only work with GPU modules)",
          cause="torch.nn.SyncBatchNorm runs on CUDA (and a few accelerators) only")
 def syncbatchnorm_on_cpu(ctx: Ctx) -> None:
     from common.sync_batchnorm import SyncBatchNorm
@@ -140,33 +157,48 @@ def syncbatchnorm_on_cpu(ctx: Ctx) -> None:
               "|mean over the global batch| of the normalised output: {value:.1e}")
 
 
+def _thread_counts(out: str) -> list[tuple[int, int]]:
+    """[(torch threads, DataLoader worker threads), ...] from the `threads` worker's lines."""
+    found = re.findall(r"torch threads (\d+), DataLoader worker threads (\d+)", out)
+    return [(int(t), int(w)) for t, w in found]
+
+
 @exhibit("too_many_threads", "training", lesson="03",
-         symptom="more processes or DataLoader workers make training slower; top shows 100% on every core",
-         cause="processes x (threads per process) exceeds the cores: each process starts one thread per core")
+         symptom="more processes make training slower; top shows 100% on every "
+                 "core (mp.spawn, or a launcher that does not set OMP_NUM_THREADS)",
+         cause="each process starts the torch threads it would start alone (one "
+               "per core); torchrun sets OMP_NUM_THREADS=1 when nproc_per_node "
+               "> 1, mp.spawn does not (DataLoader workers run one thread each)")
 def too_many_threads(ctx: Ctx) -> None:
     cores = len(os.sched_getaffinity(0))
-    procs = ctx.info.local_world_size
-    before = torch.get_num_threads()
-
-    def rate(threads: int) -> float:
-        torch.set_num_threads(threads)
-        a = torch.randn(192, 192)
-        if ctx.info.distributed:
-            dist.barrier()  # every rank measures at the same time
-        t0, n = time.perf_counter(), 0
-        while time.perf_counter() - t0 < 0.4:
-            a = torch.tanh(a @ a)
-            n += 1
-        return n / (time.perf_counter() - t0)
-    slow = rate(cores)   # what torch does when OMP_NUM_THREADS is unset: one thread per core, per process
-    fast = rate(max(1, cores // procs))
-    torch.set_num_threads(before)
-    ctx.step("symptom", f"{procs} processes on this node, each with one thread per core (torch's default)")
-    ctx.claim("broken_threads_per_core", procs * cores / cores, ">=", float(procs),
-              "threads per core with one thread per core in every process: {value:g}")
-    ctx.report.perf("too_many_threads_oversubscribed_rate", slow, "oversubscribed: {value:.0f} matmuls/s")
-    ctx.step("diagnosis", "torch.get_num_threads() in each process, times processes (and DataLoader workers)")
-    ctx.report.perf("too_many_threads_fixed_rate", fast, "one thread per core in total: {value:.0f} matmuls/s")
-    ctx.step("fix", "OMP_NUM_THREADS = cores // processes per node (torchrun sets 1), workers counted too")
-    ctx.claim("fixed_threads_fit", int(procs * max(1, cores // procs) <= max(cores, procs)), "==", 1,
-              "with OMP_NUM_THREADS = cores // processes the threads fit the cores: {value}")
+    with ctx.rank0("launches without OMP_NUM_THREADS") as mine:
+        if not mine:
+            return
+        unset = {"OMP_NUM_THREADS": None}  # as in a fresh shell
+        spawn = [sys.executable, "-m", "common.exhibits_worker", "threads_spawn", "2"]
+        code, out = ctx.launch(spawn, 90, unset)
+        spawned = _thread_counts(out)
+        ctx.step("symptom", f"mp.spawn of 2 processes on {cores} cores, OMP_NUM_THREADS unset:")
+        for line in sorted(re.findall(r"rank \d+: torch threads .*", out)):
+            ctx.say(f"    {line}")
+        ctx.record("symptom", spawned)
+        alone = int((re.findall(r"one process alone: torch threads (\d+)", out) or ["0"])[0])
+        total = sum(t for t, _ in spawned)
+        ctx.claim("broken_threads_vs_alone", total / alone if alone and len(spawned) == 2 else 0.0, "==", 2.0,
+                  f"threads of the 2 processes / threads of one process alone ({alone}): "
+                  f"{{value:g}} (each takes what it would alone: {total} threads on {cores} cores)")
+        ctx.step("diagnosis", "torch.get_num_threads() in each process, times processes; a DataLoader worker "
+                 "sets itself to one thread")
+        ctx.claim("dataloader_worker_threads", max((w for _, w in spawned), default=0), "==", 1,
+                  "threads of a DataLoader worker: {value}")
+        torchrun = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "-m", "common.exhibits_worker",
+                    "threads"]
+        code, out = ctx.launch(torchrun, 90, unset)
+        launched = _thread_counts(out)
+        ctx.step("fix", "torchrun (it sets OMP_NUM_THREADS=1 for nproc_per_node > 1 and says so), or set "
+                 "OMP_NUM_THREADS = cores // processes before mp.spawn")
+        for line in sorted(re.findall(r"rank \d+: torch threads .*", out)):
+            ctx.say(f"    {line}")
+        per_process = max(t for t, _ in launched) if len(launched) == 2 else 0
+        ctx.claim("fixed_threads_per_process", per_process, "==", 1,
+                  "torch threads per process under torchrun: {value}")

@@ -1,14 +1,17 @@
-"""Scripts that lesson 12's exhibits launch as separate processes: `python -m common.exhibits_worker MODE ...`.
+"""Scripts that lesson 12's exhibits launch as processes: `python -m common.exhibits_worker MODE ...`.
 
 Each mode is a few lines a user could have written; the exhibit launches it (torchrun, the legacy launcher,
 `mp.spawn`) with a timeout and shows what the user sees. Modes that need no process group do not import torch,
 so a launch costs only the launcher's own start.
 
     strict_args   argparse that knows only its own options (rejects the legacy launcher's --local-rank)
-    env           print what torchrun told this process (RANK, LOCAL_RANK, WORLD_SIZE, restarts), sleep, exit
+    env           print what torchrun told this process (RANK, LOCAL_RANK, WORLD_SIZE, restarts), then
+                  sleep (seconds, or until:PATH exists) and exit
     shapes        all_reduce of 4 floats on rank 0 and 8 on rank 1 (gloo aborts the process)
-    hang          rank 0 enters an all_reduce that rank 1 never joins; faulthandler dumps the stacks on a timer
-                  (dump_after_s timeout_s out_dir: each rank writes out_dir/faulthandler_rankR.txt)
+    threads       print this process's torch threads and a DataLoader worker's (under torchrun)
+    threads_spawn N   the same from N processes started by mp.spawn
+    hang          rank 0 enters an all_reduce that rank 1 never joins; faulthandler dumps the stacks on
+                  a timer (dump_after_s timeout_s out_dir: each rank writes out_dir/faulthandler_rankR.txt)
 """
 from __future__ import annotations
 
@@ -27,20 +30,28 @@ def strict_args(argv: list[str]) -> None:
 
 
 def env(argv: list[str]) -> None:
-    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID")
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT",
+            "TORCHELASTIC_RUN_ID")
     job = argv[0] if argv else "job"
     print(f"{job} " + " ".join(f"{k}={os.environ.get(k)}" for k in keys), flush=True)
-    time.sleep(float(argv[1]) if len(argv) > 1 else 0.0)
+    wait = argv[1] if len(argv) > 1 else "0"
+    if wait.startswith("until:"):  # run until the file exists (at most 60 s): the exhibit decides when we end
+        deadline = time.monotonic() + 60
+        while not os.path.exists(wait[len("until:"):]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    else:
+        time.sleep(float(wait))
 
 
 def spawn_worker(rank: int, world_size: int, port: int) -> None:
-    """An importable mp.spawn target: rank comes first; MASTER_ADDR/PORT come from the parent's environment."""
+    """An importable mp.spawn target: rank comes first; MASTER_ADDR/PORT come from the environment."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # launched from a torchrun worker: not its agent's store
+    # launched from a torchrun worker: not its agent's store
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=30))
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
@@ -48,6 +59,41 @@ def spawn_worker(rank: int, world_size: int, port: int) -> None:
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)  # skip interpreter finalization: the gloo exit abort (common.session.run_main)
+
+
+def _threads_line(rank: int) -> str:
+    import torch
+    from torch.utils.data import DataLoader
+
+    class Probe(torch.utils.data.Dataset):  # a sample is the thread count of the process that loads it
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, i):
+            return torch.get_num_threads()
+    in_worker = int(next(iter(DataLoader(Probe(), num_workers=1, multiprocessing_context="fork"))))
+    return (f"rank {rank}: torch threads {torch.get_num_threads()}, DataLoader worker "
+            f"threads {in_worker}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}\n")
+
+
+def threads_child(rank: int) -> None:
+    """An importable mp.spawn target: one line about this process's threads, in one write."""
+    os.write(1, _threads_line(rank).encode())
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def threads(argv: list[str]) -> None:
+    os.write(1, _threads_line(int(os.environ.get("RANK", 0))).encode())
+
+
+def threads_spawn(argv: list[str]) -> None:
+    import torch
+    import torch.multiprocessing as mp
+
+    from common.exhibits_worker import threads_child  # by its module's name: the children can import it
+    print(f"one process alone: torch threads {torch.get_num_threads()}", flush=True)
+    mp.spawn(threads_child, nprocs=int(argv[0]))
 
 
 def _init(timeout_s: float):
@@ -81,15 +127,18 @@ def hang(argv: list[str]) -> None:
     import faulthandler
     dump_after, timeout_s, out_dir = float(argv[0]), float(argv[1]), argv[2]
     rank = _init(timeout_s)
-    dump = open(os.path.join(out_dir, f"faulthandler_rank{rank}.txt"), "w")  # one file per rank: no interleaving
-    faulthandler.dump_traceback_later(dump_after, exit=False, file=dump)  # each rank's stack after dump_after s
+    # one file per rank: no interleaving
+    dump = open(os.path.join(out_dir, f"faulthandler_rank{rank}.txt"), "w")
+    # each rank's stack after dump_after s
+    faulthandler.dump_traceback_later(dump_after, exit=False, file=dump)
     print(f"rank {rank} pid {os.getpid()}", flush=True)
     train_step(rank)
 
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:]]
-    modes = {"strict_args": strict_args, "env": env, "shapes": shapes, "hang": hang}
+    modes = {"strict_args": strict_args, "env": env, "shapes": shapes, "hang": hang, "threads": threads,
+             "threads_spawn": threads_spawn}
     mode = next(a for a in args if a in modes)
     if mode == "strict_args":
         strict_args(args)                       # the user's parser sees every argument, the mode included

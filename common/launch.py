@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -95,7 +96,9 @@ def torchrun_command(lesson: str | Path, nproc: int | None = 2, args: Sequence[s
 
     With nnodes > 1, run the same command on every node with the same `rdzv_endpoint` ("HOST:PORT"): the c10d
     rendezvous joins them into one world of nnodes * nproc ranks and numbers the nodes itself (torchrun
-    ignores --node_rank with c10d).
+    ignores --node_rank with c10d). Each call draws a fresh --rdzv-id (run the SAME command on every node): a
+    fixed id lets a second job with the same endpoint join the first (lesson 12, `second_job_joins_first`); on
+    a cluster use the scheduler's job id ($SLURM_JOB_ID).
     """
     path = str(lesson_path(lesson))
     if nproc is None:
@@ -105,7 +108,7 @@ def torchrun_command(lesson: str | Path, nproc: int | None = 2, args: Sequence[s
         cmd.append("--standalone")
     else:
         cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-                "--rdzv-id=lessons"]
+                f"--rdzv-id=lessons-{uuid.uuid4().hex[:12]}"]
     return [*cmd, path, *args]
 
 
@@ -113,11 +116,11 @@ def _env(env: dict | None) -> dict:
     e = dict(os.environ)
     # One thread per process: 2 processes on 2 cores must not each start 2 OpenMP threads. torchrun sets this
     # only when nproc > 1; setting it always also makes 1-process numbers reproducible (reduction order).
-    # Pass env={"OMP_NUM_THREADS": ...} to override.
+    # Pass env={"OMP_NUM_THREADS": ...} to override, or None to remove a variable.
     e["OMP_NUM_THREADS"] = "1"
     e["PYTHONUNBUFFERED"] = "1"
     e.update(env or {})
-    return e
+    return {k: v for k, v in e.items() if v is not None}
 
 
 def _descendants(pid: int) -> list[int]:
@@ -166,7 +169,7 @@ def run_lesson(lesson: str | Path, nproc: int | None = 2, args: Sequence[str] = 
         nproc: processes on this node; None runs `python lesson.py` with no process group.
         args: the lesson's own command-line arguments.
         timeout_s: wall-clock limit; the process tree is killed after it.
-        env: extra environment variables.
+        env: extra environment variables (a value of None removes the variable).
         results: append `--results TMP.json` and parse it into `LessonRun.results`.
 
     Raises:

@@ -3,7 +3,7 @@
 Run it:
 
     python lessons/12_troubleshooting.py --list                      # the exhibits, their causes and lessons
-    python lessons/12_troubleshooting.py --index                     # the README's symptom index (markdown)
+    python lessons/12_troubleshooting.py --index                     # docs/symptoms.md's table (markdown)
     torchrun --standalone --nproc_per_node=2 lessons/12_troubleshooting.py --show rank_skips_step
     torchrun --standalone --nproc_per_node=2 lessons/12_troubleshooting.py --show collectives   # a group
     torchrun --standalone --nproc_per_node=2 lessons/12_troubleshooting.py --show all
@@ -15,15 +15,19 @@ What to look for:
   its result), and records its claims (`<exhibit>_<what>`) in --results.
 - Nothing hangs: a broken collective runs in a fresh gloo group bounded by --timeout-s (2 s) and raises
   "Timed out waiting 2000ms ..." where a real job would wait for 30 (gloo) or 10 (NCCL) minutes. The lesson's
-  own bookkeeping (gathering each rank's outcome to rank 0) runs on the default group with a 120 s timeout, so a
-  broken exhibit never poisons the next one. Failures that kill a process (gloo's size-mismatch abort),
-  launcher mistakes and a second job run as separate launches with a timeout (common.launch.run_command).
-- The symptom index (README.md, `## Symptom index`) maps each error text to its exhibit and to the lesson that
-  teaches the right way. Notebook 12 adds how to diagnose a hang: a stack of every rank (py-spy dump,
-  faulthandler) from a real, bounded hang, and the GPU-only tools (NCCL_DEBUG, the flight recorder).
+  own bookkeeping (gathering each rank's outcome to rank 0) runs on the default group with a 120 s
+  timeout, so a broken exhibit never poisons the next one. Failures that kill a process (gloo's
+  size-mismatch abort), launcher mistakes and a second job run as separate launches with a timeout
+  (common.launch.run_command).
+- Every count follows the world size: rank 0 (or the last rank) plays the odd one out, the others alike.
+- The symptom index (docs/symptoms.md, docs/zh/symptoms.md) maps each error text to its exhibit and to the
+  lesson that teaches the right way, and lists NCCL's own error texts (GPU only, not reproduced here).
+  Notebook 12 adds how to diagnose a hang: a stack of every rank (py-spy dump, faulthandler) from a real,
+  bounded hang, and the GPU-only tools (NCCL_DEBUG, the flight recorder).
 
 Sources: https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications
-(TORCH_DISTRIBUTED_DEBUG, monitored_barrier, TORCH_CPP_LOG_LEVEL), https://pytorch.org/docs/stable/notes/ddp.html,
+(TORCH_DISTRIBUTED_DEBUG, monitored_barrier, TORCH_CPP_LOG_LEVEL),
+https://pytorch.org/docs/stable/notes/ddp.html,
 https://pytorch.org/docs/stable/elastic/run.html (rendezvous, --standalone),
 https://pytorch.org/tutorials/prototype/flight_recorder_tutorial.html (the NCCL flight recorder).
 """
@@ -46,18 +50,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--show", default=None, metavar="NAME",
                    help=f"an exhibit's name, a group ({', '.join(GROUPS)}) or 'all'")
     p.add_argument("--seed", type=int, default=0, help="every exhibit seeds its own models from this")
-    p.add_argument("--results", default=None, help="rank 0 writes the claims of every exhibit shown here as JSON")
+    p.add_argument("--results", default=None, help="rank 0 writes the claims of "
+                                                   "every exhibit shown here as JSON")
     add_distributed_args(p, timeout_s=2.0)  # --timeout-s bounds each broken collective
     args = p.parse_args(argv)
     exhibits = load_exhibits()
     if args.list + args.index + (args.show is not None) != 1:
         raise LessonError("give exactly one of --list, --index or --show NAME (see --list for the names)")
     if args.show is not None and args.show not in {*exhibits, *GROUPS, "all"}:
-        raise LessonError(f"--show {args.show}: no such exhibit or group; --list shows the {len(exhibits)} "
-                          f"exhibits, groups are {', '.join(GROUPS)}, or all")
+        raise LessonError(f"--show {args.show}: no such exhibit or group; --list shows the "
+                          f"{len(exhibits)} exhibits, groups are {', '.join(GROUPS)}, or all")
     if not 0.5 <= args.timeout_s <= 60:
-        raise LessonError(f"--timeout-s must be between 0.5 and 60 s here (each broken version waits that "
-                          f"long), got {args.timeout_s}")
+        raise LessonError(f"--timeout-s must be between 0.5 and 60 s here (each "
+                          f"broken version waits that long), got {args.timeout_s}")
     return args
 
 
@@ -67,17 +72,17 @@ def list_exhibits() -> None:
         print(f"{ex.name:34s} {ex.group:12s} lesson {ex.lesson}  {ex.cause}")
 
 
-LESSONS = {"01": "single device", "02": "collectives", "03": "DDP", "04": "custom samplers", "05": "uneven data",
+LESSONS = {"01": "single device", "02": "collectives", "03": "DDP", "04": "custom samplers",
+           "05": "uneven data",
            "06": "SyncBatchNorm", "07": "gradient accumulation"}
 
 
 def symptom_index() -> str:
-    """The README's symptom index: what you see -> cause -> exhibit -> the lesson that teaches the right way."""
+    """docs/symptoms.md's table: what you see -> cause -> exhibit -> the lesson that teaches the right way."""
     rows = ["| what you see | cause | exhibit | the right way |", "|---|---|---|---|"]
     for ex in load_exhibits().values():
-        cell = lambda text: text.replace("|", "\\|")  # noqa: E731  (a pipe would end the cell)
-        rows.append(f"| `{cell(ex.symptom)}` | {cell(ex.cause)} | `{ex.name}` | lesson {ex.lesson} "
-                    f"({LESSONS[ex.lesson]}) |")
+        symptom, cause = (text.replace("|", "\\|") for text in (ex.symptom, ex.cause))  # a pipe ends a cell
+        rows.append(f"| `{symptom}` | {cause} | `{ex.name}` | lesson {ex.lesson} ({LESSONS[ex.lesson]}) |")
     return "\n".join(rows)
 
 
@@ -91,7 +96,8 @@ def main(argv=None) -> None:
     session_args = argparse.Namespace(**{**vars(args), "timeout_s": BOOKKEEPING_TIMEOUT_S})
     with distributed_session(session_args) as info:
         report = Report(info)
-        report.value("world_size", info.world_size, "world_size {value}; each broken collective is bounded by "
+        report.value("world_size", info.world_size, "world_size {value}; each broken "
+                                                    "collective is bounded by "
                      f"--timeout-s {args.timeout_s:g} s")
         report.record("timeout_s", args.timeout_s)
         report.record("shown", [ex.name for ex in chosen])

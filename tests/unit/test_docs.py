@@ -1,14 +1,16 @@
-"""The READMEs cannot drift: the symptom index names lesson 12's exhibits, and the Chinese README's lesson map
-runs the same commands as the English one.
+"""The READMEs and docs cannot drift: the symptom index names lesson 12's exhibits, and the Chinese README's
+lesson map runs the same commands as the English one.
 
 What the tests read (plain markdown, no markers):
 - a *lesson-map table*: any table whose rows start with a two-digit lesson number (`| 03 | ... |`) and name a
   lesson file; the commands are the backticked spans in that row that mention `lessons/NN_x.py`;
-- the *symptom index*: the table under the heading `## Symptom index` (README.md) or `## 症状索引`
-  (README.zh-CN.md); its third column holds the exhibit's name in backticks.
+- the *symptom index*: docs/symptoms.md and docs/zh/symptoms.md; the table under `## Reproduced here`
+  (`## 本机复现`) has the exhibit's name in backticks in its third column, and a section `## GPU only (NCCL)`
+  (`## 仅限 GPU（NCCL）`) quotes NCCL's own texts, marked as not reproduced.
 """
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -61,12 +63,36 @@ def index_exhibits(text: str, heading: str) -> list[str]:
     return [n[0] for n in names]
 
 
+SYMPTOM_PAGES = (("docs/symptoms.md", "## Reproduced here", "## GPU only (NCCL): not reproduced here"),
+                 ("docs/zh/symptoms.md", "## 本机复现", "## 仅限 GPU（NCCL）：本机未复现"))
+
+
 def test_every_exhibit_is_in_the_symptom_index_and_every_row_exists():
     exhibits = set(load_exhibits())
-    for name, heading in (("README.md", "## Symptom index"), ("README.zh-CN.md", "## 症状索引")):
+    for name, heading, _ in SYMPTOM_PAGES:
         listed = index_exhibits(read(name), heading)
         assert sorted(set(listed) - exhibits) == [], f"{name}: rows naming no exhibit"
         assert sorted(exhibits - set(listed)) == [], f"{name}: exhibits missing from the index"
+        assert len(listed) == len(set(listed)), f"{name}: an exhibit with two rows"
+
+
+def test_symptom_index_pages_list_the_exhibits_in_the_same_order():
+    en, zh = (index_exhibits(read(name), heading) for name, heading, _ in SYMPTOM_PAGES)
+    assert zh == en
+
+
+def test_english_symptom_table_is_the_generated_one():
+    lesson = importlib.import_module("lessons.12_troubleshooting")
+    assert section(read("docs/symptoms.md"), "## Reproduced here").strip().endswith(lesson.symptom_index())
+
+
+def test_gpu_only_block_quotes_nccl_texts_and_says_it_is_not_reproduced():
+    for name, _, heading in SYMPTOM_PAGES:
+        block = section(read(name), heading)
+        for text in ("Watchdog caught collective operation timeout: WorkNCCL(", "unhandled system error",
+                     "Heartbeat monitor timed out!"):
+            assert text in block, f"{name}: the GPU-only block lacks {text!r}"
+        assert not re.search(r"`[a-z0-9_]+`", "".join(c[2] for c in table_rows(block)[1:] if len(c) > 3)), name
 
 
 def test_chinese_lesson_map_matches_the_english_one():
