@@ -50,7 +50,6 @@ def train(args, device) -> None:
     # --- the training loop ---
     for epoch in range(args.epochs):
         generator.manual_seed(args.seed + epoch)  # a new order every epoch
-        model.train()
         loss_sum, seen = 0.0, 0
         for x, y in loader:
             x, y = x.to(device), y.to(device)  # x (B, 1, 8, 8), y (B,)

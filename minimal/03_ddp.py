@@ -55,7 +55,6 @@ def train(args, rank, world_size, device) -> None:
     # --- the training loop ---
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)  # a new order every epoch (without it: epoch 0's order forever)
-        model.train()
         loss_sum, seen = 0.0, 0
         for x, y in loader:
             x, y = x.to(device), y.to(device)  # x (B, 1, 8, 8), y (B,)

@@ -67,7 +67,6 @@ def train(args, rank, world_size, device) -> None:
         # each rank reads a disjoint 1/world_size of a permutation of (seed, epoch): 719 of 1438
         indices = shard_indices(len(train_set), world_size, rank, args.seed, epoch)  # set_epoch
         loader = DataLoader(train_set, batch_size=args.batch_size, sampler=indices)
-        model.train()
         loss_sum, seen = 0.0, 0
         for x, y in loader:
             x, y = x.to(device), y.to(device)  # x (B, 1, 8, 8), y (B,)
