@@ -56,7 +56,7 @@ class SyncBatchNorm2d(nn.BatchNorm2d):
 
 
 def make_model() -> nn.Module:
-    """The lessons' DigitsCNN, SyncBatchNorm2d built in BEFORE the DDP wrap (it records the layers)."""
+    """The lessons' DigitsCNN with SyncBatchNorm2d: in BEFORE the DDP wrap records the layers."""
     return nn.Sequential(  # x (B, 1, 8, 8) -> logits (B, 10), ~38k parameters
         nn.Conv2d(1, 16, 3, padding=1, bias=False), SyncBatchNorm2d(16), nn.ReLU(),
         nn.Conv2d(16, 32, 3, padding=1, bias=False), SyncBatchNorm2d(32), nn.ReLU(),
