@@ -46,7 +46,7 @@ class SyncBatchNorm2d(nn.BatchNorm2d):
         if not self.training:
             return super().forward(x)  # evaluation uses the running statistics: nothing to share
         xc = x.double().transpose(0, 1).flatten(1)  # (C, B*H*W), float64: E[x^2] - E[x]^2 cancels
-        local = torch.stack([torch.full_like(xc[:, 0], xc.size(1)), xc.sum(1), (xc * xc).sum(1)])
+        local = torch.stack([xc.new_full((len(xc),), xc.size(1)), xc.sum(1), (xc * xc).sum(1)])
         n, sum_x, sum_x2 = AllReduceSum.apply(local)  # count, sum, sum of squares over all ranks
         mean, var = sum_x / n, sum_x2 / n - (sum_x / n) ** 2  # (C,) biased variance: normalises
         self.running_mean.lerp_(mean.detach().float(), self.momentum)  # as BatchNorm keeps them,
