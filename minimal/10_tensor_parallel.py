@@ -1,6 +1,6 @@
 """Minimal 10: tensor parallelism -- one MLP block split over the ranks, Megatron-style.
 
-    torchrun --standalone --nproc_per_node=2 minimal/10_tensor_parallel.py --out tp.json
+    torchrun --standalone --nproc_per_node=2 minimal/10_tensor_parallel.py
     python minimal/10_tensor_parallel.py                  # plain python: tp = 1, nothing split
 
 fc1 (H -> 4H) is split by output features (column parallel), fc2 (4H -> H) by input features (row
@@ -12,7 +12,6 @@ all-reduce each way. The measured lesson is lessons/10_tensor_parallel.py.
 import argparse
 import json
 import os
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -25,6 +24,7 @@ calls = {"forward": 0, "backward": 0}  # all-reduces, to see "one each way"
 
 class CopyToTP(torch.autograd.Function):
     """f: identity forward; backward sums the partial gradients of x over the ranks."""
+
     @staticmethod
     def forward(ctx, x):
         return x.view_as(x)
@@ -54,6 +54,7 @@ class ReduceFromTP(torch.autograd.Function):
 
 class TPMLP(nn.Module):
     """`full` (fc1, GELU, fc2) split: f, column-parallel fc1, GELU, row-parallel fc2, g."""
+
     def __init__(self, full: nn.Sequential, rank: int, world_size: int):
         super().__init__()
         cut = lambda t, dim: nn.Parameter(t.detach().chunk(world_size, dim)[rank].clone())  # noqa
@@ -74,11 +75,13 @@ def train(args, rank, world_size, device) -> None:
     x = torch.randn(B, S, H, device=device)
     full = nn.Sequential(nn.Linear(H, 4 * H), nn.GELU(), nn.Linear(4 * H, H)).to(device)
     split = TPMLP(full, rank, world_size)
+
     # --- one forward and backward of each; the loss is a mean, as training losses are ---
     xf, xs = x.clone().requires_grad_(), x.clone().requires_grad_()
     yf, ys = full(xf), split(xs)
     for y in (yf, ys):
         y.square().mean().backward()
+
     # --- the check: output, input gradient and this rank's slice of every weight gradient ---
     mine = lambda t, dim: t.grad.chunk(world_size, dim)[rank]  # noqa: E731
     pairs = [(ys, yf), (xs.grad, xf.grad), (split.w1.grad, mine(full[0].weight, 0)),
@@ -86,19 +89,15 @@ def train(args, rank, world_size, device) -> None:
              (split.b2.grad, full[2].bias.grad)]
     diff = torch.stack([(a - b).abs().max() for a, b in pairs]).max()
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)  # the worst rank
-    if rank == 0:
-        print(f"tp={world_size}: all-reduces forward {calls['forward']}, backward "
-              f"{calls['backward']}; max |split - unsplit| {diff.item():.1e}")
-        if args.out:
-            loss = yf.square().mean().item()  # the lesson's unsplit MLP at this seed, the same
-            Path(args.out).write_text(json.dumps({"max_diff": diff.item(), "loss": loss, **calls}))
+    if rank == 0:  # one JSON line, full precision; the loss: lesson 10's unsplit MLP at this seed
+        print(json.dumps({"tp": world_size, "all_reduces": calls, "max_diff": diff.item(),
+                          "loss": yf.square().mean().item()}))
     torch.testing.assert_close(diff, torch.zeros_like(diff), rtol=0, atol=1e-5)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="write the check's numbers here as JSON")
     args = p.parse_args()
 
     # --- setup: one process per device, started by torchrun (which sets RANK, WORLD_SIZE, ...) ---
