@@ -1,6 +1,6 @@
 """Minimal 13: ZeRO stages 1, 2 and 3 by hand -- each rank keeps 1/N of the training state.
 
-    torchrun --standalone --nproc_per_node=2 minimal/13_sharded_data_parallel.py --out zero.json
+    torchrun --standalone --nproc_per_node=2 minimal/13_sharded_data_parallel.py
     python minimal/13_sharded_data_parallel.py                      # plain python: a world of one
 
 The parameters live in one flat vector of N x s elements; rank r owns [r*s, (r+1)*s), its Adam
@@ -21,8 +21,6 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-DATA = Path(__file__).resolve().parent / ".." / "data" / "digits.npz"  # 1797 images of 8x8 pixels
-
 
 def make_model(w: int = 33) -> nn.Module:
     """x (B, 1, 8, 8) -> logits (B, 10): 2485 parameters, an odd number, so the flat vector pads."""
@@ -37,7 +35,7 @@ def gather(flat, shard):
 
 def train(args, rank, world_size, device) -> None:
     # --- data and the reference: DDP + Adam, global batches of 64 ---
-    with np.load(DATA) as f:
+    with np.load(Path(__file__).resolve().parent.parent / "data" / "digits.npz") as f:
         x_all = torch.from_numpy(f["images"].astype(np.float32) / 16.0).unsqueeze(1)  # (N, 1, 8, 8)
         y_all = torch.from_numpy(f["labels"].astype(np.int64))  # (1797,) digits 0..9
     perm = torch.randperm(len(y_all), generator=torch.Generator().manual_seed(args.seed))
@@ -53,7 +51,9 @@ def train(args, rank, world_size, device) -> None:
         optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()  # DDP averages the gradients over ranks
         optimizer.step()
-    want, out = parameters_to_vector(raw_model.parameters()).detach(), {}
+    want = parameters_to_vector(raw_model.parameters()).detach()
+    ddp_state = sum(t.nbytes for v in optimizer.state.values() for t in v.values())  # Adam's bytes
+
     for stage in (1, 2, 3):
         # --- shard: one flat vector of N x s elements; the model's parameters are views of it ---
         model, n = make_model().to(device), len(init)
@@ -62,6 +62,8 @@ def train(args, rank, world_size, device) -> None:
         vector_to_parameters(flat[:n], model.parameters())  # p.data = a view of flat, each p
         shard = nn.Parameter(flat[rank * s:(rank + 1) * s].clone())  # the slice this rank owns
         optimizer, losses = torch.optim.Adam([shard], lr=1e-3), []  # moments for s elements, not n
+        if stage == 3:
+            flat.untyped_storage().resize_(0)  # at rest a rank holds its shard only
         for x, y in data:  # --- the training loop ---
             if stage == 3:
                 gather(flat, shard)  # the whole parameters, for forward and backward
@@ -80,25 +82,22 @@ def train(args, rank, world_size, device) -> None:
             if stage < 3:
                 gather(flat, shard)  # every rank's new slice: the whole new model
             else:
-                flat.untyped_storage().resize_(0)  # freed: at rest a rank holds its shard only
+                flat.untyped_storage().resize_(0)  # freed until the next step
             losses.append(loss.item())
         gather(flat, shard)  # --- the check: the whole parameters equal DDP's ---
         diff = (flat[:n] - want).abs().max()
         dist.all_reduce(diff, op=dist.ReduceOp.MAX)
         state = sum(t.nbytes for v in optimizer.state.values() for t in v.values())  # Adam's
-        out[f"stage{stage}"] = {"max_diff": diff.item(), "losses": losses, "state_bytes": state}
-        if rank == 0:
-            print(f"stage {stage}: max |ZeRO - DDP| {diff.item():.1e}, Adam state {state} bytes")
+        if rank == 0:  # one JSON line per stage, full precision
+            print(json.dumps({"stage": stage, "max_diff": diff.item(), "adam_state_bytes": state,
+                              "ddp_adam_state_bytes": ddp_state, "losses": losses}))
         torch.testing.assert_close(flat[:n], want, rtol=0, atol=1e-6)
-    if args.out and rank == 0:
-        Path(args.out).write_text(json.dumps(out))
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="write the check's numbers here as JSON")
     args = p.parse_args()
 
     # --- setup: one process per device, started by torchrun (which sets RANK, WORLD_SIZE, ...) ---
