@@ -53,7 +53,9 @@ def fit(args, rank, world_size, device, until, save_to=None, resume_from=None):
         raw_model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"][rank])  # this rank's stream (on a GPU: also cuda's)
+        torch.set_rng_state(state["rng"][rank][0])  # this rank's streams
+        if device.type == "cuda":  # dropout on a GPU draws from the GPU's generator
+            torch.cuda.set_rng_state(state["rng"][rank][1], device)
         start = state["step"]
     for step in range(start, until):  # --- the training loop, a DistributedSampler by hand ---
         epoch, k = divmod(step, len(y) // (world_size * B))  # the sampler's epoch and position
@@ -66,8 +68,10 @@ def fit(args, rank, world_size, device, until, save_to=None, resume_from=None):
         scheduler.step()
         losses.append(loss.item())
     if save_to:  # --- save ALL of it, atomically ---
-        rngs = [None] * world_size
-        dist.all_gather_object(rngs, torch.get_rng_state())  # every rank's stream, in rank order
+        rngs, mine = [None] * world_size, [torch.get_rng_state()]
+        if device.type == "cuda":
+            mine.append(torch.cuda.get_rng_state(device))
+        dist.all_gather_object(rngs, mine)  # every rank's streams, in rank order
         if rank == 0:
             state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                      "scheduler": scheduler.state_dict(), "rng": rngs, "step": until}
