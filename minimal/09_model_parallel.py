@@ -6,8 +6,8 @@
 Each rank holds a slice of the layers (a stage). The batch is cut into m micro-batches; GPipe runs
 all m forwards (a stage sends its output to the next with dist.send, the next takes it with
 dist.recv), then all m backwards (the gradient of each stage's input travels back the same way).
-While stage 1 works on micro-batch i, stage 0 already runs i + 1. The check: loss and gradients
-equal the unsplit model's. The measured lesson is lessons/09_model_parallel.py (1F1B, bubbles).
+So stages can work on different micro-batches at once. The check: loss and gradients equal the
+unsplit model's. The measured lesson, lessons/09_model_parallel.py, times the idle "bubble", 1F1B.
 """
 import argparse
 import copy
@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
 
 def load_digits():
     """The lessons' training set: 80% of each class, fixed by seed 0 (1438 images)."""

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+
 class CopyToTP(torch.autograd.Function):  # f: identity forward, all-reduce backward
     @staticmethod
     def forward(ctx, x, group):
