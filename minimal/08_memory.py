@@ -77,8 +77,11 @@ def train(args, rank, world_size, device) -> None:
         grads[ck] = torch.cat([p.grad.flatten() for p in raw_model.parameters()])
     with torch.autocast(device.type, dtype=torch.bfloat16):
         saved["bf16 autocast"] = saved_bytes(raw_model, x)
-    copies = 2 * sum(m.weight.numel() for m in raw_model.modules()  # bf16 weight copies,
-                     if isinstance(m, nn.Linear) and m is not raw_model.stem)  # not the stem's
+    # plain: the stem's input (B, 64), 3 tensors (B, W) per block, 2 in the head, 4 bytes each;
+    # checkpointing: 1 per block, its input; bf16: 2 bytes each, plus a bf16 copy of each weight
+    # whose input needs a gradient (all but the stem's: x needs none)
+    copies = 2 * sum(m.weight.numel() for m in raw_model.modules()
+                     if isinstance(m, nn.Linear) and m is not raw_model.stem)
     formula = {"plain": 4 * B * (64 + W * (3 * D + 2)), "checkpointing": 4 * B * (64 + W * (D + 2)),
                "bf16 autocast": 2 * B * (64 + W * (3 * D + 2)) + copies}
 
