@@ -82,11 +82,11 @@ def fit(args, rank, world_size, device, until, save_to=None, resume_from=None):
 
 
 def train(args, rank, world_size, device) -> None:
-    ckpt = Path(os.environ.get("TMPDIR", "/tmp")) / f"minimal14_{os.environ.get('MASTER_PORT')}.pt"
+    ckpt = Path(os.environ.get("TMPDIR", "/tmp"), f"minimal14_{os.environ.get('MASTER_PORT', 0)}.pt")
     _, before = fit(args, rank, world_size, device, 10, save_to=ckpt)  # stop at 10, then "crash"
     resumed, after = fit(args, rank, world_size, device, STEPS, resume_from=ckpt)
     ref, _ = fit(args, rank, world_size, device, STEPS)  # never stopped
-    # --- the check: bit for bit (the losses of the resumed run go to --out) ---
+    # --- the check: bit for bit (rank 0 prints the resumed run's losses too) ---
     got, want = (torch.cat([p.detach().flatten() for p in m.parameters()]) for m in (resumed, ref))
     diff = (got - want).abs().max().item()  # every rank checks its own replica below
     if rank == 0:  # one JSON line; with --dropout 0 the losses are lesson 14's (--no-random-draws)
