@@ -82,7 +82,7 @@ def fit(args, rank, world_size, device, until, save_to=None, resume_from=None):
 
 
 def train(args, rank, world_size, device) -> None:
-    ckpt = Path(os.environ.get("TMPDIR", "/tmp"), f"minimal14_{os.environ.get('MASTER_PORT', 0)}.pt")
+    ckpt = Path(os.environ.get("TMPDIR", "/tmp"), f"min14_{os.environ.get('MASTER_PORT', 0)}.pt")
     _, before = fit(args, rank, world_size, device, 10, save_to=ckpt)  # stop at 10, then "crash"
     resumed, after = fit(args, rank, world_size, device, STEPS, resume_from=ckpt)
     ref, _ = fit(args, rank, world_size, device, STEPS)  # never stopped
