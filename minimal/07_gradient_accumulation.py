@@ -1,0 +1,118 @@
+"""Minimal 07: gradient accumulation under DDP -- k micro-steps, one all-reduce, one optimizer step.
+
+    torchrun --standalone --nproc_per_node=2 minimal/07_gradient_accumulation.py --epochs 2
+    python minimal/07_gradient_accumulation.py --grad-accum-steps 4  # plain python: a world of one
+
+`diff minimal/03_ddp.py minimal/07_gradient_accumulation.py`. Micro-steps 0..k-2 run forward AND
+backward inside model.no_sync() (no all-reduce: gradients add up locally); the k-th all-reduces the
+sum; the loss is divided by k, so the step is the mean over k x world_size x 32 samples. The check:
+equal to one step on all those samples at once. Lesson: lessons/07_gradient_accumulation.py.
+"""
+import argparse
+import json
+import os
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def load_digits():
+    """(train, test) as the lessons split them: 20% of each class held out, fixed by seed 0."""
+    with np.load(Path(__file__).resolve().parent.parent / "data" / "digits.npz") as f:
+        x = torch.from_numpy(f["images"].astype(np.float32) / 16.0).unsqueeze(1)  # (1797, 1, 8, 8)
+        y = torch.from_numpy(f["labels"].astype(np.int64))  # (1797,) digits 0..9
+    g, is_test = torch.Generator().manual_seed(0), torch.zeros(len(y), dtype=torch.bool)
+    for c in range(10):
+        idx = torch.nonzero(y == c).flatten()
+        is_test[idx[torch.randperm(len(idx), generator=g)][: round(0.2 * len(idx))]] = True
+    return TensorDataset(x[~is_test], y[~is_test]), TensorDataset(x[is_test], y[is_test])
+
+
+def make_model() -> nn.Module:
+    """The lessons' DigitsCNN: the same layers in the same order give the same initial weights."""
+    return nn.Sequential(  # x (B, 1, 8, 8) -> logits (B, 10), ~38k parameters
+        nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def train(args, rank, world_size, device) -> None:
+    # --- data and model ---
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    train_set, test_set = load_digits()  # (1438, 1, 8, 8) and (359, 1, 8, 8)
+    # each rank reads a disjoint 1/world_size of a permutation of (seed, epoch): 719 of 1438 images
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+    raw_model = make_model().to(device)  # wrap order: .to(device), then DDP
+    model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    k = args.grad_accum_steps
+
+    # --- the training loop ---
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # a new order every epoch (without it: epoch 0's order forever)
+        loss_sum, seen = 0.0, 0
+        optimizer.zero_grad(set_to_none=True)  # drops the last epoch's len(loader) % k micro-steps
+        for micro_step, (x, y) in enumerate(loader):
+            x, y = x.to(device), y.to(device)  # x (B, 1, 8, 8), y (B,)
+            last = (micro_step + 1) % k == 0  # the k-th micro-step all-reduces, then steps
+            with nullcontext() if last else model.no_sync():  # no_sync around forward AND backward
+                loss = F.cross_entropy(model(x), y) / k  # / k: the mean of k micro-batches, not sum
+                loss.backward()  # DDP all-reduces (averages) the gradients only when `last`
+            if last:
+                optimizer.step()  # every rank applies the same averaged gradient
+                optimizer.zero_grad(set_to_none=True)
+            loss_sum, seen = loss_sum + loss.item() * k * len(y), seen + len(y)
+        sums = torch.tensor([loss_sum, seen], dtype=torch.float64, device=device)  # float64: exact
+        dist.all_reduce(sums)  # (sum, count) over ranks, then divide once
+        if rank == 0:  # one JSON line per epoch, full precision: a test compares it with the lesson
+            print(json.dumps({"epoch": epoch + 1, "train_loss": (sums[0] / sums[1]).item()}))
+
+    # --- the check: k micro-steps give the gradient of one step on their k x B samples at once ---
+    model.eval()  # BatchNorm from running statistics: a sample's loss then ignores its micro-batch
+    for buffer in raw_model.buffers():  # rank 0's statistics everywhere (DDP may send them)
+        dist.broadcast(buffer, src=0)
+    big = DataLoader(train_set, batch_size=k * args.batch_size, sampler=sampler)
+    x, y = (t.to(device) for t in next(iter(big)))
+    optimizer.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()  # DDP on the global batch: one process's step (03)
+    one_step = [p.grad.clone() for p in model.parameters()]
+    optimizer.zero_grad(set_to_none=True)
+    for micro_step, (x_micro, y_micro) in enumerate(zip(x.chunk(k), y.chunk(k))):
+        with nullcontext() if micro_step == k - 1 else model.no_sync():
+            (F.cross_entropy(model(x_micro), y_micro) / k).backward()
+    torch.testing.assert_close([p.grad for p in model.parameters()], one_step)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=32, help="per process and micro-step")
+    p.add_argument("--grad-accum-steps", type=int, default=2, help="k: micro-steps per step")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    # --- setup: one process per device, started by torchrun (which sets RANK, WORLD_SIZE, ...) ---
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # the device on this node; RANK is global
+    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
+    store = None if "RANK" in os.environ else dist.HashStore()  # plain python: a world of one
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store,
+                            rank=rank, world_size=world_size)
+    try:
+        train(args, rank, world_size, device)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Minimal 08: memory -- what autograd keeps for backward, and what checkpointing and bf16 change.
+
+    torchrun --standalone --nproc_per_node=2 minimal/08_memory.py
+    python minimal/08_memory.py                                     # plain python: a world of one
+
+A forward saves the tensors backward needs (a Linear its input, a GELU its input): the activations,
+counted here with torch.autograd.graph.saved_tensors_hooks. Activation checkpointing keeps only each
+block's input and recomputes the block in backward: the same gradients for fewer bytes. bf16
+autocast halves the activations but saves a bf16 copy of each weight. Lesson: lessons/08_memory.py.
+"""
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
+
+B, W, D = 128, 256, 4  # lesson 08's micro-batch per rank, width and depth
+
+
+class ResidualMLP(nn.Module):
+    """Lesson 08's model: stem 64 -> W, D residual blocks (Linear, GELU, Linear), head W -> 10."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(64, W)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(W, W), nn.GELU(), nn.Linear(W, W))
+                                    for _ in range(D))
+        self.head = nn.Sequential(nn.GELU(), nn.Linear(W, 10))
+
+    def forward(self, x, checkpointing=False):  # x (B, 64) -> logits (B, 10)
+        h = self.stem(x)
+        for block in self.blocks:  # checkpointed: saves h (B, W) only, recomputes the block later
+            h = h + (checkpoint(block, h, use_reentrant=False) if checkpointing else block(h))
+        return self.head(h)
+
+
+def saved_bytes(model, x, checkpointing=False) -> int:
+    """Bytes autograd saves for backward during one forward: each storage once, weights excluded."""
+    seen, total = {p.untyped_storage().data_ptr() for p in model.parameters()}, 0
+
+    def pack(t):  # called for every tensor saved for backward
+        nonlocal total
+        if t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            total += t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, checkpointing)
+    return total
+
+
+def train(args, rank, world_size, device) -> None:
+    # --- data and model ---
+    with np.load(Path(__file__).resolve().parent.parent / "data" / "digits.npz") as f:
+        x = torch.from_numpy(f["images"].astype(np.float32) / 16.0).flatten(1)  # (1797, 64)
+        y = torch.from_numpy(f["labels"].astype(np.int64))  # (1797,)
+    mine = rank * B + torch.arange(B)  # this rank's B digits: indexing copies; a slice would be a
+    # view, and autograd would keep (and we would count) all of x
+    x, y = x[mine].to(device), y[mine].to(device)  # (B, 64), (B,)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    raw_model = ResidualMLP().to(device)
+    model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    # --- activations: plain, checkpointed, bf16 autocast ---
+    saved, grads = {}, {}
+    for ck in (False, True):
+        saved["checkpointing" if ck else "plain"] = saved_bytes(raw_model, x, ck)
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x, ck), y).backward()  # DDP averages the gradients, as in training
+        grads[ck] = torch.cat([p.grad.flatten() for p in raw_model.parameters()])
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        saved["bf16 autocast"] = saved_bytes(raw_model, x)
+    # plain: the stem's input (B, 64), 3 tensors (B, W) per block, 2 in the head, 4 bytes each;
+    # checkpointing: 1 per block, its input; bf16: 2 bytes each, plus a bf16 copy of each weight
+    # whose input needs a gradient (all but the stem's: x needs none)
+    copies = 2 * sum(m.weight.numel() for m in raw_model.modules()
+                     if isinstance(m, nn.Linear) and m is not raw_model.stem)
+    formula = {"plain": 4 * B * (64 + W * (3 * D + 2)), "checkpointing": 4 * B * (64 + W * (D + 2)),
+               "bf16 autocast": 2 * B * (64 + W * (3 * D + 2)) + copies}
+
+    # --- the check: the bytes follow from the shapes; checkpointing gives the same gradients ---
+    diff = (grads[True] - grads[False]).abs().max()
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    if rank == 0:  # one JSON line: the bytes are lesson 08's at its defaults
+        print(json.dumps({"saved_bytes": saved, "checkpointing_share": saved["checkpointing"] /
+                          saved["plain"], "checkpointing_max_grad_diff": diff.item()}))
+    assert saved == formula, (saved, formula)
+    torch.testing.assert_close(grads[True], grads[False], rtol=0, atol=1e-5)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    # --- setup: one process per device, started by torchrun (which sets RANK, WORLD_SIZE, ...) ---
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # the device on this node; RANK is global
+    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
+    store = None if "RANK" in os.environ else dist.HashStore()  # plain python: a world of one
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store,
+                            rank=rank, world_size=world_size)
+    try:
+        train(args, rank, world_size, device)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Minimal 11: hybrid parallelism -- a 2-D grid of ranks: data parallel x tensor parallel.
+
+    torchrun --standalone --nproc_per_node=4 minimal/11_hybrid_parallel.py
+    python minimal/11_hybrid_parallel.py                            # plain python: a 1 x 1 grid
+
+Ranks form a grid arange(world_size).view(dp, tp). A row is a tp group: it holds one replica (the
+MLP of minimal/10 split over it) and sees one micro-batch. A column is a dp group: the replicas
+average gradients in it. The check: equal to one process. Lesson: lessons/11_hybrid_parallel.py.
+"""
+import argparse
+import copy
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class CopyToTP(torch.autograd.Function):  # f: identity forward, all-reduce backward
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class ReduceFromTP(torch.autograd.Function):  # g: all-reduce forward, identity backward
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class TPMLP(nn.Module):  # minimal/10's: f, column-parallel fc1, GELU, row-parallel fc2, g
+    def __init__(self, full: nn.Sequential, tp_rank: int, tp: int, group):
+        super().__init__()
+        self.group = group  # the tp group: f and g all-reduce in it
+        cut = lambda t, dim: nn.Parameter(t.detach().chunk(tp, dim)[tp_rank].clone())  # noqa
+        self.w1, self.b1 = cut(full[0].weight, 0), cut(full[0].bias, 0)  # (256/tp, 64), (256/tp,)
+        self.w2 = cut(full[2].weight, 1)  # (10, 256/tp); the bias b2 (10,) whole, added after g
+        self.b2 = nn.Parameter(full[2].bias.detach().clone())
+    def forward(self, x):  # x (b, 64), the same on every rank of the tp group
+        h = F.gelu(F.linear(CopyToTP.apply(x, self.group), self.w1, self.b1))  # (b, 256/tp)
+        return ReduceFromTP.apply(F.linear(h, self.w2), self.group) + self.b2  # (b, 10)
+
+
+def train(args, rank, world_size, device) -> None:
+    # --- the grid: every rank creates every group, in the same order ---
+    tp = 2 if world_size % 2 == 0 else 1  # 4 ranks: dp=2 x tp=2; 2 ranks: 1 x 2
+    grid = torch.arange(world_size).view(-1, tp)  # (dp, tp): rank = dp_rank * tp + tp_rank
+    dp, (dp_rank, tp_rank) = len(grid), divmod(rank, tp)
+    tp_group = [dist.new_group(row) for row in grid.tolist()][dp_rank]  # my row
+    dp_group = [dist.new_group(col) for col in grid.t().tolist()][tp_rank]  # my column
+    # --- data and models ---
+    with np.load(Path(__file__).resolve().parent.parent / "data" / "digits.npz") as f:
+        x_all = torch.from_numpy(f["images"].astype(np.float32) / 16.0).flatten(1)  # (1797, 64)
+        y_all = torch.from_numpy(f["labels"].astype(np.int64))  # (1797,) digits 0..9
+    g = torch.Generator().manual_seed(args.seed)  # the same 5 global batches of 32 on every rank
+    batches = torch.randint(len(y_all), (5, 32), generator=g)
+    torch.manual_seed(args.seed)  # the same full weights on every rank, to cut shards from
+    full = nn.Sequential(nn.Linear(64, 64), nn.GELU(),  # replicated on every rank, then the MLP
+                         nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 10)).to(device)
+    model = nn.Sequential(copy.deepcopy(full[:2]), TPMLP(full[2:], tp_rank, tp, tp_group))
+    optimizer = torch.optim.SGD([*full.parameters(), *model.parameters()], lr=0.1)
+    # --- the training loop: `full` as one process on the global batch, `model` on my 1/dp ---
+    for i in batches:
+        x, y = x_all[i].to(device), y_all[i].to(device)  # (32, 64), (32,)
+        optimizer.zero_grad()
+        F.cross_entropy(full(x), y).backward()
+        F.cross_entropy(model(x.chunk(dp)[dp_rank]), y.chunk(dp)[dp_rank]).backward()
+        for p in model.parameters():  # average over the replicas: what DDP does in the dp group
+            dist.all_reduce(p.grad, group=dp_group)
+            p.grad /= dp
+        optimizer.step()
+    # --- the check: every parameter equals the one-process model's, cut the same way ---
+    want = nn.Sequential(full[:2], TPMLP(full[2:], tp_rank, tp, tp_group))
+    pairs = zip(model.parameters(), want.parameters())
+    diff = torch.stack([(a - b).abs().max() for a, b in pairs]).detach().max()
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    if rank == 0:  # one JSON line: the grid's groups and the check
+        print(json.dumps({"dp": dp, "tp": tp, "tp_groups": grid.tolist(),
+                          "dp_groups": grid.t().tolist(), "max_diff": diff.item()}))
+    torch.testing.assert_close(diff, torch.zeros_like(diff), rtol=0, atol=1e-5)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    # --- setup: one process per device, started by torchrun (which sets RANK, WORLD_SIZE, ...) ---
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # the device on this node; RANK is global
+    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
+    store = None if "RANK" in os.environ else dist.HashStore()  # plain python: a world of one
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store,
+                            rank=rank, world_size=world_size)
+    try:
+        train(args, rank, world_size, device)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""minimal/08-11, 13 and 14 held to their lessons: launched as users launch them (torchrun, or plain python),
+the same numbers as the measured lesson at the same seed, or, for what a script builds by hand, equal to
+PyTorch's own (the script checks that itself and exits non-zero otherwise; the test reads its JSON line).
+
+Every launch runs on CPU (CUDA_VISIBLE_DEVICES=""), lesson and minimal script alike, so both choose gloo.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from common.grid import grid_layout
+from common.launch import REPO_ROOT, run_lesson
+from common.tensor_parallel import MLP
+
+CPU = {"CUDA_VISIBLE_DEVICES": ""}
+TIMEOUT_S = 240
+TOL = 1e-6  # issue 19: a lesson's numbers reproduced within 1e-6
+
+
+def minimal(name: str, nproc: int | None = 2, args: list[str] = ()) -> list[dict]:
+    """Launch minimal/<name>.py (nproc None: plain python); exit 0 (its own check held); its JSON lines."""
+    run = run_lesson(REPO_ROOT / "minimal" / f"{name}.py", nproc, list(args), TIMEOUT_S, env=CPU,
+                     results=False).check()
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert lines, run.stdout
+    return lines
+
+
+def lesson(name: str, nproc: int | None = 2, args: list[str] = ()) -> dict:
+    return run_lesson(name, nproc, list(args), TIMEOUT_S, env=CPU).check().results
+
+
+def close(a: float, b: float, tol: float = TOL) -> bool:
+    return abs(a - b) <= tol  # False for NaN
+
+
+# ------------------------------------------------------------------------------------------ 08 memory
+@pytest.mark.timeout(600)
+def test_08_activation_bytes_are_lesson_08s():
+    want = lesson("08_memory", 2)["saved_activation_bytes"]  # micro-batch 128, width 256, depth 4
+    for nproc in (2, None):  # bytes per rank do not depend on the number of ranks
+        (got,) = minimal("08_memory", nproc)
+        for key in ("plain", "checkpointing", "bf16 autocast"):
+            assert got["saved_bytes"][key] == want[key], (key, got, want)  # integers: exactly
+        assert got["checkpointing_max_grad_diff"] <= 1e-5  # lesson 08's bound (measured 0.0)
+        assert abs(got["checkpointing_share"] - 0.44) <= 0.01  # 56% fewer bytes, as lesson 08 states
+
+
+# ------------------------------------------------------------------------------------------ 09 GPipe
+@pytest.mark.timeout(600)
+def test_09_gpipe_loss_is_lesson_09s_and_equals_the_unsplit_model():
+    results = lesson("09_model_parallel", 2, ["--schedules", "gpipe", "--microbatches", "4", "--stage-ms", "0"])
+    want = results["step_gpipe_m4"]["loss"]  # the same model, batch and seed
+    for nproc in (2, None):
+        (got,) = minimal("09_model_parallel", nproc, ["--microbatches", "4"])
+        assert (got["stages"], got["microbatches"]) == (nproc or 1, 4)
+        assert close(got["loss"], want), (got, want)
+        assert got["max_diff"] <= 1e-5  # lesson 09's bound: loss and gradients = the unsplit model's
+
+
+@pytest.mark.timeout(600)
+def test_09_gpipe_with_uneven_micro_batches_equals_the_unsplit_model():
+    (got,) = minimal("09_model_parallel", 2, ["--microbatches", "5"])  # 32 = 7 + 7 + 7 + 7 + 4
+    assert got["max_diff"] <= 1e-5
+
+
+# ------------------------------------------------------------------------------------------ 10 tensor parallel
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("nproc", [None, 2, 4])
+def test_10_split_mlp_equals_the_unsplit_one_with_one_all_reduce_each_way(nproc):
+    (got,) = minimal("10_tensor_parallel", nproc)
+    assert got["tp"] == (nproc or 1)
+    assert got["all_reduces"] == {"forward": 1, "backward": 1}  # g forward, f backward
+    assert got["max_diff"] <= 1e-5  # lesson 10's bound: output, input and weight gradients
+    # the same x and unsplit MLP as lesson 10's hand-built section (set_seed(0), randn(B, S, H), MLP(H))
+    torch.manual_seed(0)
+    x = torch.randn(32, 8, 32)
+    assert close(got["loss"], MLP(32)(x).square().mean().item())
+
+
+# ------------------------------------------------------------------------------------------ 11 hybrid
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("nproc, dp, tp", [(4, 2, 2), (2, 1, 2), (None, 1, 1)])
+def test_11_dp_x_tp_grid_equals_one_process(nproc, dp, tp):
+    (got,) = minimal("11_hybrid_parallel", nproc)
+    assert (got["dp"], got["tp"]) == (dp, tp)
+    layout = grid_layout({"dp": dp, "tp": tp})  # the layout lesson 11's Grid uses
+    assert got["tp_groups"] == layout.tolist() and got["dp_groups"] == layout.t().tolist()
+    assert got["max_diff"] <= 1e-5  # lesson 11's bound: every parameter = one process on the global batch
+
+
+# ------------------------------------------------------------------------------------------ 13 ZeRO
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("nproc", [None, 2, 4])
+def test_13_zero_stages_equal_ddp_with_1_over_n_of_adams_state(nproc):
+    got = minimal("13_sharded_data_parallel", nproc)
+    n = nproc or 1
+    assert [g["stage"] for g in got] == [1, 2, 3]
+    for g in got:
+        assert g["max_diff"] <= 1e-6  # lesson 13's bound against DDP
+        assert g["adam_state_bytes"] / g["ddp_adam_state_bytes"] <= 1 / n + 0.01  # lesson 13's bound
+        assert g["losses"] == got[0]["losses"] and all(math.isfinite(v) for v in g["losses"])
+
+
+# ------------------------------------------------------------------------------------------ 14 fault tolerance
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("nproc", [None, 2])
+def test_14_resumed_run_equals_the_uninterrupted_one_bit_for_bit(nproc):
+    (got,) = minimal("14_fault_tolerance", nproc)  # dropout on: every rank's random stream matters
+    assert got["max_diff"] == 0.0  # lesson 14's claim at 2 ranks: 0.0
+
+
+@pytest.mark.timeout(600)
+def test_14_resumed_losses_are_lesson_14s_uninterrupted_losses():
+    results = lesson("14_fault_tolerance", 2, ["--no-random-draws"])
+    (attempt,) = results["timeline"]["attempts"]
+    (got,) = minimal("14_fault_tolerance", 2, ["--dropout", "0"])  # no random draws, as the lesson
+    assert got["max_diff"] == 0.0
+    assert len(got["losses"]) == len(attempt["losses"]) == 18
+    assert got["losses"] == attempt["losses"]  # bit for bit: stopped at 10, resumed, = never stopped
