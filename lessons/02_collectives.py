@@ -152,6 +152,24 @@ def busiest_link(info, fn, m: int, group) -> float:
     return int(worst.item())
 
 
+def average_gradients(model: torch.nn.Module, world_size: int, distributed: bool) -> torch.Tensor:
+    """Replace each trainable parameter's gradient by its mean over the ranks, with ONE all_reduce; returns the
+    flat buffer of averaged gradients. Frozen parameters (requires_grad=False, as in fine-tuning) have no
+    gradient: skipped, as DDP skips them, and torch.optim then leaves them untouched. A parameter shared by two
+    layers (tied) appears once in model.parameters(), its .grad already the sum of both uses."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    # one flat buffer of all gradients (DDP does the same per bucket, overlapped with backward)
+    grads = torch.cat([p.grad.reshape(-1) for p in params])
+    if distributed:
+        dist.all_reduce(grads, op=dist.ReduceOp.SUM)  # the only communication of the step
+    grads /= world_size  # equal shard sizes: the mean of the shard means is the global-batch mean
+    offset = 0
+    for p in params:
+        p.grad.copy_(grads[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return grads
+
+
 def one_sgd_step(info, args) -> dict:
     """One data-parallel SGD step by hand: shard gradient -> one all_reduce -> divide -> each rank's own step."""
     n, r, dev, b = info.world_size, info.rank, info.device, args.batch_size
@@ -166,15 +184,7 @@ def one_sgd_step(info, args) -> dict:
     opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=args.lr) for m in (model, reference))
     with count_collectives() as calls:
         F.cross_entropy(model(x), y).backward()  # mean over this rank's b samples
-        # one flat buffer of all gradients (DDP does the same per bucket, overlapped with backward)
-        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])  # (P,) P = 64*32+32+32*10+10 = 2410
-        if info.distributed:
-            dist.all_reduce(grads, op=dist.ReduceOp.SUM)  # the only communication of the step
-        grads /= n  # equal shard sizes: the mean of the shard means is the global-batch mean
-        offset = 0
-        for p in model.parameters():
-            p.grad.copy_(grads[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        grads = average_gradients(model, n, info.distributed)  # (P,) P = 64*32+32+32*10+10 = 2410
         opt.step()  # every rank steps its own optimizer with the same gradient
     F.cross_entropy(reference(x_global), y_global).backward()  # mean over all b*n samples, one process
     ref_opt.step()
