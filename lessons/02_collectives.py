@@ -192,8 +192,7 @@ def average_gradients(model: torch.nn.Module, world_size: int, distributed: bool
 
 
 def one_sgd_step(info, args) -> dict:
-    """One data-parallel SGD step by hand: shard gradient -> one all_reduce -> divide -> each rank's own
-    step."""
+    """One data-parallel SGD step by hand: shard gradient -> one all_reduce -> divide -> own step."""
     n, r, dev, b = info.world_size, info.rank, info.device, args.batch_size
     train_set, _ = digits_split()  # every rank loads the same data; no rank distributes it
     x_global = train_set.tensors[0][: b * n].reshape(b * n, -1).to(dev)  # (b*n, 64) flattened 8x8 images
