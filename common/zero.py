@@ -21,6 +21,9 @@ Bytes per step, per rank (Psi = the parameters' bytes): a ring all-reduce moves 
 or an all-gather Psi (N-1)/N each. DDP and stages 1-2: 2 Psi (N-1)/N; stage 3: 3 Psi (N-1)/N, 1.5x.
 Rajbhandari et al. 2020, ZeRO (https://arxiv.org/abs/1910.02054), sections 5 and 7.
 With world_size 1 (no group) the collectives become copies and every stage is plain Adam on the whole model.
+Frozen parameters (requires_grad=False) are handled as DDP and torch.optim handle them: broadcast from rank 0 at
+wrap time, then left out of the flat buffers (no gradient, no optimizer state, whole on every rank, untouched).
+A parameter tied (shared) between modules must sit in one unit, as FSDP asks.
 """
 from __future__ import annotations
 
@@ -93,7 +96,8 @@ class FlatUnit:
     """
 
     def __init__(self, module: nn.Module, rank: int, world_size: int, group, stage: int):
-        self.params = [p for p in module.parameters()]
+        # trainable only: a frozen parameter gets no gradient, no optimizer state, no weight decay
+        self.params = [p for p in module.parameters() if p.requires_grad]
         self.group, self.rank, self.world_size, self.stage = group, rank, world_size, stage
         self.numel = sum(p.numel() for p in self.params)
         self.shard_numel = math.ceil(self.numel / world_size)
@@ -105,6 +109,8 @@ class FlatUnit:
             self.flat[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
             p.data = self.flat[offset:offset + p.numel()].view_as(p)  # the model now computes on the flat buffer
             offset += p.numel()
+        if group is not None:  # as DDP at wrap time: every rank starts from rank 0's parameters
+            dist.broadcast(self.flat, group=group, group_src=0)
         mine = self.flat[rank * self.shard_numel:(rank + 1) * self.shard_numel]
         self.shard = nn.Parameter(mine if stage < 3 else mine.clone())
         self._pending = 0  # parameters whose gradient backward has not finished yet (stages 2-3)
@@ -190,11 +196,17 @@ class ZeRO:
         world_size = dist.get_world_size(group) if group is not None else 1
         owned = [id(p) for u in units for p in u.parameters()]
         if sorted(owned) != sorted(id(p) for p in model.parameters()):
-            raise LessonError("the units' parameters must be exactly the model's, each in one unit")
+            raise LessonError("the units' parameters must be exactly the model's, each in one unit (a parameter "
+                              "tied between two modules too: put both in one unit)")
         self.model, self.stage = model, stage
-        self.units = [FlatUnit(u, rank, world_size, group, stage) for u in units]
+        self.frozen = [p for p in model.parameters() if not p.requires_grad]
+        if group is not None:  # DDP broadcasts frozen parameters at wrap time too; nothing changes them after
+            for p in self.frozen:
+                dist.broadcast(p.data, group=group, group_src=0)
+        trainable = [u for u in units if any(p.requires_grad for p in u.parameters())]
+        self.units = [FlatUnit(u, rank, world_size, group, stage) for u in trainable]
         if stage >= 2:
-            for unit, module in zip(self.units, units):
+            for unit, module in zip(self.units, trainable):
                 unit.install_hooks(module)
         self.optimizer = optimizer_cls([u.shard for u in self.units], **optimizer_kwargs)
 
@@ -213,7 +225,7 @@ class ZeRO:
     @torch.no_grad()
     def full_parameters(self) -> list[torch.Tensor]:
         """Copies of the whole parameters in model order (stage 3 gathers each unit for it, then frees it)."""
-        out = {}
+        out = {id(p): p.detach().clone() for p in self.frozen}  # whole on every rank
         for u in self.units:
             was = u.gathered
             if not was:

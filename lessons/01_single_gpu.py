@@ -6,24 +6,24 @@ Run it:
     python lessons/01_single_gpu.py --device cpu --epochs 8
     python lessons/01_single_gpu.py --checkpoint ckpt.pt --epochs 2     # stop after 2 epochs ...
     python lessons/01_single_gpu.py --checkpoint ckpt.pt --resume       # ... and finish the other 2
-    python lessons/01_single_gpu.py --check-resume        # both in one run, compared with the uninterrupted one
+    python lessons/01_single_gpu.py --check-resume        # both in one run, compared with the last
 
 What to look for:
 - The whole algorithm every later lesson distributes (`train_epoch`): sample a batch, forward, loss, backward,
   optimizer step.
-- Test accuracy above 0.95 after the default 4 epochs (1438 training images, 359 test images of 8x8 pixels), and
-  a test loss that falls from about ln(10) = 2.30 (the untrained model guesses) to under half of it.
+- Test accuracy above 0.95 after the default 4 epochs (1438 training images, 359 test images of 8x8 pixels),
+  and a test loss that falls from about ln(10) = 2.30 (the untrained model guesses) to under half of it.
 - A resumed run ends with exactly the numbers of an uninterrupted one (--check-resume: max difference 0.0 over
   every parameter and buffer): the checkpoint holds the model, the optimizer's momentum buffers and the epoch,
   and the data order depends only on (seed, epoch).
-- Under `torchrun --nproc_per_node=2` this script still runs, but each process trains its OWN copy on the
-  whole dataset: two processes, no cooperation (and nothing to wait for: no process group). The deprecated
-  `python -m torch.distributed.launch` passes --local-rank=N; it is accepted, with a note. Lesson 03 is the small
-  diff that makes the processes cooperate.
+- One process, one device. Starting several processes (torchrun) begins in lesson 02; lesson 03 is the
+  small diff that makes them train one model together. Launched as several processes, this lesson says so
+  and stops.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -39,8 +39,8 @@ from common.metrics import evaluate
 from common.models import DigitsCNN
 from common.ranks import peak_rss_mb, print0, rank0_progress
 from common.results import Report
-from common.session import (DistInfo, LessonError, add_legacy_launcher_args, choose_backend_and_device,
-                            deterministic_cuda, legacy_launcher_note, read_torchrun_env, run_main, set_seed)
+from common.session import (DistInfo, LessonError, choose_backend_and_device, deterministic_cuda, run_main,
+                            set_seed)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,8 +58,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--check-resume", action="store_true",
                    help="also train in two halves joined by a checkpoint and compare with this run")
     p.add_argument("--results", default=None, help="write the reported numbers here as JSON")
-    add_legacy_launcher_args(p)  # `python -m torch.distributed.launch` appends --local-rank=N
     args = p.parse_args(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launcher started several copies of this process
+        raise LessonError("lesson 01 trains on one device in one process: run it with python (several "
+                          "processes start in lesson 02)")
     if args.batch_size < 1:
         raise LessonError(f"--batch-size must be a positive integer, got {args.batch_size}")
     if args.epochs < 0:
@@ -74,7 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build(args: argparse.Namespace, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """The model and its optimizer. SGD with momentum keeps one buffer per parameter: state a checkpoint needs."""
+    """The model and its optimizer. SGD with momentum keeps one buffer per parameter: checkpoint it too."""
     model = DigitsCNN().to(device)  # ~38k parameters; x (B, 1, 8, 8) -> logits (B, 10)
     return model, torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
@@ -122,20 +124,12 @@ def resume_difference(args, loader, generator, device, info, reference: nn.Modul
     return max((v.double() - ref[k].double()).abs().max().item() for k, v in model.state_dict().items())
 
 
-def main() -> None:
-    args = parse_args()
-    legacy_launcher_note(args)
-    # No process group here. Under torchrun, LOCAL_RANK still picks this process's GPU and RANK 0 alone prints
-    # and writes files -- but every process trains alone on everything.
-    rank, local_rank, world_size, local_world_size = read_torchrun_env()
-    _, device = choose_backend_and_device("auto", args.device, local_rank, local_world_size)
+def setup(args: argparse.Namespace):
+    """The device, the data, the model and optimizer (from --checkpoint with --resume): (device, train_set,
+    test_set, loader, generator, model, optimizer, start_epoch)."""
+    _, device = choose_backend_and_device("auto", args.device)
     if device.type == "cuda":  # exact resume on a GPU needs deterministic kernels (see deterministic_cuda)
         deterministic_cuda()
-        torch.cuda.set_device(device)  # cuda:LOCAL_RANK: synchronize() and new tensors then use this rank's GPU
-    master_process = rank == 0  # prints and writes files; there is no process group, so no rank ever waits
-    info = DistInfo(device=device)  # a world of one: evaluate() and save_checkpoint() need no process group
-    report = Report(DistInfo(rank=rank, world_size=world_size))  # prints and writes on rank 0 only
-
     set_seed(args.seed)
     train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8) and (359, 1, 8, 8)
     # shuffle via an explicit generator seeded per epoch: the order depends only on (seed, epoch), so a
@@ -143,18 +137,25 @@ def main() -> None:
     generator = torch.Generator()
     loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, generator=generator)
     model, optimizer = build(args, device)
-
     start_epoch = 0
     if args.resume:
-        ckpt = load_checkpoint(args.checkpoint, device)  # map_location=device: a GPU checkpoint loads on a CPU
+        # map_location=device: a GPU checkpoint loads on a CPU
+        ckpt = load_checkpoint(args.checkpoint, device)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])  # momentum buffers too, or the next steps differ
         start_epoch = int(ckpt["epoch"])
         print0(f"resumed from {args.checkpoint} at epoch {start_epoch}")
+    return device, train_set, test_set, loader, generator, model, optimizer, start_epoch
 
-    report.results.update(device=device.type, world_size=world_size)
-    report.value("batch_size", args.batch_size, f"device {device.type}  batch {{value}}  epochs {args.epochs}"
-                 + (f"  (one of {world_size} independent processes)" if world_size > 1 else ""))
+
+def main() -> None:
+    args = parse_args()
+    device, train_set, test_set, loader, generator, model, optimizer, start_epoch = setup(args)
+    info = DistInfo(device=device)  # a world of one: evaluate() and save_checkpoint() need no process group
+    report = Report(info)
+    report.results.update(device=device.type, world_size=1)
+    report.value("batch_size", args.batch_size,
+                 f"device {device.type}  batch {{value}}  epochs {args.epochs}")
     before = test = evaluate(model, test_set, info)  # the untrained model: about ln(10) = 2.30
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # GPU work is asynchronous
     history, samples_per_s = [], []
@@ -168,26 +169,34 @@ def main() -> None:
         test = evaluate(model, test_set, info)
         history.append({"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test["loss"],
                         "test_accuracy": test["accuracy"]})
+        # recorded once, in "history"
         print0(f"epoch {epoch + 1}/{args.epochs}  train_loss {train_loss:.4f}  test_loss {test['loss']:.4f}  "
-               f"test_acc {test['accuracy']:.4f}")  # recorded once, in "history"
-        if args.checkpoint and master_process:  # temporary file + rename: a crash never leaves half a file
+               f"test_acc {test['accuracy']:.4f}")
+        if args.checkpoint:  # temporary file + rename: a crash never leaves half a file
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1}
             save_checkpoint(state, args.checkpoint, info)
     report.record("history", history)
+    report_claims(report, args, test, before, len(test_set), samples_per_s)
+    if args.check_resume:
+        diff = resume_difference(args, loader, generator, device, info, model)
+        report.claim("resume_reproduces_uninterrupted", diff, "==", 0.0,
+                     f"stopped after epoch {args.epochs // 2}, resumed from the checkpoint: max |difference| "
+                     "to the uninterrupted run over parameters and buffers = {value:.1e}")
+    report.write(args.results)
 
-    report.claim("loss_falls", test["loss"] / before["loss"], "<=", 0.5,  # test: the last epoch's evaluation
-                 f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: ratio {{value:.3f}}")
+
+def report_claims(report: Report, args, test: dict, before: dict, test_images: int, samples_per_s) -> None:
+    """The run's claims (test: the last epoch's evaluation; before: the untrained model's) and its speed."""
+    report.claim("loss_falls", test["loss"] / before["loss"], "<=", 0.5,
+                 f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: "
+                 "ratio {value:.3f}")
     if args.epochs >= 4:  # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
         report.claim("test_accuracy", test["accuracy"], ">=", 0.95, "final test accuracy {value:.4f}")
-    report.claim("each_test_image_counted_once", test["count"], "==", len(test_set),
+    report.claim("each_test_image_counted_once", test["count"], "==", test_images,
                  "test images counted: {value}")
-    report.perf("samples_per_s", samples_per_s, "samples/s per epoch: " + ", ".join(f"{s:.0f}" for s in samples_per_s))
+    report.perf("samples_per_s", samples_per_s,
+                "samples/s per epoch: " + ", ".join(f"{s:.0f}" for s in samples_per_s))
     report.perf("peak_rss_mb", peak_rss_mb(), "peak RSS {value:.0f} MB")
-    if args.check_resume and master_process:
-        report.claim("resume_reproduces_uninterrupted", resume_difference(args, loader, generator, device, info,
-                     model), "==", 0.0, f"stopped after epoch {args.epochs // 2}, resumed from the checkpoint: "
-                     "max |difference| to the uninterrupted run over parameters and buffers = {value:.1e}")
-    report.write(args.results)
 
 
 if __name__ == "__main__":

@@ -1,30 +1,37 @@
-"""Lesson 02: collectives -- a process group, every collective checked, a ring all-reduce from send/recv, no server.
+"""Lesson 02: collectives -- a process group, every collective checked, a ring all-reduce from send/recv,
+no server.
 
     python lessons/02_collectives.py                                    # one process, no process group
-    torchrun --standalone --nproc_per_node=2 lessons/02_collectives.py  # 2 processes (2 GPUs, or 2 CPU processes)
-    torchrun --standalone --nproc_per_node=4 lessons/02_collectives.py  # also counts ring vs server at n = 4
+    torchrun --standalone --nproc_per_node=2 lessons/02_collectives.py  # 2 processes (2 GPUs or 2 CPU ones)
+    torchrun --standalone --nproc_per_node=4 lessons/02_collectives.py  # also counts ring vs server, n = 4
     torchrun --standalone --nproc_per_node=1 lessons/02_collectives.py  # a world of one
-    torchrun --nnodes=2 --nproc_per_node=2 --rdzv-backend=c10d --rdzv-endpoint=$HOST0:29500 --rdzv-id=lessons \\
-        lessons/02_collectives.py                                       # the same on each of 2 nodes: a world of 4
-    torchrun --standalone --nproc_per_node=2 benchmarks/allreduce_bandwidth.py  # algbw / busbw per message size
+    # the same on each of 2 nodes: a world of 4
+    torchrun --nnodes=2 --nproc_per_node=2 --rdzv-backend=c10d --rdzv-endpoint=$HOST0:29500 \\
+        --rdzv-id=lessons lessons/02_collectives.py
+    # algbw / busbw per message size
+    torchrun --standalone --nproc_per_node=2 benchmarks/allreduce_bandwidth.py
 
 What to look for (a measured line ends with "[claim <relation> <bound>: holds]"):
 - RANK is global (0 .. WORLD_SIZE-1), LOCAL_RANK counts the processes of one node. The backend table (PyTorch
-  docs): NCCL moves CUDA tensors only, gloo CPU tensors (and some CUDA ops), MPI exists only in builds from source.
-  Then send/recv and 6 collectives run (the table's but gather, scatter, all_to_all), each checked locally.
-- barrier: the last rank arrives 50 ms late; after the barrier every rank reads, in torchrun's key-value store, how
-  many ranks had arrived: all of them. No clocks are compared across ranks (two nodes have two clocks).
-- The ring all-reduce from isend/irecv equals dist.all_reduce (bit for bit on integer data) on lengths that do not
-  divide by the world size. Each rank sends 2(n-1)/n of the tensor: nccl-tests' busbw / algbw factor.
+  docs): NCCL moves CUDA tensors only, gloo CPU tensors (and some CUDA ops), MPI exists only in builds from
+  source. Then send/recv and 6 collectives run (the table's but gather, scatter, all_to_all), each checked
+  locally.
+- barrier: the last rank arrives 50 ms late; after the barrier every rank reads, in torchrun's key-value
+  store, how many ranks had arrived: all of them. No clocks are compared across ranks (two nodes have two
+  clocks).
+- The ring all-reduce from isend/irecv equals dist.all_reduce (bit for bit on integer data) on lengths that do
+  not divide by the world size. Each rank sends 2(n-1)/n of the tensor: nccl-tests' busbw / algbw factor.
 - Ring versus parameter server, like with like (in + out on the busiest link): the server's link carries
   2(n-1) Psi, a ring rank's 4(n-1) Psi / n: n/2 times less, equal at n = 2. Formula for n = 2, 4, 8; bytes
   counted for n = 2 (and 4 with 4 processes).
-- No parameter server: ONE all_reduce averages the shards' gradients, every rank steps its own optimizer: equal to
-  one process on the global batch (~1e-8), replicas identical (difference 0). That settles two myths (README),
-  "rank 0 gathers the gradients and broadcasts the weights" and "data parallelism syncs through a parameter server".
-- Myth "ring all-reduce is what DDP does": DDP hands buckets to the backend's all_reduce, and NCCL chooses ring or
-  tree algorithms by size and topology (GPU-only, not checked here: NCCL_ALGO in
-  https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html). The ring is the model of the bandwidth cost.
+- No parameter server: ONE all_reduce averages the shards' gradients, every rank steps its own optimizer:
+  equal to one process on the global batch (~1e-8), replicas identical (difference 0). That settles two myths
+  (README), "rank 0 gathers the gradients and broadcasts the weights" and "data parallelism syncs through a
+  parameter server".
+- Myth "ring all-reduce is what DDP does": DDP hands buckets to the backend's all_reduce, and NCCL chooses
+  ring or tree algorithms by size and topology (GPU-only, not checked here: NCCL_ALGO in
+  https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html). The ring is the model of the bandwidth
+  cost.
 Docs: https://pytorch.org/docs/stable/distributed.html,
 https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md (algbw, busbw)
 """
@@ -46,10 +53,10 @@ from common.data import digits_split
 from common.models import mlp
 from common.ranks import gather_to_rank0, max_param_diff_across_ranks, print0
 from common.results import Report
-from common.ring import (LinkStats, parameter_server_all_reduce, ring_all_reduce, ring_link_bytes, server_link_bytes,
-                         simulation_equals_sum)
-from common.session import (LessonError, add_distributed_args, barrier, distributed_session, read_torchrun_env,
-                            run_main, set_seed)
+from common.ring import (LinkStats, parameter_server_all_reduce, ring_all_reduce, ring_link_bytes,
+                         server_link_bytes, simulation_equals_sum)
+from common.session import (LessonError, add_distributed_args, barrier, distributed_session,
+                            read_torchrun_env, run_main, set_seed)
 
 DEMO_LEN = 4  # elements in the small tensors each collective demonstrates on (printed, so kept short)
 PSI = 1024  # float32 elements in the ring-versus-server count: 4096 bytes, divisible by 2, 4 and 8 ranks
@@ -59,8 +66,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[1, 3, 7, 1001],
                    help="tensor lengths (elements) on which ring all-reduce is compared with dist.all_reduce")
-    p.add_argument("--batch-size", type=int, default=16, help="samples per process in the SGD step (x world_size)")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate of that step (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=16,
+                   help="samples per process in the SGD step (x world_size)")
+    p.add_argument("--lr", type=float, default=0.1,
+                   help="SGD learning rate of that step (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
     add_distributed_args(p)
@@ -83,7 +92,7 @@ def max_err(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 def run_collectives(info, late_s: float = 0.05) -> tuple[dict[str, float], float]:
     """Every collective once, each result compared with the local answer; returns {check: this rank's number},
-    0.0 meaning right (max |error|, arrivals missed, fallback used), and this rank's own wait in the barrier."""
+    0.0 meaning right (max |error|, arrivals missed, fallback used), and this rank's wait in the barrier."""
     n, r, dev = info.world_size, info.rank, info.device
     # rank k's input [100k, 100k+1, 100k+2, 100k+3]: integers in float32 (exact sums), computable on any rank
     x = lambda k: torch.arange(DEMO_LEN, dtype=torch.float32, device=dev) + 100 * k  # noqa: E731
@@ -96,8 +105,9 @@ def run_collectives(info, late_s: float = 0.05) -> tuple[dict[str, float], float
         elif r == 1:
             dist.recv(buf, src=0)
         err["send_recv"] = max_err(buf, x(0)) if r == 1 else 0.0  # only rank 1 has something to check
-        # everybody shifts its tensor one step right on the ring at once: blocking sends in that pattern could all
-        # wait for a receive nobody has posted yet; batch_isend_irecv posts each rank's send and receive together
+        # everybody shifts its tensor one step right on the ring at once: blocking sends in that pattern could
+        # all wait for a receive nobody has posted yet; batch_isend_irecv posts each rank's send and receive
+        # together
         buf = torch.empty(DEMO_LEN, device=dev)
         for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, x(r), (r + 1) % n),
                                          dist.P2POp(dist.irecv, buf, (r - 1) % n)]):
@@ -116,7 +126,7 @@ def run_collectives(info, late_s: float = 0.05) -> tuple[dict[str, float], float
     dist.all_gather(parts, x(r))  # everybody ends with every rank's tensor, in rank order
     err["all_gather"] = max(max_err(parts[k], x(k)) for k in range(n))
     # reduce_scatter: rank k contributes [x_k + 1000 j for j in ranks]; rank j ends with the sum of the j-th
-    # entries. It is the first half of the ring all-reduce. MPI lacks it (docs table): build it from all_reduce.
+    # entries. It is the first half of the ring all-reduce. MPI lacks it (docs table): from all_reduce then.
     inputs, got = [x(r) + 1000 * j for j in range(n)], torch.empty(DEMO_LEN, device=dev)
     try:
         dist.reduce_scatter(got, inputs, op=dist.ReduceOp.SUM)
@@ -127,19 +137,30 @@ def run_collectives(info, late_s: float = 0.05) -> tuple[dict[str, float], float
         dist.all_reduce(full)
         got = full[r * DEMO_LEN:(r + 1) * DEMO_LEN]
     err["reduce_scatter"] = max_err(got, total + 1000 * r * n)
-    # barrier: each rank counts itself in torchrun's key-value store (reachable from every node) before it; after
-    # it, a rank that left before the last arrival would read fewer than n. No clock is compared across ranks.
+    err["barrier_missed_arrivals"], waited = check_barrier(info, late_s)
+    return err, waited
+
+
+def check_barrier(info, late_s: float) -> tuple[int, float]:
+    """The last rank arrives `late_s` late; returns (arrivals a rank had not seen when it left the barrier,
+    this rank's own wait in it).
+
+    Each rank counts itself in torchrun's key-value store (reachable from every node) before the barrier;
+    after it, a rank that left before the last arrival would read fewer than n. No clock is compared across
+    ranks.
+    """
+    n = info.world_size
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                           timeout=timedelta(seconds=60))
-    key = f"lesson02/arrived/{os.environ.get('TORCHELASTIC_RUN_ID')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT')}"
-    if r == n - 1:
+    run_id, attempt = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    key = f"lesson02/arrived/{run_id}/{attempt}"
+    if info.rank == n - 1:
         time.sleep(late_s)  # the last rank arrives late on purpose
     store.add(key, 1)
     t0 = time.perf_counter()
     dist.barrier()
     waited = time.perf_counter() - t0  # this rank's own clock: valid on any node
-    err["barrier_missed_arrivals"] = n - store.add(key, 0)  # add 0 reads the counter
-    return err, waited
+    return n - store.add(key, 0), waited  # add 0 reads the counter
 
 
 def busiest_link(info, fn, m: int, group) -> float:
@@ -152,8 +173,26 @@ def busiest_link(info, fn, m: int, group) -> float:
     return int(worst.item())
 
 
+def average_gradients(model: torch.nn.Module, world_size: int, distributed: bool) -> torch.Tensor:
+    """Replace each trainable parameter's gradient by its mean over the ranks, with ONE all_reduce; returns
+    the flat buffer of averaged gradients. Frozen parameters (requires_grad=False, as in fine-tuning) have no
+    gradient: skipped, as DDP skips them, and torch.optim then leaves them untouched. A parameter shared by
+    two layers (tied) appears once in model.parameters(), its .grad already the sum of both uses."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    # one flat buffer of all gradients (DDP does the same per bucket, overlapped with backward)
+    grads = torch.cat([p.grad.reshape(-1) for p in params])
+    if distributed:
+        dist.all_reduce(grads, op=dist.ReduceOp.SUM)  # the only communication of the step
+    grads /= world_size  # equal shard sizes: the mean of the shard means is the global-batch mean
+    offset = 0
+    for p in params:
+        p.grad.copy_(grads[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return grads
+
+
 def one_sgd_step(info, args) -> dict:
-    """One data-parallel SGD step by hand: shard gradient -> one all_reduce -> divide -> each rank's own step."""
+    """One data-parallel SGD step by hand: shard gradient -> one all_reduce -> divide -> own step."""
     n, r, dev, b = info.world_size, info.rank, info.device, args.batch_size
     train_set, _ = digits_split()  # every rank loads the same data; no rank distributes it
     x_global = train_set.tensors[0][: b * n].reshape(b * n, -1).to(dev)  # (b*n, 64) flattened 8x8 images
@@ -166,15 +205,7 @@ def one_sgd_step(info, args) -> dict:
     opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=args.lr) for m in (model, reference))
     with count_collectives() as calls:
         F.cross_entropy(model(x), y).backward()  # mean over this rank's b samples
-        # one flat buffer of all gradients (DDP does the same per bucket, overlapped with backward)
-        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])  # (P,) P = 64*32+32+32*10+10 = 2410
-        if info.distributed:
-            dist.all_reduce(grads, op=dist.ReduceOp.SUM)  # the only communication of the step
-        grads /= n  # equal shard sizes: the mean of the shard means is the global-batch mean
-        offset = 0
-        for p in model.parameters():
-            p.grad.copy_(grads[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        grads = average_gradients(model, n, info.distributed)  # (P,) P = 64*32+32+32*10+10 = 2410
         opt.step()  # every rank steps its own optimizer with the same gradient
     F.cross_entropy(reference(x_global), y_global).backward()  # mean over all b*n samples, one process
     ref_opt.step()
@@ -186,114 +217,159 @@ def one_sgd_step(info, args) -> dict:
                          dtype=torch.float64, device=dev)
     if info.distributed:
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return {"calls": calls.total, "all_reduces": calls.calls.get("all_reduce", 0), "num_params": grads.numel(),
+    return {"calls": calls.total, "all_reduces": calls.calls.get("all_reduce", 0),
+            "num_params": grads.numel(),
             **dict(zip(("grad_across", "grad_vs_global", "param_vs_global"), worst.tolist())),
             "param_across": max_param_diff_across_ranks(model, info)}
+
+
+def who_am_i(info, report: Report) -> None:
+    """1. Per-rank facts travel to rank 0 and are printed there in rank order."""
+    n = info.world_size
+    mine = {"rank": info.rank, "local_rank": info.local_rank, "world_size": n,
+            "local_world_size": info.local_world_size, "device": str(info.device)}
+    facts = gather_to_rank0(mine, info) or []
+    rows = ["{rank:>4} {local_rank:>10} {world_size:>10} {local_world_size:>16} {device:>6}".format(**f)
+            for f in facts]
+    report.value("ranks", facts, "\n".join(["rank local_rank world_size local_world_size device"] + rows))
+    if info.master_process:
+        report.claim("ranks_are_0_to_n_minus_1", [f["rank"] for f in facts] == list(range(n)), "==", True,
+                     "every rank 0 .. world_size-1 joined once: {value}")
+
+
+def backends(report: Report) -> None:
+    """2. The docs' table of backends, and what this build of torch contains."""
+    built = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
+             "mpi": dist.is_mpi_available()}
+    report.record("backends_built", built)
+    print0("\nbackend support (PyTorch docs; yes/no/?) -- and what this build of torch contains")
+    print0("\n".join(backend_table(built)))
+    report.claim("gloo_built", built["gloo"], "==", True,
+                 "gloo is in this build (CPU tensors need it): {value}")
+
+
+def check_collectives(info, report: Report) -> None:
+    """3. Every collective, checked on every rank against the answer computed locally."""
+    n = info.world_size
+    if not info.distributed:
+        print0("\n(plain python: no process group, no collectives; "
+               "torchrun --nproc_per_node=1: a world of one)")
+        return
+    print0(f"\ncollectives on {info.backend}/{info.device.type}: rank k contributes x_k = [0 1 2 3] + 100 k"
+           + ("  (send/recv need a peer: skipped in a world of one)" if n == 1 else ""))
+    err, waited = run_collectives(info)
+    worst = torch.tensor(list(err.values()), dtype=torch.float64, device=info.device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the worst rank's number for every check
+    for check, e in zip(err, worst.tolist()):
+        if check == "barrier_missed_arrivals":
+            report.claim(check, e, "==", 0, "  barrier: arrivals missing when a rank left it {value:g} "
+                         "(the last rank came 50 ms late)")
+        elif check != "reduce_scatter_fallback":
+            report.claim(f"{check}_exact", e, "==", 0.0,
+                         f"  {check:<24} max |error| over ranks {{value:.1e}}")
+        elif info.backend in ("gloo", "nccl"):  # native on both in torch 2.13; not on MPI (docs table)
+            report.claim("reduce_scatter_native", e == 0, "==", True,
+                         f"  reduce_scatter runs natively on {info.backend}: {{value}}")
+    report.perf("barrier_wait_ms", gather_to_rank0(round(waited * 1e3, 1), info),
+                "  barrier: each rank's own wait in it, ms {value}")
+
+
+def ring_vs_all_reduce(info, args, length: int) -> dict:
+    """The ring from isend/irecv and dist.all_reduce on `length` integers and `length` floats: max |diff|."""
+    gen = torch.Generator().manual_seed(args.seed * 1000 + 17 * info.rank + length)
+    integers = torch.randint(-1000, 1000, (length,), generator=gen).float()
+    data = torch.cat([integers, torch.randn(length, generator=gen)]).to(info.device)  # (2 * length,)
+    ring, ref = ring_all_reduce(data.clone()), data.clone()
+    dist.all_reduce(ref)
+    # floats may differ in the last bit (the ring adds around the ring, gloo in its own order); integers have
+    # no rounding, so there the two must agree exactly
+    d = torch.tensor([max_err(ring[:length], ref[:length]), max_err(ring[length:], ref[length:])],
+                     dtype=torch.float64, device=info.device)
+    dist.all_reduce(d, op=dist.ReduceOp.MAX)
+    return {"length": length, "int_diff": d[0].item(), "float_diff": d[1].item()}
+
+
+def check_ring(info, args, report: Report) -> None:
+    """4. The ring all-reduce from send/recv: simulated in this process, then between the processes."""
+    n = info.world_size
+    same = simulation_equals_sum(range(1, 5), args.lengths, args.seed)
+    report.claim("ring_simulation_equals_sum", same, "==", 1, f"\nring schedule simulated in one process for "
+                 f"1..4 ranks, lengths {args.lengths}: equals the plain sum: {{value}}")
+    if not info.distributed:
+        return
+    # integers in float32 sum exactly; random floats round
+    rows = [ring_vs_all_reduce(info, args, length) for length in args.lengths]
+    lines = ["  length {length:>6}  integer data max |diff| {int_diff:.1e}  float data "
+             "max |diff| {float_diff:.1e}".format(**row) for row in rows]
+    report.value("ring_vs_all_reduce", rows,
+                 "\n".join([f"ring all-reduce (isend/irecv) vs dist.all_reduce on {n} ranks:"] + lines))
+    report.claim("ring_equals_all_reduce_on_integers", max(r["int_diff"] for r in rows), "==", 0.0,
+                 "  ring == dist.all_reduce on integer data, every length: max |diff| {value:.1e}")
+    report.claim("ring_close_to_all_reduce_on_floats", max(r["float_diff"] for r in rows), "<=", 1e-4,
+                 "  on float data (another summation order): max |diff| {value:.1e}")
+    stats = LinkStats()
+    ring_all_reduce(torch.ones(1024 * n, device=info.device), stats=stats)  # n divides the length
+    report.claim("ring_messages_per_rank", stats.messages_sent, "==", 2 * (n - 1),
+                 f"  one all-reduce of {1024 * n} float32: messages each rank sends {{value}} = 2(n-1)")
+    report.claim("ring_bytes_sent_share", stats.bytes_sent / (1024 * n * 4), "==",
+                 bus_bandwidth_factor("all_reduce", n), f"  bytes each rank sends {stats.bytes_sent} = "
+                 "{value:.4f} x the tensor = 2(n-1)/n, nccl-tests' busbw / algbw")
+
+
+def ring_vs_server(info, report: Report) -> None:
+    """5. Ring versus parameter server: bytes on the busiest link, in + out (formula; counted if m <= n)."""
+    print0(f"\nbusiest link, in + out, all-reducing Psi = {PSI * 4} bytes: server 2(n-1) Psi, "
+           "ring 4(n-1) Psi / n")
+    for m in (2, 4, 8):
+        server, ring = server_link_bytes(m, 4 * PSI), ring_link_bytes(m, 4 * PSI)
+        report.claim(f"server_over_ring_formula_n{m}", server / ring, "==", m / 2,
+                     f"  n = {m} (formula): server {server}, ring {ring:.0f}, "
+                     "server / ring {value:g} = n/2")
+    for m in [m for m in (2, 4, 8) if m <= info.world_size]:
+        # every rank creates every group
+        group = dist.new_group(list(range(m))) if m < info.world_size else None
+        ring = busiest_link(info, ring_all_reduce, m, group)
+        server = busiest_link(info, parameter_server_all_reduce, m, group)
+        report.claim(f"ring_link_bytes_measured_n{m}", ring, "==", ring_link_bytes(m, 4 * PSI),
+                     f"  n = {m} (counted): ring {{value:.0f}} = 4(n-1) Psi / n")
+        report.claim(f"server_link_bytes_measured_n{m}", server, "==", server_link_bytes(m, 4 * PSI),
+                     f"  n = {m} (counted): server {{value:.0f}} = 2(n-1) Psi, "
+                     f"{server / ring:g} x the ring's")
+
+
+def no_parameter_server(info, args, report: Report) -> None:
+    """6. No parameter server: one all_reduce of the gradient, every rank steps itself (= one process on
+    the global batch)."""
+    s = one_sgd_step(info, args)
+    print0(f"\none SGD step, global batch {info.world_size} x {args.batch_size} samples, "
+           f"{s['num_params']} parameters:")
+    report.claim("step_collectives", s["calls"], "==", int(info.distributed), "  collectives in the step "
+                 f"{{value}}: {s['all_reduces']} all_reduce of the gradient; no broadcast of weights")
+    report.claim("grad_same_on_every_rank", s["grad_across"], "==", 0.0,
+                 "  averaged gradient, max |diff| across ranks:           {value:.1e}")
+    report.claim("grad_equals_global_batch", s["grad_vs_global"], "<=", 1e-6,  # float32, another sum order
+                 "  averaged gradient vs one process on the global batch: {value:.1e}")
+    report.claim("params_same_on_every_rank", s["param_across"], "==", 0.0,  # same start, gradient, update
+                 "  parameters after the step, max |diff| across ranks:   {value:.1e}")
+    report.claim("params_equal_global_batch", s["param_vs_global"], "<=", 1e-6,
+                 "  parameters vs one process on the global batch:        {value:.1e}")
 
 
 def main() -> None:
     args = parse_args()
     with distributed_session(args) as info:
-        n, dev, report = info.world_size, info.device, Report(info)
-        report.results.update(backend=info.backend, device=dev.type, distributed=info.distributed)
-        report.value("world_size", n, f"world_size {{value}}  backend {info.backend or 'none (plain python)'}  "
-                                      f"device {dev.type}")
-        # --- 1. Who am I? Per-rank facts travel to rank 0 and are printed there in rank order -----------------------
-        facts = gather_to_rank0({"rank": info.rank, "local_rank": info.local_rank, "world_size": n,
-                                 "local_world_size": info.local_world_size, "device": str(dev)}, info) or []
-        report.value("ranks", facts, "\n".join(["rank local_rank world_size local_world_size device"] + [
-            "{rank:>4} {local_rank:>10} {world_size:>10} {local_world_size:>16} {device:>6}".format(**f)
-            for f in facts]))
-        if info.master_process:
-            report.claim("ranks_are_0_to_n_minus_1", [f["rank"] for f in facts] == list(range(n)), "==", True,
-                         "every rank 0 .. world_size-1 joined once: {value}")
-        # --- 2. Backends: the docs' table, and what this build contains ---------------------------------------------
-        built = report.record("backends_built", {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
-                                                 "mpi": dist.is_mpi_available()})
-        print0("\nbackend support (PyTorch docs; yes/no/?) -- and what this build of torch contains")
-        print0("\n".join(backend_table(built)))
-        report.claim("gloo_built", built["gloo"], "==", True, "gloo is in this build (CPU tensors need it): {value}")
-        # --- 3. Every collective, checked on every rank against the answer computed locally -------------------------
-        if not info.distributed:
-            print0("\n(plain python: no process group, no collectives; torchrun --nproc_per_node=1: a world of one)")
-        else:
-            print0(f"\ncollectives on {info.backend}/{dev.type}: rank k contributes x_k = [0 1 2 3] + 100 k"
-                   + ("  (send/recv need a peer: skipped in a world of one)" if n == 1 else ""))
-            err, waited = run_collectives(info)
-            worst = torch.tensor(list(err.values()), dtype=torch.float64, device=dev)
-            dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the worst rank's number for every check
-            for check, e in zip(err, worst.tolist()):
-                if check == "barrier_missed_arrivals":
-                    report.claim(check, e, "==", 0, "  barrier: arrivals missing when a rank left it {value:g} (the "
-                                 "last rank came 50 ms late)")
-                elif check != "reduce_scatter_fallback":
-                    report.claim(f"{check}_exact", e, "==", 0.0, f"  {check:<24} max |error| over ranks {{value:.1e}}")
-                elif info.backend in ("gloo", "nccl"):  # native on both in torch 2.13; not on MPI (docs table)
-                    report.claim("reduce_scatter_native", e == 0, "==", True,
-                                 f"  reduce_scatter runs natively on {info.backend}: {{value}}")
-            report.perf("barrier_wait_ms", gather_to_rank0(round(waited * 1e3, 1), info),
-                        "  barrier: each rank's own wait in it, ms {value}")
-        # --- 4. The ring all-reduce from send/recv: simulated in this process, then between the processes -----------
-        report.claim("ring_simulation_equals_sum", simulation_equals_sum(range(1, 5), args.lengths, args.seed),
-                     "==", 1, f"\nring schedule simulated in one process for 1..4 ranks, lengths {args.lengths}: "
-                     "equals the plain sum: {value}")
-        if info.distributed:
-            rows = []
-            for length in args.lengths:  # integers in float32 sum exactly; random floats round
-                gen = torch.Generator().manual_seed(args.seed * 1000 + 17 * info.rank + length)
-                data = torch.cat([torch.randint(-1000, 1000, (length,), generator=gen).float(),
-                                  torch.randn(length, generator=gen)]).to(dev)  # (2 * length,): integers, floats
-                ring, ref = ring_all_reduce(data.clone()), data.clone()
-                dist.all_reduce(ref)
-                # floats may differ in the last bit (the ring adds around the ring, gloo in its own order); integers
-                # have no rounding, so there the two must agree exactly
-                d = torch.tensor([max_err(ring[:length], ref[:length]), max_err(ring[length:], ref[length:])],
-                                 dtype=torch.float64, device=dev)
-                dist.all_reduce(d, op=dist.ReduceOp.MAX)
-                rows.append({"length": length, "int_diff": d[0].item(), "float_diff": d[1].item()})
-            report.value("ring_vs_all_reduce", rows, "\n".join([f"ring all-reduce (isend/irecv) vs dist.all_reduce on "
-                         f"{n} ranks:"] + ["  length {length:>6}  integer data max |diff| {int_diff:.1e}  float data "
-                                           "max |diff| {float_diff:.1e}".format(**row) for row in rows]))
-            report.claim("ring_equals_all_reduce_on_integers", max(r["int_diff"] for r in rows), "==", 0.0,
-                         "  ring == dist.all_reduce on integer data, every length: max |diff| {value:.1e}")
-            report.claim("ring_close_to_all_reduce_on_floats", max(r["float_diff"] for r in rows), "<=", 1e-4,
-                         "  on float data (another summation order): max |diff| {value:.1e}")
-            stats = LinkStats()
-            ring_all_reduce(torch.ones(1024 * n, device=dev), stats=stats)  # n divides the length
-            report.claim("ring_messages_per_rank", stats.messages_sent, "==", 2 * (n - 1),
-                         f"  one all-reduce of {1024 * n} float32: messages each rank sends {{value}} = 2(n-1)")
-            report.claim("ring_bytes_sent_share", stats.bytes_sent / (1024 * n * 4), "==",
-                         bus_bandwidth_factor("all_reduce", n), f"  bytes each rank sends {stats.bytes_sent} = "
-                         "{value:.4f} x the tensor = 2(n-1)/n, nccl-tests' busbw / algbw")
-        # --- 5. Ring versus parameter server: bytes on the busiest link, in + out ------------------------------------
-        print0(f"\nbusiest link, in + out, all-reducing Psi = {PSI * 4} bytes: server 2(n-1) Psi, ring 4(n-1) Psi / n")
-        for m in (2, 4, 8):
-            server, ring = server_link_bytes(m, 4 * PSI), ring_link_bytes(m, 4 * PSI)
-            report.claim(f"server_over_ring_formula_n{m}", server / ring, "==", m / 2,
-                         f"  n = {m} (formula): server {server}, ring {ring:.0f}, server / ring {{value:g}} = n/2")
-        for m in [m for m in (2, 4, 8) if m <= n]:
-            group = dist.new_group(list(range(m))) if m < n else None  # every rank creates every group
-            ring = busiest_link(info, ring_all_reduce, m, group)
-            server = busiest_link(info, parameter_server_all_reduce, m, group)
-            report.claim(f"ring_link_bytes_measured_n{m}", ring, "==", ring_link_bytes(m, 4 * PSI),
-                         f"  n = {m} (counted): ring {{value:.0f}} = 4(n-1) Psi / n")
-            report.claim(f"server_link_bytes_measured_n{m}", server, "==", server_link_bytes(m, 4 * PSI),
-                         f"  n = {m} (counted): server {{value:.0f}} = 2(n-1) Psi, {server / ring:g} x the ring's")
-        # --- 6. No parameter server: one all_reduce of the gradient, every rank steps itself -------------------------
-        s = one_sgd_step(info, args)
-        print0(f"\none SGD step, global batch {n} x {args.batch_size} samples, {s['num_params']} parameters:")
-        report.claim("step_collectives", s["calls"], "==", int(info.distributed), "  collectives in the step "
-                     f"{{value}}: {s['all_reduces']} all_reduce of the gradient; no broadcast of weights")
-        report.claim("grad_same_on_every_rank", s["grad_across"], "==", 0.0,
-                     "  averaged gradient, max |diff| across ranks:           {value:.1e}")
-        report.claim("grad_equals_global_batch", s["grad_vs_global"], "<=", 1e-6,  # float32, another sum order
-                     "  averaged gradient vs one process on the global batch: {value:.1e}")
-        report.claim("params_same_on_every_rank", s["param_across"], "==", 0.0,  # same start, gradient, update
-                     "  parameters after the step, max |diff| across ranks:   {value:.1e}")
-        report.claim("params_equal_global_batch", s["param_vs_global"], "<=", 1e-6,
-                     "  parameters vs one process on the global batch:        {value:.1e}")
+        report = Report(info)
+        report.results.update(backend=info.backend, device=info.device.type, distributed=info.distributed)
+        report.value("world_size", info.world_size, f"world_size {{value}}  backend "
+                     f"{info.backend or 'none (plain python)'}  device {info.device.type}")
+        who_am_i(info, report)
+        backends(report)
+        check_collectives(info, report)
+        check_ring(info, args, report)
+        ring_vs_server(info, report)
+        no_parameter_server(info, args, report)
         report.write(args.results)
-        barrier(info)  # every message received before teardown: 1 in 30 4-rank gloo runs aborted there without it
+        barrier(info)  # every message received before teardown: 1 in 30 4-rank gloo runs aborted without it
 
 
 if __name__ == "__main__":

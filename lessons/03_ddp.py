@@ -21,32 +21,36 @@ What to look for:
   per-rank table RANK is global, LOCAL_RANK picks the device on each node; only global rank 0 writes.
 - "max parameter difference across ranks: 0": no parameter server. DDP copies rank 0's parameters and buffers
   to every rank ONCE, when it wraps the model; then only gradients travel (all-reduced in buckets during
-  backward), every rank applies the same averaged gradient and the PARAMETERS stay identical. One exception, on by
-  default: `forward_sync_buffers=True` (`broadcast_buffers` before torch 2.13) broadcasts rank 0's buffers
-  (BatchNorm's running statistics) at the start of a forward, but only if the previous forward ran with gradient
-  sync: after a forward under `no_grad` or `no_sync` the next one sends nothing (`require_forward_param_sync`).
-  Training sends them once per step, before its forward: each rank's last step leaves its own statistics.
+  backward), every rank applies the same averaged gradient and the PARAMETERS stay identical. One exception,
+  on by default: `forward_sync_buffers=True` (`broadcast_buffers` before torch 2.13) broadcasts rank 0's
+  buffers (BatchNorm's running statistics) at the start of a forward, but only if the previous forward ran
+  with gradient sync: after a forward under `no_grad` or `no_sync` the next one sends nothing
+  (`require_forward_param_sync`). Training sends them once per step, before its forward: each rank's last step
+  leaves its own statistics.
 - --check-equivalence: rank 0 replays the same global batches in one process; the parameters match (<= 1e-5).
   The other ranks wait for this rank-0-only phase without the --timeout-s bound (common.session.rank0_only).
 
-Learning rate and the global batch: one --lr on 1, 2 and 4 processes means global batches of 32, 64, 128 and 45,
-23, 12 steps per epoch: first-epoch train loss 0.84, 1.27, 1.85, test loss after 4 epochs 0.015, 0.059, 0.073.
-The linear scaling rule (Goyal et al. 2017, arXiv:1706.02677), `--lr-scaling linear`: lr = --lr x global batch /
---base-batch; first epoch 1.04 on 2, 1.28 on 4 processes. Its warm-up (--warmup-steps, from --lr up) matters when
-the scaled lr is large: --lr 0.05 on 4 processes (lr 0.2), first epoch 3.28 without, 1.64 with 12 warm-up steps.
+Learning rate and the global batch: one --lr on 1, 2 and 4 processes means global batches of 32, 64, 128 and
+45, 23, 12 steps per epoch: first-epoch train loss 0.84, 1.27, 1.85, test loss after 4 epochs 0.015, 0.059,
+0.073. The linear scaling rule (Goyal et al. 2017, arXiv:1706.02677), `--lr-scaling linear`: lr = --lr x
+global batch / --base-batch; first epoch 1.04 on 2, 1.28 on 4 processes. Its warm-up (--warmup-steps, from
+--lr up) matters when the scaled lr is large: --lr 0.05 on 4 processes (lr 0.2), first epoch 3.28 without,
+1.64 with 12 warm-up steps.
 
 Launchers: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, runs the rendezvous across nodes and
-restarts EVERY rank when one fails (--max-restarts=N, default 0). mp.spawn (--spawn N) calls fn(rank, *args) in N
-fresh interpreters: the parent sets MASTER_ADDR/PORT, each child passes rank and world size to init_process_group,
-and fn must be importable (children unpickle it by module and name: one from a notebook cell fails, notebook 03).
-`python -m torch.distributed.launch` (deprecated) passes --local-rank=N: accepted, with a note.
+restarts EVERY rank when one fails (--max-restarts=N, default 0). mp.spawn (--spawn N) calls fn(rank, *args)
+in N fresh interpreters: the parent sets MASTER_ADDR/PORT, each child passes rank and world size to
+init_process_group, and fn must be importable (children unpickle it by module and name: one from a notebook
+cell fails, notebook 03). `python -m torch.distributed.launch` (deprecated) passes --local-rank=N: accepted,
+with a note.
 
-DataParallel is ONE process: each forward copies the module to every GPU, scatters the batch from the first GPU,
-runs the copies in threads sharing one GIL, gathers outputs and reduces gradients on the first GPU. DDP: one
-process per device, all-reduce overlapped with backward; PyTorch recommends it even on one machine (docs: CUDA
-semantics, "Use nn.parallel.DistributedDataParallel instead of ... nn.DataParallel"). Without GPUs DataParallel
-has no devices and just calls the module (measured below). Sources: https://pytorch.org/docs/stable/notes/ddp.html,
-https://pytorch.org/docs/stable/notes/cuda.html, https://pytorch.org/docs/stable/elastic/run.html,
+DataParallel is ONE process: each forward copies the module to every GPU, scatters the batch from the first
+GPU, runs the copies in threads sharing one GIL, gathers outputs and reduces gradients on the first GPU. DDP:
+one process per device, all-reduce overlapped with backward; PyTorch recommends it even on one machine (docs:
+CUDA semantics, "Use nn.parallel.DistributedDataParallel instead of ... nn.DataParallel"). Without GPUs
+DataParallel has no devices and just calls the module (measured below). Sources:
+https://pytorch.org/docs/stable/notes/ddp.html, https://pytorch.org/docs/stable/notes/cuda.html,
+https://pytorch.org/docs/stable/elastic/run.html,
 https://pytorch.org/docs/stable/multiprocessing.html#spawning-subprocesses
 """
 from __future__ import annotations
@@ -69,7 +73,8 @@ from common.checkpoint import load_checkpoint, save_checkpoint
 from common.data import digits_split, synthetic_split
 from common.metrics import evaluate
 from common.models import DigitsCNN
-from common.ranks import gather_to_rank0, global_mean, max_param_diff_across_ranks, peak_rss_mb, print0, rank0_progress
+from common.ranks import (gather_to_rank0, global_mean, max_param_diff_across_ranks, peak_rss_mb, print0,
+                          rank0_progress)
 from common.results import Report
 from common.session import (DistInfo, LessonError, add_distributed_args, choose_backend_and_device,
                             deterministic_cuda, distributed_session, rank0_only, run_main, set_seed)
@@ -78,33 +83,42 @@ from common.session import (DistInfo, LessonError, add_distributed_args, choose_
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--epochs", type=int, default=4, help="passes over the training set (default %(default)s)")
-    p.add_argument("--batch-size", type=int, default=32, help="samples per process per step; x world_size = global")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="samples per process per step; x world_size = global")
     p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate (default %(default)s)")
-    p.add_argument("--lr-scaling", choices=["none", "linear"], default="none", help="linear: lr x global/base batch")
+    p.add_argument("--lr-scaling", choices=["none", "linear"], default="none",
+                   help="linear: lr x global/base batch")
     p.add_argument("--base-batch", type=int, default=32, help="the global batch --lr is tuned for")
-    p.add_argument("--warmup-steps", type=int, default=0, help="ramp the lr linearly from --lr to its scaled value")
+    p.add_argument("--warmup-steps", type=int, default=0,
+                   help="ramp the lr linearly from --lr to its scaled value")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0, help="model init and data order (same on every rank)")
     p.add_argument("--data", default=None, help="digits .npz (default: the bundled data/digits.npz)")
-    p.add_argument("--dataset", choices=["digits", "synthetic"], default="digits", help="synthetic: for benchmarks")
-    p.add_argument("--image-size", type=int, default=32, help="synthetic images are 1 x N x N (default %(default)s)")
-    p.add_argument("--synthetic-samples", type=int, default=4096, help="train + test samples (default %(default)s)")
+    p.add_argument("--dataset", choices=["digits", "synthetic"], default="digits",
+                   help="synthetic: for benchmarks")
+    p.add_argument("--image-size", type=int, default=32,
+                   help="synthetic images are 1 x N x N (default %(default)s)")
+    p.add_argument("--synthetic-samples", type=int, default=4096,
+                   help="train + test samples (default %(default)s)")
     p.add_argument("--checkpoint", default=None, help="write a checkpoint here after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     p.add_argument("--check-equivalence", action="store_true", help="rank 0 replays the run in one process")
-    p.add_argument("--spawn", type=int, default=0, metavar="N", help="start N processes with mp.spawn (plain python)")
+    p.add_argument("--spawn", type=int, default=0, metavar="N",
+                   help="start N processes with mp.spawn (plain python)")
     p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
     add_distributed_args(p)
     args = p.parse_args(argv)
     # Validate before any process group exists: every rank sees the same argv, so every rank fails alike.
     if args.batch_size < 1 or args.base_batch < 1:
-        raise LessonError(f"--batch-size must be a positive integer, got {args.batch_size} (--base-batch too)")
+        raise LessonError(f"--batch-size must be a positive integer, got {args.batch_size} "
+                          "(--base-batch too)")
     for name in ("epochs", "warmup_steps", "spawn"):
         if getattr(args, name) < 0:
             raise LessonError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.lr <= 0:
         raise LessonError(f"--lr must be positive, got {args.lr}")
-    if args.dataset == "synthetic" and (args.image_size < 2 or args.image_size % 2 or args.synthetic_samples < 2):
+    bad_size = args.image_size < 2 or args.image_size % 2 or args.synthetic_samples < 2
+    if args.dataset == "synthetic" and bad_size:
         raise LessonError("--image-size must be an even number >= 2 and --synthetic-samples >= 2")
     if args.resume and not args.checkpoint:
         raise LessonError("--resume needs --checkpoint PATH")
@@ -117,8 +131,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def lr_at(step: int, args: argparse.Namespace, world_size: int) -> float:
     """The learning rate of optimizer step `step` (0-based): --lr, or the linear scaling rule with warm-up."""
-    scale = args.batch_size * world_size / args.base_batch if args.lr_scaling == "linear" else 1.0  # 128/32 = 4
-    warm = min(1.0, step / args.warmup_steps) if args.warmup_steps else 1.0  # 0 -> 1 (Goyal et al., section 2.2)
+    scale = args.batch_size * world_size / args.base_batch if args.lr_scaling == "linear" else 1.0  # 128/32
+    warm = min(1.0, step / args.warmup_steps) if args.warmup_steps else 1.0  # 0 -> 1 (Goyal et al., 2.2)
     return args.lr + (args.lr * scale - args.lr) * warm  # from --lr up to --lr x scale
 
 
@@ -153,10 +167,10 @@ def replay_on_one_process(train_set, world_size: int, args, device) -> tuple[nn.
     return model, epoch_losses
 
 
-def train(args: argparse.Namespace, info: DistInfo) -> None:
-    """The lesson: every rank runs this inside a process group (or alone, without one)."""
-    report = Report(info)
-    # Same seed on every rank -> same initial weights (DDP also copies rank 0's once, when it wraps the model).
+def build(args: argparse.Namespace, info: DistInfo):
+    """Data, sampler, model (wrapped in DDP), optimizer, and the state a resume restores: (train_set,
+    test_set, sampler, loader, raw_model, model, optimizer, start_epoch)."""
+    # Same seed on every rank -> same initial weights (DDP also copies rank 0's once, when it wraps it).
     set_seed(args.seed)
     if args.dataset == "digits":
         train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8) and (359, 1, 8, 8), every rank
@@ -165,7 +179,8 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
 
     # Each rank reads a disjoint 1/world_size of a permutation that depends on (seed, epoch): 1438 / 2 = 719
     # samples, 23 batches of 32 per rank per epoch with 2 processes.
-    sampler = DistributedSampler(train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=args.seed)
+    sampler = DistributedSampler(train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True,
+                                 seed=args.seed)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 
     # Wrap order: build -> .to(device) -> DDP. DDP registers its all-reduce hooks on the parameters it
@@ -183,14 +198,21 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
         optimizer.load_state_dict(ckpt["optimizer"])
         start_epoch = int(ckpt["epoch"])
         print0(f"resumed from {args.checkpoint} at epoch {start_epoch}")
+    return train_set, test_set, sampler, loader, raw_model, model, optimizer, start_epoch
 
+
+def train(args: argparse.Namespace, info: DistInfo) -> None:
+    """The lesson: every rank runs this inside a process group (or alone, without one)."""
+    report = Report(info)
+    train_set, test_set, sampler, loader, raw_model, model, optimizer, start_epoch = build(args, info)
     W, B = info.world_size, args.batch_size
-    report.results.update(world_size=W, backend=info.backend, device=info.device.type, batch_size_per_process=B)
+    report.results.update(world_size=W, backend=info.backend, device=info.device.type,
+                          batch_size_per_process=B)
     report.value("global_batch_size", W * B, f"world_size {W}  backend {info.backend or 'none'}  device "
                  f"{info.device.type}  global batch {{value}} ({W} x {B})")
-    report.value("lr", lr_at(10**9, args, W), "learning rate {value:g}" + (
-        f" = {args.lr:g} x {W * B} / {args.base_batch} (linear scaling), warm-up {args.warmup_steps} steps"
-        if args.lr_scaling == "linear" else " on every world size (--lr-scaling none)"))
+    scaled = (f" = {args.lr:g} x {W * B} / {args.base_batch} (linear scaling), warm-up {args.warmup_steps} "
+              "steps" if args.lr_scaling == "linear" else " on every world size (--lr-scaling none)")
+    report.value("lr", lr_at(10**9, args, W), "learning rate {value:g}" + scaled)
     before = evaluate(raw_model, test_set, info)  # the untrained model: about ln(10) = 2.30
     history, steps, wrote_checkpoint, samples_per_s, test = [], 0, False, [], before
     step0 = start_epoch * len(loader)  # optimizer steps before this run (a resumed warm-up continues)
@@ -216,54 +238,75 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
         sync()  # GPU work is asynchronous: wait before reading the clock
         elapsed = time.perf_counter() - t0
         train_loss = global_mean(loss_sum, seen, info)  # reduce (sum, count) pairs over ranks, divide once
-        test = evaluate(raw_model, test_set, info)  # raw_model (common/metrics.py), with its own BatchNorm buffers
+        test = evaluate(raw_model, test_set, info)  # raw_model (common/metrics.py), its own BatchNorm buffers
         history.append({"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test["loss"],
                         "test_accuracy": test["accuracy"], "rank0_first_indices": first_indices})
+        # recorded once, in "history"
         print0(f"epoch {epoch + 1}/{args.epochs}  train_loss {train_loss:.4f}  test_loss {test['loss']:.4f}  "
-               f"test_acc {test['accuracy']:.4f}")  # recorded once, in "history"
+               f"test_acc {test['accuracy']:.4f}")
         samples_per_s.append(seen * W / elapsed)  # every rank saw the same count (DistributedSampler pads)
         if args.checkpoint:
             state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1}
             wrote_checkpoint |= save_checkpoint(state, args.checkpoint, info)  # rank 0 writes, all wait
     report.record("history", history)
+    mine = {"steps": steps, "wrote_checkpoint": wrote_checkpoint}
+    report_claims(report, args, info, raw_model, mine, test, before, len(test_set), samples_per_s)
+    compare_with_dataparallel(report, info, raw_model, test_set)
+    if args.check_equivalence:
+        check_equivalence(report, args, info, raw_model, train_set)
+    report.write(args.results)
 
+
+def report_claims(report: Report, args, info: DistInfo, raw_model: nn.Module, mine: dict, test: dict,
+                  before: dict, test_images: int, samples_per_s: list) -> None:
+    """Every rank's facts (printed by rank 0 in rank order), then the run's claims."""
     facts = gather_to_rank0({"rank": info.rank, "local_rank": info.local_rank, "device": str(info.device),
-                             "steps": steps, "wrote_checkpoint": wrote_checkpoint, "peak_rss_mb": peak_rss_mb()}, info)
+                             **mine, "peak_rss_mb": peak_rss_mb()}, info)
     print0(f"{'rank':>4} {'local_rank':>10} {'device':>8} {'steps':>5}  wrote_checkpoint")
     for f in facts or []:  # rank 0 prints every rank's facts, in rank order
-        print0(f"{f['rank']:>4} {f['local_rank']:>10} {f['device']:>8} {f['steps']:>5}  {f['wrote_checkpoint']}")
+        print0(f"{f['rank']:>4} {f['local_rank']:>10} {f['device']:>8} {f['steps']:>5}  "
+               f"{f['wrote_checkpoint']}")
     report.record("ranks", facts)
     if info.distributed:  # no rank sent parameters since the wrap, yet: same start, same gradients, same step
         report.claim("replicas_identical", max_param_diff_across_ranks(raw_model, info), "==", 0.0,
                      "max parameter difference across ranks: {value:.1e} (no parameter server)")
     report.claim("loss_falls", test["loss"] / before["loss"], "<=", 0.5,  # test: the last epoch's evaluation
-                 f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: ratio {{value:.3f}}")
+                 f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: "
+                 "ratio {value:.3f}")
     if args.epochs >= 4:  # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
         report.claim("test_accuracy", test["accuracy"], ">=", 0.95, "final test accuracy {value:.4f}")
-    report.claim("each_test_image_counted_once", test["count"], "==", len(test_set),
+    report.claim("each_test_image_counted_once", test["count"], "==", test_images,
                  "test images counted over all ranks: {value} (the padded repeats dropped)")
     report.perf("peak_rss_mb", [f["peak_rss_mb"] for f in facts or []],
                 "peak RSS per rank (MB): " + ", ".join(f"{f['peak_rss_mb']:.0f}" for f in facts or []))
     report.record("samples_per_s", samples_per_s)  # per epoch, over all ranks (benchmarks/ddp_scaling.py)
 
+
+def compare_with_dataparallel(report: Report, info: DistInfo, raw_model: nn.Module, test_set) -> None:
+    """nn.DataParallel (one process, threads) on rank 0: its output equals the module's."""
     with rank0_only(info, "the DataParallel comparison") as mine:
-        if mine:  # nn.DataParallel's device_ids: every visible GPU; [] without CUDA, and then forward = the module's
+        # nn.DataParallel's device_ids: every visible GPU; [] without CUDA, and then forward = the module's
+        if mine:
             dp, x = nn.DataParallel(raw_model).eval(), test_set.tensors[0].to(info.device)  # x (359, 1, 8, 8)
             with torch.no_grad():  # eval mode: each sample's output does not depend on how the batch is split
                 diff = (dp(x) - raw_model(x)).abs().max().item()
             report.record("dataparallel_device_ids", list(dp.device_ids))
-            report.claim("dataparallel_output_equals_module", diff, "<=", 1e-5, f"nn.DataParallel on device_ids "
-                         f"{list(dp.device_ids)} vs the module itself: max |output difference| = {{value:.1e}}")
-    if args.check_equivalence:
-        with rank0_only(info, "the one-process replay") as mine:  # no --timeout-s bound on the waiting ranks
-            if mine:
-                t0 = time.perf_counter()
-                reference, _ = replay_on_one_process(train_set, W, args, info.device)
-                report.perf("replay_s", time.perf_counter() - t0, "one-process replay: {value:.2f} s")
-                diff = max((p - q).abs().max().item() for p, q in zip(raw_model.parameters(), reference.parameters()))
-                report.claim("ddp_equals_one_process", diff, "<=", 1e-5, f"DDP on {W} ranks vs one process on "
-                             "the global batch: max |parameter difference| = {value:.1e}")
-    report.write(args.results)
+            report.claim("dataparallel_output_equals_module", diff, "<=", 1e-5,
+                         f"nn.DataParallel on device_ids {list(dp.device_ids)} vs the module itself: "
+                         "max |output difference| = {value:.1e}")
+
+
+def check_equivalence(report: Report, args, info: DistInfo, raw_model: nn.Module, train_set) -> None:
+    """--check-equivalence: rank 0 replays the run in one process; the parameters match."""
+    with rank0_only(info, "the one-process replay") as mine:  # no --timeout-s bound on the waiting ranks
+        if mine:
+            t0 = time.perf_counter()
+            reference, _ = replay_on_one_process(train_set, info.world_size, args, info.device)
+            report.perf("replay_s", time.perf_counter() - t0, "one-process replay: {value:.2f} s")
+            diff = max((p - q).abs().max().item() for p, q in zip(raw_model.parameters(),
+                                                                  reference.parameters()))
+            report.claim("ddp_equals_one_process", diff, "<=", 1e-5, f"DDP on {info.world_size} ranks vs "
+                         "one process on the global batch: max |parameter difference| = {value:.1e}")
 
 
 def spawn_worker(rank: int, world_size: int, args: argparse.Namespace) -> None:
@@ -273,7 +316,8 @@ def spawn_worker(rank: int, world_size: int, args: argparse.Namespace) -> None:
         if device.type == "cuda":
             deterministic_cuda()  # as setup() does: the equivalence is checked bit for bit
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=args.timeout_s))
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=args.timeout_s))
         try:
             train(args, DistInfo(rank, rank, world_size, world_size, backend, device))
         finally:

@@ -1,16 +1,15 @@
-"""Lesson 01 launched as a user runs it: plain python, torchrun (each process alone) and the legacy launcher."""
+"""Lesson 01 launched as a user runs it: plain python (one process, one device; a launch of several processes is
+refused with one line: they start in lesson 02)."""
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
 
 from common.launch import lesson_path, run_command, run_lesson
-from tests._lessons import assert_claims
+from tests._lessons import assert_claims, assert_fails_on_every_rank
 
 CLAIMS = {"loss_falls", "test_accuracy", "each_test_image_counted_once"}
-LEGACY_NOTE = "note: --local-rank came from the deprecated `python -m torch.distributed.launch`"
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +28,7 @@ def test_baseline_learns(full):
     losses = [h["train_loss"] for h in r["history"]]
     assert losses[-1] < 0.5 * losses[0]  # the loss actually falls
     assert all(s > 0 for s in r["samples_per_s"])
-    assert LEGACY_NOTE not in full.stdout  # no --local-rank, no note
+    assert "note:" not in full.stdout and r["world_size"] == 1
 
 
 @pytest.mark.timeout(240)
@@ -48,26 +47,18 @@ def test_resume_from_checkpoint_equals_uninterrupted(full, tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_under_torchrun_each_process_trains_alone(full):
-    run = run_lesson("01_single_gpu", nproc=2, timeout_s=180).check()
-    assert "one of 2 independent processes" in run.stdout
-    assert run.stdout.count("final test accuracy") == 1  # only rank 0 prints
-    assert_claims(run.results, CLAIMS)
-    assert run.results["history"] == full.results["history"]  # each process alone is the one-process run
+def test_several_processes_are_refused_on_every_rank():
+    run = run_lesson("01_single_gpu", nproc=2, timeout_s=180)
+    assert_fails_on_every_rank(run, 2, "lesson 01 trains on one device in one process: run it with python")
 
 
 @pytest.mark.timeout(240)
-def test_legacy_launcher_passes_local_rank_and_is_accepted(tmp_path):
-    """`python -m torch.distributed.launch` appends --local-rank=N: the lesson runs, and says so once."""
-    results = tmp_path / "r.json"
+def test_the_legacy_launchers_local_rank_is_not_an_option_here():
+    """`python -m torch.distributed.launch` (lesson 03) appends --local-rank=N: lesson 01 takes no such option."""
     cmd = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2", str(lesson_path("01_single_gpu")),
-           "--epochs", "1", "--results", str(results)]
+           "--epochs", "1"]
     run = run_command(cmd, timeout_s=180)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.count(LEGACY_NOTE) == 1  # rank 0 only
-    r = json.loads(results.read_text())
-    assert r["world_size"] == 2 and len(r["history"]) == 1
-    assert_claims(r, {"loss_falls", "each_test_image_counted_once"})
+    assert run.returncode != 0 and "unrecognized arguments: --local-rank" in run.stderr, run.stderr
 
 
 @pytest.mark.timeout(120)

@@ -1,5 +1,6 @@
 """Lesson 02's subject matter without a process group: the ring schedule, chunking, the simulated ring, the bytes a
-ring and a parameter server put on their links, bandwidth formulas, per-call timing, the backend table."""
+ring and a parameter server put on their links, bandwidth formulas, per-call timing, the backend table; and the
+MAX over ranks that lessons 10-11 compare with, in a spawned world of 3 whose ranks disagree."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,9 @@ from common.backends import BACKEND_OPS, BACKEND_SUPPORT, backend_table
 from common.bandwidth import bandwidths, bus_bandwidth_factor, spread, time_calls
 from common.ring import (chunk_bounds, ring_link_bytes, ring_schedule, server_link_bytes, simulate_ring_all_reduce,
                          simulation_equals_sum)
+from common.tensor_parallel import max_over_ranks
+from tests._rank_workers import max_over_ranks_of_different_values
+from tests._workers import run_world
 
 
 @given(length=st.integers(0, 5000), n=st.integers(1, 16))
@@ -130,3 +134,11 @@ def test_backend_table_matches_the_docs_on_key_facts():
                                                                       "no", "yes"]
     # the docs' all_to_all row: not on gloo (although gloo on CPU runs it in torch 2.13: common/backends.py)
     assert lines[1 + BACKEND_OPS.index("all_to_all")].split() == ["all_to_all", "no", "no", "yes", "?", "no", "yes"]
+
+
+@pytest.mark.timeout(120)
+def test_max_over_ranks_returns_the_largest_rank_value_on_every_rank(tmp_path):
+    # ranks that disagree: a reduction with MIN (or rank 0's own value) would hide the diverging rank
+    out = run_world(max_over_ranks_of_different_values, 3, tmp_path, timeout_s=100)
+    assert out == [[17.0, -1.5]] * 3
+    assert max_over_ranks(2.5) == 2.5  # no process group: the value itself

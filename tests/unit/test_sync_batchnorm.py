@@ -79,6 +79,24 @@ def test_convert_swaps_children_in_place_and_shares_tensors():
     assert set(model.state_dict()) == set(DigitsCNN().state_dict())  # checkpoints stay interchangeable
 
 
+@pytest.mark.parametrize("frozen", ["model", "bn_only"])
+def test_convert_keeps_each_modules_train_or_eval_mode_as_torch_does(frozen):
+    # fine-tuning often converts a model whose BatchNorm layers were put in eval mode (frozen statistics)
+    def build():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.Sequential(nn.BatchNorm2d(3)))
+        if frozen == "model":
+            model.eval()
+        else:
+            model[1].eval()
+        return model
+    ours, theirs = convert_sync_batchnorm(build()), nn.SyncBatchNorm.convert_sync_batchnorm(build())
+    modes = [m.training for m in ours.modules()]
+    assert modes == [m.training for m in theirs.modules()]
+    assert modes[2] is False and isinstance(ours[1], SyncBatchNorm)  # the converted layer stays in eval mode
+    assert modes[-1] is (frozen == "bn_only")
+
+
 @pytest.mark.timeout(60)
 @settings(max_examples=25)
 @given(b=st.integers(2, 6), c=st.integers(1, 4), hw=st.integers(1, 3), momentum=st.sampled_from([0.1, 0.5, None]),

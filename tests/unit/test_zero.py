@@ -1,5 +1,6 @@
 """ZeRO by hand (common/zero.py), its accounting (common/shard_accounting.py) and the completion marker of sharded
-checkpoints (common/sharded_checkpoint.py): stages equal one process, bytes as the formulas, one clear error."""
+checkpoints (common/sharded_checkpoint.py): stages equal one process, bytes as the formulas, one clear error;
+with frozen and tied parameters, lesson 02's step and every stage equal DDP + torch.optim, frozen ones untouched."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,8 @@ from common.shard_accounting import activation_bytes, held_bytes, moved_bytes, r
 from common.sharded_checkpoint import MARKER, check_complete, model_signature
 from common.zero import ZeRO, check_stages, check_world_size
 from tests._workers import run_world
+from tests._rank_workers import (FrozenTied, lesson02_step_vs_ddp, save_over_a_finished_checkpoint,
+                                 zero_vs_ddp)
 from tests._zero_workers import stages_vs_one_process
 
 
@@ -124,3 +127,64 @@ def test_a_checkpoint_without_its_marker_or_of_another_model_is_refused(tmp_path
         check_complete(tmp_path, sig)
     (tmp_path / MARKER).write_text(json.dumps({"model": sig, "world_size": 4}))
     assert check_complete(tmp_path, sig)["world_size"] == 4
+
+
+# ---- frozen (requires_grad=False) and tied (shared) parameters, as fine-tuning has them --------------------------
+
+def _check_frozen_and_tied(r: dict) -> None:
+    assert r["frozen"] == ["stem.weight", "stem.bias", "block.0.bias"] and r["still_tied"]
+    assert r["frozen_vs_start"] == 0.0 and r["frozen_vs_ddp"] == 0.0  # untouched: no weight decay, no update
+    assert r["trainable_vs_ddp"] <= 1e-6, r  # float32, another summation order; NaN fails here
+    assert r["trainable_moved"] > 1e-3  # the comparison is not between two models that never trained
+
+
+@pytest.mark.timeout(120)
+def test_lesson02_step_equals_ddp_with_frozen_and_tied_parameters(tmp_path):
+    out = run_world(lesson02_step_vs_ddp, 2, tmp_path, timeout_s=100)
+    for r in out:
+        _check_frozen_and_tied(r)
+
+
+@pytest.mark.timeout(120)
+def test_every_stage_equals_ddp_with_frozen_and_tied_parameters(tmp_path):
+    out = run_world(zero_vs_ddp, 2, tmp_path, timeout_s=100)
+    for rank_out in out:
+        for stage in (1, 2, 3):
+            r = rank_out[stage]
+            _check_frozen_and_tied(r)  # rank 1 started elsewhere: the wrap broadcast rank 0's, frozen ones too
+            assert r["units"] == 2 and r["padding_zero"]  # the all-frozen stem has no flat buffer
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_world_of_one_with_frozen_parameters_is_plain_adamw(stage):
+    torch.manual_seed(0)
+    model, ref = FrozenTied(), FrozenTied()
+    ref.load_state_dict(model.state_dict())
+    zero = ZeRO(model, [model.stem, model.block, model.head], stage, optimizer_cls=torch.optim.AdamW,
+                lr=1e-2, weight_decay=0.1)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    x, y = torch.randn(6, 64), torch.randint(10, (6,))
+    for m, step in ((model, zero.step), (ref, opt.step)):
+        for _ in range(2):
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            step()
+            m.zero_grad(set_to_none=True)
+    params = zero.full_parameters()
+    assert torch.stack([(a - b).abs().max() for a, b in zip(params, ref.parameters())]).max().item() <= 1e-7
+    assert torch.equal(params[0], ref.stem.weight) and torch.equal(model.block[0].bias, ref.block[0].bias)
+
+
+def test_a_parameter_tied_across_two_units_is_refused():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    model[1].weight = model[0].weight  # one parameter in two units: stage 3 would free it under the other's use
+    with pytest.raises(LessonError, match="tied between two modules too: put both in one unit"):
+        ZeRO(model, [model[0], model[1]], 1)
+    ZeRO(model, [model], 3)  # in one unit it is one parameter of the flat buffer
+
+
+@pytest.mark.timeout(120)
+def test_a_save_stopped_before_its_marker_is_refused_even_over_a_finished_checkpoint(tmp_path):
+    out = run_world(save_over_a_finished_checkpoint, 2, tmp_path, str(tmp_path / "ck"), timeout_s=100)
+    for r in out:
+        assert r["first"] == 1  # the first save finished: its marker vouches for it
+        assert "has no COMPLETE.json: its save did not finish" in r["second"], r  # the old marker was removed
