@@ -15,6 +15,7 @@ import argparse
 import os
 import random
 import sys
+import traceback
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Callable, Iterator
@@ -160,7 +161,8 @@ def run_main(main: Callable[[], object]) -> None:
     all its work is done. We measured it in 9 of 65 two-process DDP launches here and in 0 of 40 with this exit
     (backtrace: ProcessGroupGloo::runLoop -> ~AsyncAllreduceWork -> ~ThreadLocalState -> gil_scoped_acquire;
     the same race is described in pytorch/pytorch PR 179291). The process group itself is still destroyed
-    by `distributed_session`'s `finally` before we get here.
+    by `distributed_session`'s `finally` before we get here. Any other exception prints its traceback and
+    exits 1 the same way (the interpreter's own exit would risk the same abort).
     """
     code = 0
     try:
@@ -174,6 +176,9 @@ def run_main(main: Callable[[], object]) -> None:
         os.write(2, f"{prefix}error: {e}\n".encode())
         _wait_for_failing_peers()
         code = 2
+    except Exception:  # after `@record` (lesson 14) wrote it to this rank's error file: the traceback, exit 1
+        traceback.print_exc()
+        code = 1
     exit_process(code)
 
 
