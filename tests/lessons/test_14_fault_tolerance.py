@@ -221,7 +221,7 @@ def two_nodes(tmp_path, fault: list[str], timeout_s: float = 240) -> dict:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("fault", [["exit@7:1"], ["hang@7:1", "--timeout-s", "3"]])
+@pytest.mark.parametrize("fault", [["exit@7:1"], ["hang@7:1", "--timeout-s", "3"]], ids=["crash", "hang"])
 def test_two_nodes_restart_together_and_equal_the_uninterrupted_run(tmp_path, fault):
     """pytorch/pytorch#108158: the node whose workers did not fail restarts without counting; the attempt every
     node agrees on (common/rendezvous.py) keeps both in one process group and one fault schedule."""
