@@ -15,9 +15,9 @@ count as retries"). A hung rank is alive, so its node restarts uncounted: after 
 peer node counts only if its workers fail before its agent polls the rendezvous.
 
 What every node does agree on: each restart is a new rendezvous ROUND (dynamic_rendezvous.py: an agent that
-restarts leaves the round and joins the next; the round completes only when every node has joined, so every
-worker of the old attempt is stopped before any worker of the new one starts), and a round starts exactly one
-global rank 0. The round number is not given to workers, so `agree_attempt` counts rank-0 starts in the shared
+restarts leaves the round and joins the next; with a fixed --nnodes the round completes only when every node
+has joined, so every worker of the old attempt is stopped before any worker of the new one starts), and a
+round starts exactly one global rank 0. The round number is not given to workers, so `agree_attempt` counts rank-0 starts in the shared
 store and hands that count to the other ranks with a handshake that a dead attempt's leftovers cannot fool.
 With TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 every attempt gets a fresh store (rank 0 hosts it): no leftovers to
 hide from, and no memory of earlier attempts either, so the attempt falls back to TORCHELASTIC_RESTART_COUNT.
