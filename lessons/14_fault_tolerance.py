@@ -12,8 +12,7 @@
 
 torchrun restarts EVERY rank on every node when one fails (--max-restarts times). TORCHELASTIC_RESTART_COUNT
 is per node (a node with healthy workers restarts uncounted, pytorch/pytorch#108158): common/rendezvous.py
-agrees on the attempt through torchrun's store, and each attempt's process group meets under its own prefix.
-What to look for:
+agrees on the attempt through torchrun's store; each attempt's process group has its own prefix. Look for:
 1. A crash at step 7 (first step of epoch 1, 6 steps per epoch): the restarted job ends EQUAL to an
    uninterrupted run: 0.0 on 1 or 2 ranks. The checkpoint holds the full training state: model, AdamW, LR
    scheduler, GradScaler, every rank's RNG streams (torch, numpy, random, its generator), the sampler's epoch
@@ -341,7 +340,8 @@ def restart_section(args, info, T, train_set, report, steps_per_epoch: int):
                  "final parameters vs the uninterrupted run: max |difference| {value}")
     if info.master_process:
         logged = {a["steps"][i]: a["losses"][i] for a in tl["attempts"] for i in range(len(a["steps"]))}
-        worst = max(abs(logged[s] - ref_losses[s]) for s in ref_losses)
+        gaps = torch.tensor([abs(logged[s] - ref_losses[s]) for s in ref_losses], dtype=torch.float64)
+        worst = gaps.max().item()  # torch's max keeps a NaN (Python's max may drop it)
         report.claim("loss_curve_equals_uninterrupted", worst, "<=", exact,
                      "rank 0's loss at every step vs the uninterrupted run: max |difference| {value}")
     return reference, snapshot
