@@ -1,9 +1,10 @@
 """Injected faults and the timeline of a run that survives them (lesson 14).
 
 A fault is `KIND@STEP[:RANK]`; the i-th fault of a list fires in torchrun's attempt i only
-(TORCHELASTIC_RESTART_COUNT = i), so the restarted job does not fail again at the same place:
+(`common.rendezvous.attempt()` = i, agreed by every node), so the restarted job does not fail again there:
 
     exit@7:1           rank 1 calls os._exit(1) during step 7 (after its forward): no cleanup, no exception
+    raise@7:1          rank 1 raises InjectedFault in step 7: `@record` on main writes its error file
     hang@7:1           rank 1 sleeps forever during step 7: its peers wait in the all-reduce until --timeout-s
     mid-write@8        the writer (global rank 0) dies after writing half of step 8's checkpoint
     before-rename@8    the writer dies after writing all of it, before the temp file is renamed
@@ -25,10 +26,22 @@ from pathlib import Path
 from common.env import LessonError
 from common.session import exit_process
 
-__all__ = ["KINDS", "Fault", "parse_faults", "EventLog", "exit_on_peer_failure", "read_events", "timeline", "report_timeline",
+__all__ = ["KINDS", "InjectedFault", "Fault", "read_error_file", "parse_faults", "EventLog", "exit_on_peer_failure", "read_events", "timeline", "report_timeline",
            "plot_timeline"]
 
-KINDS = ("exit", "hang", "mid-write", "before-rename")
+KINDS = ("exit", "raise", "hang", "mid-write", "before-rename")
+
+
+class InjectedFault(Exception):
+    """Raised by a `raise@STEP:RANK` fault; not a RuntimeError, so `exit_on_peer_failure` lets it through."""
+
+
+def read_error_file(path: str | None) -> str | None:
+    """The message `@record` (torch.distributed.elastic.multiprocessing.errors) wrote for a rank that raised."""
+    try:
+        return json.loads(Path(path).read_text())["message"]["message"]
+    except (OSError, TypeError, ValueError, KeyError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -39,10 +52,13 @@ class Fault:
 
     def strike(self, step: int, rank: int, log: "EventLog") -> None:
         """In step `step` on `rank`: exit (os._exit, no cleanup, no exception) or sleep forever, as scheduled."""
-        if self.kind in ("exit", "hang") and (self.step, self.rank) == (step, rank):
-            log.write("fault", fault=self.kind, step=step)
+        if self.kind in ("exit", "raise", "hang") and (self.step, self.rank) == (step, rank):
+            # torchrun gives each worker the file `@record` writes an uncaught exception to
+            log.write("fault", fault=self.kind, step=step, error_file=os.environ.get("TORCHELASTIC_ERROR_FILE"))
             if self.kind == "exit":
                 os._exit(1)
+            if self.kind == "raise":
+                raise InjectedFault(f"injected fault in step {step} on rank {rank}")
             while True:
                 time.sleep(3600)
 
@@ -142,7 +158,7 @@ def timeline(events: list[dict]) -> dict:
         elif e["kind"] == "save" and e["rank"] == 0:
             a["saves"].append((e["step"], e["t"]))
         elif e["kind"] == "fault":
-            a["fault"] = {k: e[k] for k in ("fault", "step", "rank", "t")}
+            a["fault"] = {k: e.get(k) for k in ("fault", "step", "rank", "t", "error_file")}
     runs = [attempts[k] for k in sorted(attempts)]
     redone, restart_s, lost_s = [], [], []
     for a, b in zip(runs, runs[1:]):
@@ -160,9 +176,18 @@ def report_timeline(report, events: list[dict]) -> dict:
     the seconds it cost ([perf]: hang detection, restart, work lost)."""
     tl = report.record("timeline", timeline(events))
     for a, redone in zip(tl["attempts"][1:], tl["steps_redone"]):
+        where = "resumed from step {value[from]}" if a["resumed_from"] is not None else \
+            "found no complete checkpoint and started from scratch"
         report.value(f"resume_{a['attempt']}", {"from": a["resumed_from"], "ignored": len(a["ignored"]),
-                     "redone": redone}, f"attempt {a['attempt']} resumed from step {{value[from]}} (ignoring "
-                     "{value[ignored]} leftover files of killed saves), trained steps {value[redone]} again")
+                     "redone": redone}, f"attempt {a['attempt']} {where} (removed {{value[ignored]}} leftover "
+                     "files of killed saves, never loaded), trained steps {value[redone]} again")
+    for a in tl["attempts"]:  # what torchrun's summary would quote, read from the rank that raised
+        f = a["fault"]
+        if f and f["fault"] == "raise":
+            message = read_error_file(f["error_file"]) or "(not readable here: it is on that rank's node)"
+            report.value(f"error_file_{a['attempt']}", {"rank": f["rank"], "message": message},
+                         f"attempt {a['attempt']}: rank {{value[rank]}}'s error file, written by @record: "
+                         "{value[message]}")
     for i, (a, restart, lost) in enumerate(zip(tl["attempts"], tl["restart_s"], tl["lost_work_s"])):
         hang = f", a hung peer detected in {a['peer_failure_t'] - a['fault']['t']:.1f} s" \
             if a["fault"] and a["fault"]["fault"] == "hang" and a["peer_failure_t"] else ""

@@ -15,6 +15,7 @@ import argparse
 import os
 import random
 import sys
+import traceback
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Callable, Iterator
@@ -24,11 +25,12 @@ import torch
 import torch.distributed as dist
 
 from common.env import DistInfo, LessonError, choose_backend_and_device, read_torchrun_env
+from common.rendezvous import attempt_if_known, rendezvous_store
 
 __all__ = [
     "LessonError", "DistInfo", "add_distributed_args", "add_legacy_launcher_args", "read_torchrun_env",
     "choose_backend_and_device", "setup", "cleanup", "distributed_session", "legacy_launcher_note", "run_main",
-    "exit_process", "rank0_only", "barrier", "set_seed", "deterministic_cuda",
+    "exit_process", "rank0_only", "barrier", "set_seed", "deterministic_cuda", "rendezvous_store",
 ]
 
 
@@ -62,8 +64,9 @@ def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 60.0) 
 
     Under torchrun this calls `dist.init_process_group` on the store torchrun prepared, with a `timeout` so that
     a collective some rank never joins raises instead of hanging forever
-    (https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group). `rendezvous_store`
-    says why the store is ours rather than the env:// default.
+    (https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group). The store is
+    torchrun's, under a prefix per restart attempt that every node agrees on: common/rendezvous.py says why
+    neither the env:// default nor TORCHELASTIC_RESTART_COUNT will do.
 
     Raises:
         LessonError: see `read_torchrun_env` and `choose_backend_and_device`.
@@ -80,24 +83,6 @@ def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 60.0) 
     dist.init_process_group(backend=backend_name, store=rendezvous_store(), rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s), device_id=dev if dev.type == "cuda" else None)
     return DistInfo(rank, local_rank, world_size, local_world_size, backend_name, dev)
-
-
-def rendezvous_store(wait_s: float = 300.0) -> dist.Store:
-    """The key-value store this attempt's process group meets in: torchrun's, under a prefix per restart attempt.
-
-    Two reasons not to let `init_process_group` build it from env:// itself:
-    - torchrun (TORCHELASTIC_USE_AGENT_STORE=True) hands every restart attempt the SAME store, and a restarted
-      gloo group could read the addresses a dead attempt left there and hang in init (pytorch/pytorch#135712;
-      lesson 14 saw 1 of 3 single restarts hang). A prefix per TORCHELASTIC_RESTART_COUNT keeps attempts apart.
-    - The store's timeout bounds the rendezvous: ranks that finish importing torch seconds apart must still meet,
-      so it is `wait_s`, not --timeout-s (which bounds collectives, and may be 1 s in a lesson's failure demo).
-    """
-    env = os.environ
-    shared = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]),
-                          is_master=not shared and env["RANK"] == "0", timeout=timedelta(seconds=wait_s),
-                          multi_tenant=not shared)
-    return dist.PrefixStore(f"lessons/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def deterministic_cuda() -> None:
@@ -176,7 +161,8 @@ def run_main(main: Callable[[], object]) -> None:
     all its work is done. We measured it in 9 of 65 two-process DDP launches here and in 0 of 40 with this exit
     (backtrace: ProcessGroupGloo::runLoop -> ~AsyncAllreduceWork -> ~ThreadLocalState -> gil_scoped_acquire;
     the same race is described in pytorch/pytorch PR 179291). The process group itself is still destroyed
-    by `distributed_session`'s `finally` before we get here.
+    by `distributed_session`'s `finally` before we get here. Any other exception prints its traceback and
+    exits 1 the same way (the interpreter's own exit would risk the same abort).
     """
     code = 0
     try:
@@ -190,6 +176,9 @@ def run_main(main: Callable[[], object]) -> None:
         os.write(2, f"{prefix}error: {e}\n".encode())
         _wait_for_failing_peers()
         code = 2
+    except Exception:  # after `@record` (lesson 14) wrote it to this rank's error file: the traceback, exit 1
+        traceback.print_exc()
+        code = 1
     exit_process(code)
 
 
@@ -215,7 +204,7 @@ def _wait_for_failing_peers(timeout_s: float = 10.0) -> None:
         import time
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                               timeout=timedelta(seconds=timeout_s))
-        key = f"lessons/failed_ranks/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        key = f"lessons/failed_ranks/{attempt_if_known()}"
         store.add(key, 1)
         deadline = time.monotonic() + timeout_s
         while store.add(key, 0) < world_size and time.monotonic() < deadline:

@@ -29,6 +29,7 @@ from torch.utils.data import DistributedSampler
 
 from common.checkpoint import atomic_write, load_checkpoint
 from common.env import DistInfo, LessonError
+from common.session import rank0_only
 
 __all__ = ["ResumableDistributedSampler", "capture_rng", "capture_rng_all_ranks", "restore_rng", "model_signature", "save_train_state",
            "find_latest", "load_train_state", "check_same_run", "leftovers", "resume_point", "clear_run", "roundtrip", "max_diff_over_ranks"]
@@ -124,35 +125,42 @@ def save_train_state(state: dict, ckpt_dir: str | Path, step: int, info: DistInf
     """Global rank 0 writes `state` (with every rank's RNG already gathered into it) and its marker; all wait.
 
     Order: serialize -> atomic_write the .pt (temp file, fsync, rename) -> atomic_write the marker -> delete
-    all but the newest `keep` complete checkpoints -> barrier. `fault(point, file, payload)` is called at
-    "mid-write" and "before-rename" (lesson 14 kills the writer there); None in normal use.
+    all but the newest `keep` complete checkpoints. The other ranks wait in `rank0_only` (as
+    `common.checkpoint.save_checkpoint` does), not in a barrier bounded by --timeout-s: a big checkpoint on a
+    slow file system may take longer than a collective may, and nobody may train on before it is complete.
+    If the writer dies instead, the waiting ranks' barrier raises (gloo) and torchrun restarts the job.
+    `fault(point, file, payload)` is called at "mid-write" and "before-rename" (lesson 14 kills the writer
+    there); None in normal use.
     """
     ckpt_dir = Path(ckpt_dir)
     pt, marker = _paths(ckpt_dir, step)
-    if info.master_process:
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        payload = buf.getvalue()
-
-        def write(f) -> None:
-            if fault:
-                f.write(payload[: len(payload) // 2])
-                fault("mid-write", f, payload)
-            f.write(payload[len(payload) // 2:] if fault else payload)
-            if fault:
-                fault("before-rename", f, payload)
-
-        atomic_write(pt, write)
-        meta = {"step": step, "sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload),
-                "world_size": info.world_size, "model": signature}
-        atomic_write(marker, lambda f: f.write(json.dumps(meta).encode()))  # the commit point
-        for old in sorted(ckpt_dir.glob("step_*.json"))[:-keep]:
-            old.unlink()
-            old.with_suffix(".pt").unlink(missing_ok=True)
-    if info.distributed:
-        import torch.distributed as dist
-        dist.barrier()  # nobody trains on (or exits) before the checkpoint is complete
+    with rank0_only(info, "writing the checkpoint") as mine:
+        if mine:
+            _write(state, ckpt_dir, step, info, signature, keep, fault)
     return pt
+
+
+def _write(state: dict, ckpt_dir: Path, step: int, info: DistInfo, signature: dict, keep: int, fault) -> None:
+    pt, marker = _paths(ckpt_dir, step)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getvalue()
+
+    def write(f) -> None:
+        if fault:
+            f.write(payload[: len(payload) // 2])
+            fault("mid-write", f, payload)
+        f.write(payload[len(payload) // 2:] if fault else payload)
+        if fault:
+            fault("before-rename", f, payload)
+
+    atomic_write(pt, write)
+    meta = {"step": step, "sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload),
+            "world_size": info.world_size, "model": signature}
+    atomic_write(marker, lambda f: f.write(json.dumps(meta).encode()))  # the commit point
+    for old in sorted(ckpt_dir.glob("step_*.json"))[:-keep]:
+        old.unlink()
+        old.with_suffix(".pt").unlink(missing_ok=True)
 
 
 def _complete(marker: Path) -> dict | None:
@@ -229,10 +237,14 @@ def roundtrip(state: dict) -> dict:
 
 
 def max_diff_over_ranks(model: nn.Module, params, info: DistInfo) -> float:
-    """max |p - q| over the model's parameters and `params` (same order), maximised over ranks."""
-    d = max((p.detach() - q.to(p.device)).abs().max().item() for p, q in zip(model.parameters(), params))
-    t = torch.tensor(d, dtype=torch.float64, device=info.device)
+    """max |p - q| over the model's parameters and `params` (same order), maximised over ranks; NaN when any
+    difference is NaN or inf on any rank (Python's max, and a MAX all-reduce, may drop a NaN: it must fail an
+    equality claim)."""
+    diffs = torch.stack([(p.detach() - q.to(p.device)).abs().max() for p, q in zip(model.parameters(), params)])
+    finite = bool(torch.isfinite(diffs).all())
+    t = torch.tensor([diffs.max().item() if finite else 0.0, 0.0 if finite else 1.0], dtype=torch.float64,
+                     device=info.device)
     if info.distributed:
         import torch.distributed as dist
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    return float("nan") if t[1].item() else t[0].item()

@@ -69,9 +69,10 @@ def test_each_restart_attempt_meets_under_its_own_prefix(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    from common import rendezvous
+    monkeypatch.setattr(rendezvous, "_AGREED", [0])  # the attempt every node agreed on (test_session.py)
     rendezvous_store().set("rank_0_address", "dead peer")
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setattr(rendezvous, "_AGREED", [1])
     second = rendezvous_store()
     assert not second.check(["rank_0_address"])               # the dead attempt's key is not seen
     assert agent.get("lessons/attempt_0/rank_0_address") == b"dead peer"

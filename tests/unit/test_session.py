@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import pytest
 import torch
@@ -108,3 +111,55 @@ def test_distributed_session_prints_the_note_once(monkeypatch, capsys):
     with session.distributed_session(args) as info:
         assert not info.distributed
     assert capsys.readouterr().out.count("note: --local-rank") == 1
+
+
+# ---- restart attempts every node agrees on (common/rendezvous.py, pytorch/pytorch#108158) ---------------------
+
+def _agent_store():
+    """torchrun's shared store (a TCPStore server the agent hosts; workers are clients)."""
+    from tests._workers import free_port
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=20), wait_for_workers=False)
+    return server, lambda: dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=20))
+
+
+def _attempt_of_every_rank(client, world_size: int, order: list[int]) -> list[int]:
+    """One attempt: the ranks start in `order` (a non-zero rank first reads what a dead attempt left)."""
+    from common.rendezvous import agree_attempt
+    with ThreadPoolExecutor(world_size) as pool:
+        futures = {}
+        for r in order:
+            futures[r] = pool.submit(agree_attempt, client(), r, world_size, 20.0, 0.2)
+            time.sleep(0.3)
+        return [futures[r].result(timeout=30) for r in range(world_size)]
+
+
+@pytest.mark.timeout(90)
+def test_every_rank_agrees_on_the_attempt_whatever_a_dead_attempt_left():
+    server, client = _agent_store()
+    assert _attempt_of_every_rank(client, 3, [0, 1, 2]) == [0, 0, 0]
+    assert _attempt_of_every_rank(client, 3, [2, 1, 0]) == [1, 1, 1]  # ranks 1, 2 see attempt 0's proposal first
+    # an attempt killed during the handshake: rank 0 proposed, rank 2 answered, rank 1 never started
+    c = client()
+    c.add("lessons/starts/rank_0", 1)
+    c.set("lessons/proposal", "3")
+    c.add("lessons/starts/rank_2", 1)
+    c.set("lessons/ack/3/2", "3")
+    assert _attempt_of_every_rank(client, 3, [1, 2, 0]) == [3, 3, 3]  # not 2: the killed one had a rank 0 too
+    # a node whose agent restarted its workers without counting (TORCHELASTIC_RESTART_COUNT 0 vs 1) agrees too
+    assert _attempt_of_every_rank(client, 2, [1, 0]) == [4, 4]
+
+
+@pytest.mark.timeout(30)
+def test_attempt_is_zero_without_torchrun_and_the_prefix_carries_it(monkeypatch):
+    from common import rendezvous
+    monkeypatch.setattr(rendezvous, "_AGREED", [])
+    monkeypatch.delenv("RANK", raising=False)
+    assert rendezvous.attempt() == 0 and rendezvous.attempt_if_known() == "0"
+    server, _ = _agent_store()
+    monkeypatch.setattr(rendezvous, "_AGREED", [2])
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    for k, v in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=server.port, WORLD_SIZE=2, RANK=1).items():
+        monkeypatch.setenv(k, str(v))
+    rendezvous.rendezvous_store().set("rank_0_address", "this attempt's peer")
+    assert server.get("lessons/attempt_2/rank_0_address") == b"this attempt's peer"

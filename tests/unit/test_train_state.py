@@ -159,3 +159,17 @@ def test_timeline_from_events():
     tl = timeline(ev)
     assert tl["steps_redone"] == [[5, 6]]
     assert tl["restart_s"] == [16.0 - 7.5] and tl["lost_work_s"] == [7.5 - 5.1]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_nan_or_inf_parameter_fails_the_equality_claims(bad):
+    """Python's max(worst, nan) keeps the old value: the difference must come back NaN wherever the NaN is."""
+    from common.train_state import max_diff_over_ranks
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    same = [p.detach().clone() for p in model.parameters()]
+    assert max_diff_over_ranks(model, same, DistInfo()) == 0.0
+    for i in range(len(same)):  # the bad value in each position, a real difference elsewhere
+        other = [p.clone() + 0.5 for p in same]
+        other[i][0] = bad
+        assert np.isnan(max_diff_over_ranks(model, other, DistInfo())), i
