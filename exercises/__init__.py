@@ -1,0 +1,29 @@
+"""Exercises with graded answers: a stub file per exercise that you edit, and a grader that runs your code on
+a few gloo processes and compares it with PyTorch's own (or with the lesson's reference).
+
+    python -m exercises                  # grade every exercise (your edited files in exercises/)
+    python -m exercises ring_allreduce   # grade one
+    python -m exercises --reference      # grade the reference solutions (exercises/solutions/) the same way
+    python -m exercises --list           # the exercises, with the lesson each belongs to
+
+Work on one exercise at a time: open its file (exercises/NAME.py), read the docstring (the contract, the
+shapes, a hint), replace `raise NotImplementedError` with your code, and grade it. A grader's message says
+what it expected and what it saw ("rank 1 holds [3, 5], expected [4, 4]: ..."). The solutions are in
+exercises/solutions/: look only after your own attempt passes, or after you are truly stuck.
+"""
+from __future__ import annotations
+
+# name -> (lesson, what you build). The order is the course's order.
+EXERCISES: dict[str, tuple[str, str]] = {
+    "ring_allreduce": ("02", "the ring all-reduce from batched isend/irecv"),
+    "ddp_by_hand": ("03", "data parallelism by hand: broadcast at wrap, async all-reduce per gradient, "
+                          "buckets"),
+    "distributed_sampler": ("04", "a DistributedSampler: shuffle, padding, set_epoch, the rank's slice"),
+    "exact_evaluation": ("05", "exact accuracy over unpadded, uneven shards (a sum and a count reduced)"),
+    "sync_bn_stats": ("06", "SyncBatchNorm's global mean and variance over every rank's batch"),
+    "accumulation": ("07", "gradient accumulation with no_sync and the loss divided by k"),
+    "one_f_one_b": ("09", "the order of a 1F1B pipeline stage's forwards and backwards"),
+    "tensor_parallel_mlp": ("10", "a column- then row-parallel MLP with its two autograd functions"),
+    "zero1_optimizer": ("13", "a sharded optimizer (ZeRO-1) around any torch.optim optimizer"),
+    "training_state": ("14", "capture and restore the full training state, bit for bit"),
+}

@@ -1,0 +1,66 @@
+"""Small helpers the graders share: reading the ranks' answers and describing numbers."""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+from exercises._ranks import RankError, RankHung
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "reduce", "broadcast", "all_to_all", "all_to_all_single")
+
+
+def rank_failures(answers: Sequence) -> list[str]:
+    """One problem per rank that raised or gave no answer."""
+    out = []
+    for rank, answer in enumerate(answers):
+        if isinstance(answer, (RankError, RankHung)):
+            out.append(f"rank {rank}: {answer}")
+    return out
+
+
+def short(values: Sequence[float], n: int = 4) -> str:
+    """[1.0, 2.0, 3.0, 4.0, ...] with at most `n` numbers, rounded for reading."""
+    head = ", ".join(f"{v:.4g}" for v in list(values)[:n])
+    return f"[{head}{', ...' if len(values) > n else ''}]"
+
+
+def max_abs_diff(a, b) -> float:
+    """max |a - b| over all elements, NaN (never a small number) when either side holds a NaN or an inf."""
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    if a.shape != b.shape:
+        return math.inf
+    if a.numel() == 0:
+        return 0.0
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return math.nan
+    return (a - b).abs().max().item()
+
+
+def close(a, b, tol: float) -> bool:
+    """Equal within `tol`; False on NaN, inf or a shape mismatch."""
+    d = max_abs_diff(a, b)
+    return not math.isnan(d) and d <= tol
+
+
+@contextlib.contextmanager
+def collectives_forbidden(reason: str) -> Iterator[None]:
+    """Inside the block every collective of torch.distributed raises, naming `reason`."""
+    saved = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+
+    def refuse(name: str):
+        def call(*args, **kwargs):
+            raise RuntimeError(f"dist.{name} called: {reason}")
+        return call
+
+    for name in saved:
+        setattr(dist, name, refuse(name))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)

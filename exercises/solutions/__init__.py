@@ -1,0 +1,1 @@
+"""Reference solutions: `python -m exercises --reference` grades these with the same graders."""

@@ -1,0 +1,51 @@
+"""Every grader proved three ways: it passes the reference solution, fails the untouched stub, and fails a
+plausible wrong answer (tests/exercises/wrong_answers/) with a message that points at the mistake.
+
+The reference and the wrong answer are graded in one launch of the exercise's ranks (the wrong one last, so a
+wrong answer that kills its process cannot take the reference's result with it)."""
+from __future__ import annotations
+
+import pytest
+
+from exercises import EXERCISES
+from exercises._grading import grade, grade_many, module_for
+
+pytestmark = pytest.mark.slow  # most graders start 2-4 gloo processes
+
+# What each wrong answer's first problem must say: the grader names the mistake, not only that there is one.
+WRONG_SAYS = {
+    "ring_allreduce": "rank + 1",
+    "ddp_by_hand": "async_op=True",
+    "distributed_sampler": "pad the order",
+    "exact_evaluation": "expected 0.5556",
+    "sync_bn_stats": "reduce sums and counts",
+    "accumulation": "differ from one step on the global batch",
+    "one_f_one_b": "1F1B holds",
+    "tensor_parallel_mlp": "f's backward must all-reduce",
+    "zero1_optimizer": "broadcast each parameter",
+    "training_state": "copy the state_dicts",
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", list(EXERCISES))
+def test_grader_passes_the_reference_and_fails_a_wrong_answer(name):
+    reference, wrong = module_for(name, reference=True), f"tests.exercises.wrong_answers.{name}"
+    problems = grade_many(name, [reference, wrong])
+    assert problems[reference] == [], problems[reference]
+    assert problems[wrong], f"the grader of {name} passed a wrong answer"
+    assert WRONG_SAYS[name] in " ".join(problems[wrong]), problems[wrong]
+
+
+@pytest.mark.parametrize("name", list(EXERCISES))
+def test_grader_fails_the_untouched_stub(name):
+    problems = grade(name, module_for(name))
+    assert len(problems) == 1 and problems[0].startswith("not solved yet:"), problems
+
+
+def test_every_exercise_has_a_stub_a_solution_a_grader_and_a_wrong_answer():
+    import importlib
+    for name in EXERCISES:
+        for module in (f"exercises.{name}", f"exercises.solutions.{name}", f"exercises.graders.{name}",
+                       f"tests.exercises.wrong_answers.{name}"):
+            importlib.import_module(module)
