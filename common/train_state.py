@@ -28,6 +28,7 @@ import torch.nn as nn
 from torch.utils.data import DistributedSampler
 
 from common.checkpoint import atomic_write, load_checkpoint
+from common.differences import max_abs_diff_all, max_over_ranks
 from common.env import DistInfo, LessonError
 
 __all__ = ["ResumableDistributedSampler", "capture_rng", "capture_rng_all_ranks", "restore_rng", "model_signature", "save_train_state",
@@ -229,10 +230,5 @@ def roundtrip(state: dict) -> dict:
 
 
 def max_diff_over_ranks(model: nn.Module, params, info: DistInfo) -> float:
-    """max |p - q| over the model's parameters and `params` (same order), maximised over ranks."""
-    d = max((p.detach() - q.to(p.device)).abs().max().item() for p, q in zip(model.parameters(), params))
-    t = torch.tensor(d, dtype=torch.float64, device=info.device)
-    if info.distributed:
-        import torch.distributed as dist
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    """max |p - q| over the model's parameters and `params` (same order), maximised over ranks; NaN if any is."""
+    return max_over_ranks(max_abs_diff_all(model.parameters(), params))  # no process group: this rank's

@@ -187,7 +187,7 @@ def main() -> None:
         report.claim("resume_reproduces_uninterrupted", resume_difference(args, loader, generator, device, info,
                      model), "==", 0.0, f"stopped after epoch {args.epochs // 2}, resumed from the checkpoint: "
                      "max |difference| to the uninterrupted run over parameters and buffers = {value:.1e}")
-    report.write(args.results)
+    report.finish(args.results)
 
 
 if __name__ == "__main__":

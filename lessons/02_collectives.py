@@ -292,7 +292,7 @@ def main() -> None:
                      "  parameters after the step, max |diff| across ranks:   {value:.1e}")
         report.claim("params_equal_global_batch", s["param_vs_global"], "<=", 1e-6,
                      "  parameters vs one process on the global batch:        {value:.1e}")
-        report.write(args.results)
+        report.finish(args.results)
         barrier(info)  # every message received before teardown: 1 in 30 4-rank gloo runs aborted there without it
 
 

@@ -263,7 +263,7 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
                 diff = max((p - q).abs().max().item() for p, q in zip(raw_model.parameters(), reference.parameters()))
                 report.claim("ddp_equals_one_process", diff, "<=", 1e-5, f"DDP on {W} ranks vs one process on "
                              "the global batch: max |parameter difference| = {value:.1e}")
-    report.write(args.results)
+    report.finish(args.results)
 
 
 def spawn_worker(rank: int, world_size: int, args: argparse.Namespace) -> None:

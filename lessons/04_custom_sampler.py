@@ -285,7 +285,7 @@ def main() -> None:
                      f"  batches per rank {[f[4] for f in per_rank]}, len {[f[5] for f in per_rank]}: "
                      "distinct (yielded, len) pairs {value}")
         report.record("lengths_hist", np.histogram(lengths.numpy(), bins=32, range=(0, 512))[0].tolist())
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

@@ -287,7 +287,7 @@ def main() -> None:
             augmentation_streams(n, k, g, epochs=2, persistent=persistent)
             report.claim("generator_draws_two_epochs" + "_persistent" * persistent, generator_draws(g, seed, rank),
                          "==", 2 - persistent, f"  2 epochs, persistent_workers={persistent}: base seeds {{value}}")
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

@@ -293,7 +293,7 @@ def main() -> None:
                 report.claim("training_loop_equals_one_process_replay", diff, "<=", TOL if args.precision == "fp32"
                              else 1e-2, "training loop vs a one-process replay of its global batches: {value:.1e} "
                              "(bound 1e-5 in fp32, 1e-2 under autocast)")
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

@@ -274,7 +274,7 @@ def main() -> None:
         report.value("double_unscale_error", message, "  unscale_ on every micro-step: {value}")
         report.claim("double_unscale_raises", int("already been called" in message), "==", 1,
                      "  ... the second unscale_ before update() raises: {value}")
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

@@ -293,7 +293,7 @@ def main() -> None:
             report.claim("uneven_weighted_loss_equals_unsplit", compare(got, reference_step(
                 args.widths, xu, yu, args.lr, args.seed))["max_diff"], "<=", TOL, "uneven: each micro-batch's mean "
                 "loss weighted by n_i/N gives the unsplit loss, gradients and parameters: max |difference| {value:.1e}")
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

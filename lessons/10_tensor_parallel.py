@@ -253,7 +253,7 @@ def main(argv=None) -> None:
         else:
             print0("tp = 1: parallelize_module and sequence parallelism need tp > 1 (torchrun, 2+ processes)")
         train(report, grid, args)
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

@@ -280,7 +280,7 @@ def main(argv=None) -> None:
             if args.meshes[name] is not None:
                 tables[name] = run(report, info, args.meshes[name], model0, data, ref, args)
         decision_table(report, tables, model0, args)
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

@@ -211,7 +211,7 @@ def main() -> None:
             report.claim("stage1_gradients_not_sharded", table["stage 1"]["gradients"] / ddp["gradients"], ">=", 1.0,
                          "  stage 1 still ends backward holding all gradients: {value:.3f} of DDP's")
         if not info.distributed:
-            report.write(args.results)  # FSDP2, ZeroRedundancyOptimizer and DCP need a process group
+            report.finish(args.results)  # FSDP2, ZeroRedundancyOptimizer and DCP need a process group
             return
 
         # -------- 4. PyTorch's versions ------------------------------------------------------------------------
@@ -293,7 +293,7 @@ def main() -> None:
                                  TOL, "  its outputs vs the sharded model's: max |difference| {value:.1e}")
                 if not (args.save_sharded or args.load_sharded):
                     shutil.rmtree(ck, ignore_errors=True)
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

@@ -266,7 +266,7 @@ def lesson(args, info, fault) -> None:  # a function: its DDP objects are freed 
         else:
             report.claim("new_world_changes_trajectory", d, ">=", 1e-3, f"final parameters vs the "
                          f"{W0}-rank run {{value:.1e}}: another global batch or other random draws")
-        return report.write(args.results)
+        return report.finish(args.results)
 
     print0("\n1. the restarted run against an uninterrupted one (the same processes, from scratch)")
     report.value("attempts", ATTEMPT + 1, "attempts: {value}")
@@ -293,7 +293,7 @@ def lesson(args, info, fault) -> None:  # a function: its DDP objects are freed 
             report.claim("resume_exact_equals_uninterrupted", d, "<=", exact, f"  {variant.__name__:<26} {{value}}")
         else:
             report.claim(f"{variant.__name__}_differs", d, ">=", 1e-5, f"  {variant.__name__:<26} {{value:.1e}}")
-    report.write(args.results)
+    report.finish(args.results)
 
 
 if __name__ == "__main__":

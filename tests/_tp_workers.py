@@ -64,3 +64,28 @@ def dtensor_mlp_counts(rank: int, world_size: int) -> dict:
         y.sum().backward()
     return {"out": (y - full(x)).abs().max().item(), "fwd": (fwd.calls, fwd.bytes, fwd.groups),
             "bwd": (bwd.calls, bwd.bytes, bwd.groups)}
+
+
+def nan_on_one_rank(rank: int, world_size: int) -> dict:
+    """Each rank offers 0.0 except the last, which offers NaN (or inf): what the over-ranks maxima return.
+    gloo's own MAX keeps rank 0's 0.0 here (the NaN is on a later rank)."""
+    import torch.distributed as dist
+
+    from common.differences import max_over_ranks
+    from common.precision import worst_over_ranks
+    from common.session import DistInfo
+    from common.train_state import max_diff_over_ranks
+    info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
+    last = rank == world_size - 1
+    out = {}
+    for name, bad in (("nan", float("nan")), ("inf", float("inf"))):
+        raw = torch.tensor([bad if last else 0.0], dtype=torch.float64)
+        dist.all_reduce(raw, op=dist.ReduceOp.MAX)
+        model = torch.nn.Linear(2, 2)
+        ref = [p.detach().clone() for p in model.parameters()]
+        with torch.no_grad():
+            model.weight[1, 1] = bad if last else model.weight[1, 1]
+        out[name] = {"gloo_max": raw.item(), "max_over_ranks": max_over_ranks(bad if last else 0.0),
+                     "worst_over_ranks": worst_over_ranks([0.0, bad if last else 0.0], info),
+                     "max_diff_over_ranks": max_diff_over_ranks(model, ref, info)}
+    return out
