@@ -128,25 +128,23 @@ class Report:
     def finish(self, path: str | Path | None) -> int:
         """A lesson's last call: `write` the results, print the tally on rank 0, and set the exit status.
 
-        The last line says "12 checks hold", or "2 of 12 checks do not hold: name1, name2". When any claim on
-        any rank does not hold, `common.session.run_main` ends every rank with status 1 (torchrun then reports a
-        failure too); the process group is destroyed first, on the normal path out of `distributed_session`.
-        With a process group this is a collective (every rank calls it): ranks agree on the status even when a
-        claim was recorded on rank 0 alone. Returns the status, 0 or 1.
+        The last line says "12 checks hold", or "2 of 12 checks do not hold: name1, name2". When a claim does
+        not hold, `common.session.run_main` ends every rank with status 1 (torchrun then reports a failure too);
+        the process group is destroyed first, on the normal path out of `distributed_session`. Rank 0's claims
+        decide, for every rank: they are the ones printed and written (a claim that only rank 0 can measure, an
+        error message it caught, is recorded on the other ranks with a placeholder). With a process group this
+        is a collective (every rank calls it). Returns the status, 0 or 1.
         """
         self.write(path)
-        mine, total = self.failing(), len(self.results["claims"])
-        failed_anywhere = len(mine)
-        if self.info is not None and self.info.distributed and dist.is_available() and dist.is_initialized():
-            t = torch.tensor([failed_anywhere], dtype=torch.int64, device=self.info.device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            failed_anywhere = int(t.item())
-        if not failed_anywhere:
-            self._say(f"{total} checks hold")
-        elif mine:
-            self._say(f"{len(mine)} of {total} checks do not hold: {', '.join(mine)}")
+        failing, total = self.failing(), len(self.results["claims"])
+        if failing:
+            self._say(f"{len(failing)} of {total} checks do not hold: {', '.join(failing)}")
         else:
-            self._say(f"{total} checks hold on rank 0; {failed_anywhere} do not hold on another rank")
-        status = 1 if failed_anywhere else 0
+            self._say(f"{total} checks hold")
+        status = 1 if failing else 0
+        if self.info is not None and self.info.distributed and dist.is_available() and dist.is_initialized():
+            t = torch.tensor([status], dtype=torch.int64, device=self.info.device)
+            dist.broadcast(t, src=0)  # rank 0's verdict, on every rank
+            status = int(t.item())
         set_exit_status(status)
         return status
