@@ -254,7 +254,7 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
     compare_with_dataparallel(report, info, raw_model, test_set)
     if args.check_equivalence:
         check_equivalence(report, args, info, raw_model, train_set)
-    report.write(args.results)
+    report.finish(args.results)
 
 
 def report_claims(report: Report, args, info: DistInfo, raw_model: nn.Module, mine: dict, test: dict,
