@@ -109,10 +109,10 @@ def _pass_along(tensors: list[torch.Tensor], group, stats: RingStats, phase: str
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     right = dist.get_global_rank(group, (rank + 1) % cp)
     left = dist.get_global_rank(group, (rank - 1) % cp)
-    incoming = [torch.empty_like(t) for t in tensors]
+    tensors = [t.contiguous() for t in tensors]  # (a model's k, v are strided views of one projection)
+    incoming = [torch.empty_like(t) for t in tensors]  # contiguous like them: gloo receives into flat memory
     ops = []
     for t, buf in zip(tensors, incoming):
-        t = t.contiguous()
         stats.sent[phase] += t.numel() * t.element_size()
         ops += [dist.P2POp(dist.isend, t, right, group), dist.P2POp(dist.irecv, buf, left, group)]
     return dist.batch_isend_irecv(ops), incoming
