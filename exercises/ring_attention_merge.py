@@ -1,4 +1,4 @@
-"""Exercise (lesson 16): merge two partial attentions into the full one, the step that makes ring attention exact.
+"""Exercise (lesson 16): merge two partial attentions into the full one (what makes ring attention exact).
 
 Fill in `merge`, then grade it:  python -m exercises ring_attention_merge
 (graded in one process: attention computed over two key blocks separately and merged by your function must

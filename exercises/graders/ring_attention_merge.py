@@ -38,8 +38,8 @@ def check(module: str) -> list[str]:
             return [f"{case}: NaN or inf in your result: exp(lse) overflows for large scores; work with "
                     "differences lse_a - lse, which are <= 0"]
         if d_lse > 1e-9:
-            return [f"{case}: lse differs from log-sum-exp over all keys by {d_lse:.2e}: the full denominator "
-                    "is exp(lse_a) + exp(lse_b), so lse = logaddexp(lse_a, lse_b)"]
+            return [f"{case}: lse differs from log-sum-exp over all keys by {d_lse:.2e}: the full "
+                    "denominator is exp(lse_a) + exp(lse_b), so lse = logaddexp(lse_a, lse_b)"]
         if d_out > 1e-9:
             averaged = max_abs_diff(out, (a[0] + b[0]) / 2) <= 1e-12
             hint = ("you averaged the two outputs: weight each by its block's share of the softmax, "
