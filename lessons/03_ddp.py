@@ -272,7 +272,8 @@ def report_claims(report: Report, args, info: DistInfo, raw_model: nn.Module, mi
         report.claim("replicas_identical", max_param_diff_across_ranks(raw_model, info), "==", 0.0,
                      "max parameter difference across ranks: {value:.1e} (no parameter server)")
     ratio = test["loss"] / before["loss"]  # test: the last epoch's evaluation
-    sentence = f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: ratio {{value:.3f}}"
+    sentence = (f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: "
+                "ratio {value:.3f}")
     if mine["steps"] >= 40:  # a run of this length halves the test loss; a shorter one need not:
         report.claim("loss_falls", ratio, "<=", 0.5, sentence)
     else:  # 4 ranks x 1 epoch = 12 steps end at 0.83; a resumed run starts trained
