@@ -247,6 +247,18 @@ def test_chinese_pages_keep_every_section_command_and_number_of_the_english_ones
             assert not lacking, f"{rel(zh)}, section {i}: lacks numbers of {rel(en)}: {dict(lacking)}"
 
 
+def glossary_terms(text: str) -> set[str]:
+    """The terms the English glossary defines (its bold spans), each alias on its own: "rank / world_size"."""
+    return {part.strip("` ").lower() for term in re.findall(r"\*\*([^*]+)\*\*", text)
+            for part in re.split(r",\s*|\s+/\s+", term) if len(part.strip("` ")) > 1}
+
+
+def test_chinese_glossary_has_a_row_for_every_english_term():
+    zh = read("docs/zh/glossary.md").replace("`", "").lower()
+    missing = sorted(term for term in glossary_terms(read("docs/glossary.md")) if term not in zh)
+    assert missing == [], f"docs/zh/glossary.md has no row for: {missing}"
+
+
 PARITY = test_chinese_pages_keep_every_section_command_and_number_of_the_english_ones
 MIRROR = test_docs_and_docs_zh_mirror_each_other
 LINKED = test_every_page_under_docs_is_linked_from_the_readme_or_the_docs_index
@@ -258,6 +270,8 @@ DRIFTS = {
     "a command changed in the Chinese": ("README.zh-CN.md", "--trace-dir traces", "--trace-dir out",
                                          test_chinese_lesson_map_matches_the_english_one),
     "the Chinese glossary deleted": ("docs/zh/glossary.md", None, None, MIRROR),
+    "a glossary row deleted": ("docs/zh/glossary.md", "| resharding |", "| (gone) |",
+                               test_chinese_glossary_has_a_row_for_every_english_term),
     "a page no index links": ("docs/orphan.md", None, "# Orphan\n", LINKED),
     "a link to a moved page": ("README.md", "docs/myths.md", "docs/m.md", test_every_relative_link_resolves),
     "a README too long": ("README.md", r"\Z", " word" * 200, test_readme_is_a_map_of_at_most_1500_words),
