@@ -167,6 +167,16 @@ def test_lesson_table_reads_the_minimal_script_and_studies_the_notebook():
     assert row_links(read("README.zh-CN.md")) == row_links(read("README.md")), "same links in Chinese"
 
 
+def test_stated_minimal_script_lengths_match_the_files():
+    """The read column says each minimal script's length ("87 lines"); checked once the script exists."""
+    for cells in table_rows(read("README.md")):
+        m = re.search(r"\]\((minimal/\d\d_\w+\.py)\), (\d+) lines", " | ".join(cells))
+        if m and (ROOT / m.group(1)).is_file():
+            lines = len(read(m.group(1)).splitlines())
+            assert lines == int(m.group(2)), (f"README.md says {m.group(1)} has {m.group(2)} lines, it has {lines}: "
+                                              "update both READMEs (and the read time: 12 lines a minute)")
+
+
 def test_every_docs_page_linked_from_the_readme_exists():
     linked = {t for t, _ in local_links(ROOT / "README.md") if t.startswith("docs/")}
     assert {"docs/README.md", "docs/glossary.md", "docs/myths.md", "docs/symptoms.md", "docs/launchers.md",
