@@ -174,7 +174,7 @@ def test_stated_minimal_script_lengths_match_the_files():
         if m and (ROOT / m.group(1)).is_file():
             lines = len(read(m.group(1)).splitlines())
             said = f"README.md says {m.group(1)} has {m.group(2)} lines, it has {lines}"
-            assert lines == int(m.group(2)), f"{said}: update both READMEs (and the read time: 12 lines a minute)"
+            assert lines == int(m.group(2)), f"{said}: update both READMEs (read time: 12 lines a minute)"
 
 
 def test_every_docs_page_linked_from_the_readme_exists():
