@@ -27,7 +27,8 @@ What to look for:
   with gradient sync: after a forward under `no_grad` or `no_sync` the next one sends nothing
   (`require_forward_param_sync`). Training sends them once per step, before its forward: each rank's last step
   leaves its own statistics.
-- --check-equivalence: rank 0 replays the same global batches in one process; the parameters match (<= 1e-5).
+- --check-equivalence: rank 0 replays the same global batches in one process; the parameters match (<= 1e-5)
+  on 1-2 ranks; on 3+ ranks float32 sums in another order drift apart, printed without a claim (ORDER_NOTE).
   The other ranks wait for this rank-0-only phase without the --timeout-s bound (common.session.rank0_only).
 
 Learning rate and the global batch: one --lr on 1, 2 and 4 processes means global batches of 32, 64, 128 and
@@ -71,6 +72,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from common.checkpoint import load_checkpoint, save_checkpoint
 from common.data import digits_split, synthetic_split
+from common.differences import max_abs_diff_all
 from common.metrics import evaluate
 from common.models import DigitsCNN
 from common.ranks import (gather_to_rank0, global_mean, max_param_diff_across_ranks, peak_rss_mb, print0,
@@ -270,9 +272,13 @@ def report_claims(report: Report, args, info: DistInfo, raw_model: nn.Module, mi
     if info.distributed:  # no rank sent parameters since the wrap, yet: same start, same gradients, same step
         report.claim("replicas_identical", max_param_diff_across_ranks(raw_model, info), "==", 0.0,
                      "max parameter difference across ranks: {value:.1e} (no parameter server)")
-    report.claim("loss_falls", test["loss"] / before["loss"], "<=", 0.5,  # test: the last epoch's evaluation
-                 f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: "
-                 "ratio {value:.3f}")
+    ratio = test["loss"] / before["loss"]  # test: the last epoch's evaluation
+    sentence = (f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: "
+                "ratio {value:.3f}")
+    if mine["steps"] >= 40:  # a run of this length halves the test loss; a shorter one need not:
+        report.claim("loss_falls", ratio, "<=", 0.5, sentence)
+    else:  # 4 ranks x 1 epoch = 12 steps end at 0.83; a resumed run starts trained
+        report.value("loss_ratio", ratio, sentence + f" (no claim: {mine['steps']} steps, it needs 40)")
     if args.epochs >= 4:  # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
         report.claim("test_accuracy", test["accuracy"], ">=", 0.95, "final test accuracy {value:.4f}")
     report.claim("each_test_image_counted_once", test["count"], "==", test_images,
@@ -296,6 +302,15 @@ def compare_with_dataparallel(report: Report, info: DistInfo, raw_model: nn.Modu
                          "max |output difference| = {value:.1e}")
 
 
+# Why the equality is claimed on 1-2 ranks only. DDP averages the ranks' gradients in the backend's order, the
+# replay in autograd's. With 2 ranks both compute (g0 + g1) / 2 exactly alike (a sum of two does not depend on
+# the order, and halving is exact in floating point). With 3+ ranks the sums round differently in the last
+# bit, and training amplifies it, by jumps once a max-pool or ReLU decision flips: on 4 ranks at lr 0.08 the
+# parameters were 1.2e-7 apart after epochs 1-2, 2.7e-7 after 3, 2.4e-4 after 4 and 1.2e-1 after 12 (one CPU;
+# another CPU rounds elsewhere). Both runs are correct: two float32 runs of one algorithm drift like this.
+ORDER_NOTE = " (3+ ranks: float32 sums in another order, no claim; see ORDER_NOTE in the code)"
+
+
 def check_equivalence(report: Report, args, info: DistInfo, raw_model: nn.Module, train_set) -> None:
     """--check-equivalence: rank 0 replays the run in one process; the parameters match."""
     with rank0_only(info, "the one-process replay") as mine:  # no --timeout-s bound on the waiting ranks
@@ -303,10 +318,14 @@ def check_equivalence(report: Report, args, info: DistInfo, raw_model: nn.Module
             t0 = time.perf_counter()
             reference, _ = replay_on_one_process(train_set, info.world_size, args, info.device)
             report.perf("replay_s", time.perf_counter() - t0, "one-process replay: {value:.2f} s")
-            diff = max((p - q).abs().max().item() for p, q in zip(raw_model.parameters(),
-                                                                  reference.parameters()))
-            report.claim("ddp_equals_one_process", diff, "<=", 1e-5, f"DDP on {info.world_size} ranks vs "
-                         "one process on the global batch: max |parameter difference| = {value:.1e}")
+            ddp, replay = list(raw_model.parameters()), list(reference.parameters())
+            diff = max_abs_diff_all(ddp, replay)  # NaN-safe: a diverged run fails the claim
+            sentence = (f"DDP on {info.world_size} ranks vs one process on the global batch: max |parameter "
+                        "difference| = {value:.1e}")
+            if info.world_size <= 2:
+                report.claim("ddp_equals_one_process", diff, "<=", 1e-5, sentence)
+            else:
+                report.value("ddp_vs_one_process_max", diff, sentence + ORDER_NOTE)
 
 
 def spawn_worker(rank: int, world_size: int, args: argparse.Namespace) -> None:
