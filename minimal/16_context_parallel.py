@@ -68,10 +68,10 @@ def main() -> None:
 
     # --- setup: one process per device, started by torchrun (which sets RANK, WORLD_SIZE, ...) ---
     rank, cp = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # the device on this node; RANK is global
     device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
     store = None if "RANK" in os.environ else dist.HashStore()  # plain python: a world of one
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store,
                             rank=rank, world_size=cp)
