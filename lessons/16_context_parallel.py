@@ -60,7 +60,8 @@ NAIVE_S = (128, 256)  # where attention written out is measured
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seq-len", type=int, default=64, help="S of the attention checks; 2 x cp must divide it")
+    p.add_argument("--seq-len", type=int, default=64, help="S of the attention checks (<= 1024); 2 x cp must "
+                   "divide it")
     p.add_argument("--heads", type=int, default=4, help="attention heads; cp must divide them (Ulysses)")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per training step, the same on "
                    "every cp rank (each holds S/cp tokens of each)")
@@ -71,6 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_distributed_args(p)
     args = p.parse_args(argv)
     cp = read_torchrun_env()[2]  # cp = the world size, checked before any process group: all ranks fail alike
+    if not 1 <= args.seq_len <= 1024:  # the bound 1e-5 is absolute: q, k, v gradients sum over S terms
+        raise LessonError(f"--seq-len must be in 1..1024 (got {args.seq_len}): the equality checks hold the "
+                          "ring to 1e-5 absolute, and gradient sums grow with S")
     if args.steps < 20 or args.batch_size < 1:
         raise LessonError("--steps must be >= 20 (the loss must have time to fall) and --batch-size >= 1")
     if args.heads < 1 or D_MODEL % args.heads:

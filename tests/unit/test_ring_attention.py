@@ -104,3 +104,29 @@ def test_ring_and_ulysses_equal_sdpa_and_count_their_bytes_and_pairs(world_size,
         assert ranks[1]["held"] == [(1 - s) % world_size for s in range(world_size)]
     for r in run_world(ring_vs_sdpa, world_size, tmp_path / "ulysses", "contiguous", True):
         assert max(r["diffs"]) <= 1e-12, r
+
+
+def test_a_nan_input_makes_the_lessons_equality_claims_fail(monkeypatch):
+    """The lesson's own path (ring_run, Report.claim) on q, k, v with one NaN: the claim does not hold."""
+    import importlib
+
+    from common.env import DistInfo
+    from common.grid import Grid
+    from common.results import Report
+    lesson = importlib.import_module("lessons.16_context_parallel")
+    args = lesson.parse_args([])
+    clean = lesson.qkv
+
+    def with_nan(*a):
+        q, k, v = clean(*a)
+        k[0, 0, 5, 0] = float("nan")
+        return [q, k, v]
+
+    monkeypatch.setattr(lesson, "qkv", with_nan)
+    report, grid = Report(DistInfo()), Grid(DistInfo(), cp=1)
+    runs = lesson.ring_equals_full(report, grid, args)
+    assert math.isnan(runs["zigzag"]["diff"])
+    claims = report.results["claims"]
+    assert not claims["ring_zigzag_equals_sdpa"]["holds"] and not claims["ring_contiguous_equals_sdpa"]["holds"]
+    lesson.ulysses(report, grid, args, runs)
+    assert not report.results["claims"]["ulysses_equals_sdpa"]["holds"]
