@@ -213,7 +213,7 @@ def test_every_docs_page_linked_from_the_readme_exists():
 
 
 def test_every_page_under_docs_is_linked_from_the_readme_or_the_docs_index():
-    """docs/zh/README.md is the index of the Chinese pages (the lesson guides under docs/zh/lessons/ included)."""
+    """docs/zh/README.md indexes the Chinese pages (the lesson guides under docs/zh/lessons/ included)."""
     indexes = ("README.md", "docs/README.md", "README.zh-CN.md", "docs/zh/README.md")
     linked = {t for page in indexes if (ROOT / page).is_file() for t, _ in local_links(ROOT / page)}
     pages = {rel(p) for p in (ROOT / "docs").rglob("*.md")} - {"docs/README.md"}
@@ -299,24 +299,26 @@ def test_chinese_glossary_has_a_row_for_every_english_term():
 
 
 def symptom_rows(text: str) -> list[tuple[list[str], list[str]]]:
-    """Each symptom-table row (both tables) as (its backticked texts in the first column, the lesson numbers it
-    names: "lesson 05" in English, "第 05 课" in Chinese)."""
+    """Each symptom-table row (both tables) as (its backticked texts in the first column, the lesson numbers
+    it names: "lesson 05" in English, "第 05 课" in Chinese)."""
     rows = [c for c in table_rows(text) if len(c) >= 4 and "`" in c[0]]
-    return [(re.findall(r"`([^`]+)`", c[0]), re.findall(r"(?:lesson |第 )(\d\d)", " ".join(c[1:]))) for c in rows]
+    lesson = re.compile(r"(?:lesson |第 )(\d\d)")
+    return [(re.findall(r"`([^`]+)`", c[0]), lesson.findall(" ".join(c[1:]))) for c in rows]
 
 
 def test_chinese_symptom_rows_quote_the_same_error_texts_and_point_at_the_same_lessons():
     en, zh = symptom_rows(read("docs/symptoms.md")), symptom_rows(read("docs/zh/symptoms.md"))
     assert len(zh) == len(en), "docs/zh/symptoms.md: one row per row of docs/symptoms.md"
     for (en_texts, en_lessons), (zh_texts, zh_lessons) in zip(en, zh):
-        assert sorted(set(en_texts) - set(zh_texts)) == [], f"docs/zh/symptoms.md lacks the English text {en_texts}"
+        lacking = sorted(set(en_texts) - set(zh_texts))
+        assert lacking == [], f"docs/zh/symptoms.md lacks the English text {lacking}"
         assert zh_lessons == en_lessons, f"docs/zh/symptoms.md: row of {en_texts[0][:50]!r} names lessons " \
                                          f"{zh_lessons}, the English {en_lessons}"
 
 
 # --- The Chinese reading guide of each lesson (issue 21): docs/zh/lessons/NN_x.md ---
 
-NOTEBOOKS = ROOT / "notebooks"  # read from the checkout even when a drift test points ROOT at a copy of the pages
+NOTEBOOKS = ROOT / "notebooks"  # the checkout's, also when a drift test points ROOT at a copy of the pages
 GUIDE_SECTIONS = ("## 这一课讲什么", "## 术语", "## 命令", "## 输出里看什么", "## 纠正的误区", "## 练习与最小脚本")
 
 
@@ -363,7 +365,8 @@ def test_each_chinese_guide_has_its_sections_commands_exercise_and_minimal_scrip
             assert flat(command) in docstring, f"{name}: {command!r} is not a command of lessons/{stem}.py"
         for command in readme.get(stem[:2], []):
             assert command in code_lines(block), f"{name}: lacks the README's command {command!r}"
-        assert any(f"lessons/{stem}.py" in c for c in code_lines(block)), f"{name}: no command runs the lesson"
+        runs = [c for c in code_lines(block) if f"lessons/{stem}.py" in c]
+        assert runs, f"{name}: no command runs the lesson"
         for exercise, (lesson, _) in exercises.items():
             if lesson == stem[:2]:
                 assert f"python -m exercises {exercise}" in guide, f"{name}: lacks its exercise {exercise}"
