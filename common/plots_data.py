@@ -129,7 +129,8 @@ def plot_micro_step_timeline(rows: dict, k: int, ax=None):
 def saved_bytes_timeline(model, forward, loss_of) -> list[tuple[str, int]]:
     """Run `out = forward()` and `loss_of(out).backward()` and return (phase, live bytes) after every tensor
     autograd saves or frees: the bytes saved for backward and still held, each storage once, parameters
-    excluded (as common.memory.saved_activation_bytes counts them). Phase: "forward" until the first free, then "backward".
+    excluded (as common.memory.saved_activation_bytes counts them). Phase: "forward" until the first free,
+    then "backward".
     Tensors a checkpointed block recomputes in backward are held by the checkpoint, outside these hooks."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     live, refs, timeline = [0], {}, []
