@@ -96,6 +96,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if k < 2 or args.steps < 20 or args.lr <= 0 or args.clip <= 0:  # k = 1: a wrong variant equals the right
         raise LessonError(f"need grad_accum_steps >= 2 (got {k}; raise --global-batch), --steps >= 20 (got "
                           f"{args.steps}; the loss is reported every 10 steps), --lr > 0 and --clip > 0")
+    if args.micro_batch < 2:  # k samples split into k micro-batches are 1 each: no uneven split exists
+        raise LessonError(f"need --micro-batch >= 2 (got {args.micro_batch}): section 2 splits a rank's "
+                          "samples into micro-batches of different sizes")
     return args
 
 
