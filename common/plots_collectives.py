@@ -1,11 +1,12 @@
-"""Each collective before and after, one box per rank, drawn from tensors that real gloo ranks held (notebook 02).
+"""Each collective before and after, one box per rank, from the tensors real gloo ranks held (notebook 02).
 
     from exercises._ranks import run_on_ranks
     states = run_on_ranks("common.plots_collectives:collective_states", 4, len(COLLECTIVES))
     plot_collectives(states)
 
-Rank k starts every collective from lesson 02's input x_k = [0, 1, 2, 3] + 100 k (integers in float32: the sums
-are exact), so a value tells where it came from: 100 k + j is rank k's j-th element, anything else is a sum.
+Rank k starts every collective from lesson 02's input x_k = [0, 1, 2, 3] + 100 k (integers in float32: the
+sums are exact), so a value tells where it came from: 100 k + j is rank k's j-th element, anything else is a
+sum.
 """
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ COLLECTIVES = [("broadcast", "broadcast(t, src=0)"), ("reduce", "reduce(t, dst=0
 
 def collective_states():
     """Run on every rank of a gloo group (exercises._ranks.run_on_ranks): yields, for each collective of
-    COLLECTIVES in order, (name, before, after) as lists of floats; `after` is None where the collective leaves
-    this rank's buffer undefined (reduce on a rank other than dst)."""
+    COLLECTIVES in order, (name, before, after) as lists of floats; `after` is None where the collective
+    leaves this rank's buffer undefined (reduce on a rank other than dst)."""
     import torch
     import torch.distributed as dist
 
