@@ -155,16 +155,17 @@ def ring_time(op: str, buffer_bytes: float, n_ranks: int, alpha: float, beta: fl
 
 
 def fit_alpha_beta(steps: Sequence[float], sent: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
-    """Least squares of seconds = alpha x steps + beta x bytes sent (no intercept); returns (alpha, beta)."""
-    s_ss = sum(x * x for x in steps)
-    s_bb = sum(x * x for x in sent)
-    s_sb = sum(x * y for x, y in zip(steps, sent))
-    s_st = sum(x * y for x, y in zip(steps, seconds))
-    s_bt = sum(x * y for x, y in zip(sent, seconds))
-    det = s_ss * s_bb - s_sb * s_sb
+    """Least squares of seconds = alpha x steps + beta x bytes sent, in RELATIVE error (each row divided by its
+    time, so that 1 KiB counts as much as 4 MiB); returns (alpha, beta)."""
+    rows = [(a / t, b / t) for a, b, t in zip(steps, sent, seconds)]  # target: 1 for every row
+    s_aa = sum(a * a for a, _ in rows)
+    s_bb = sum(b * b for _, b in rows)
+    s_ab = sum(a * b for a, b in rows)
+    s_a, s_b = sum(a for a, _ in rows), sum(b for _, b in rows)
+    det = s_aa * s_bb - s_ab * s_ab
     if det == 0:
         raise ValueError("fit_alpha_beta needs at least two sizes that differ")
-    return (s_st * s_bb - s_bt * s_sb) / det, (s_ss * s_bt - s_sb * s_st) / det
+    return (s_a * s_bb - s_b * s_ab) / det, (s_aa * s_b - s_ab * s_a) / det
 
 
 def mfu(model_flops_per_step: float, step_seconds: float, n_devices: int, peak_flops: float) -> float:
