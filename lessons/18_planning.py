@@ -41,6 +41,7 @@ from common.counters import CommCounter, count_collectives
 from common.gpt import GPTModel, init_weights
 from common.grid import Grid
 from common.memory import ResidualMLP, saved_activation_bytes
+from common.planner import PlanError, add_planner_args, describe, format_rows, plan, planner_inputs
 from common.planning import (GPT, fit_alpha_beta, gpt_flops, gpt_params, mfu, residual_mlp_activations,
                              residual_mlp_flops, ring_bytes_sent, ring_time, sharded_fp32_bytes,
                              transformer_layer_activations, zero_mixed_bytes, zero_paper_activations)
@@ -61,13 +62,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--width", type=int, default=33, help="ResidualMLP width (33: units N does not divide)")
     p.add_argument("--depth", type=int, default=2, help="residual blocks (default 2)")
-    p.add_argument("--micro-batch", type=int, default=16, help="samples per rank per step (default 16)")
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="samples per rank per step (default 16); with the planner, sequences (default 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
     add_distributed_args(p)
+    add_planner_args(p)
     args = p.parse_args(argv)
-    if min(args.width, args.depth, args.micro_batch) < 1:
-        raise LessonError("--width, --depth and --micro-batch must be positive")
+    if args.micro_batch is not None and args.micro_batch < 1:
+        raise LessonError("--micro-batch must be positive")
+    if args.params is not None or args.model is not None:
+        try:
+            args.plan = planner_inputs(args)
+        except PlanError as e:
+            raise LessonError(str(e)) from None
+        return args
+    args.plan, args.micro_batch = None, args.micro_batch or 16
+    if min(args.width, args.depth) < 1:
+        raise LessonError("--width and --depth must be positive")
     check_world_size({n: sum(p.numel() for p in u.parameters()) for n, u in units(ResidualMLP(args.width,
                       args.depth))}, read_torchrun_env()[2])
     return args
@@ -299,8 +311,40 @@ def alpha_beta(info, report: Report) -> None:
                     f"predicted {ring_time('all_reduce', 4 * n, N, alpha, beta) * 1e6:.0f} us")
 
 
+# ---------------------------------------------------------------- 6. the planner
+def planner(args) -> None:
+    """Formulas only: every configuration for the model on the GPUs, the fastest that fit first."""
+    c, a = args.plan
+    t = time.perf_counter()
+    try:
+        rows = plan(c, a)
+    except PlanError as e:
+        raise LessonError(str(e)) from None
+    fit = [r for r in rows if r["fits"]]
+    if not fit:
+        best = min(rows, key=lambda r: r["memory"]["total"])
+        raise LessonError(f"nothing fits: the smallest configuration needs {best['memory']['total'] / 1e9:.1f} GB "
+                          f"per GPU (dp {best['dp']} tp {best['tp']} pp {best['pp']} cp {best['cp']} ZeRO "
+                          f"{best['zero']}), more than {a.gpu_memory_gb:g} GB less {a.reserve:.0%}")
+    report = Report(None if read_torchrun_env()[0] == 0 else _NotMaster())
+    report.value("assumptions", describe(c, a), "\n".join(describe(c, a)))
+    report.value("fitting", len(fit), f"{{value}} of {len(rows)} configurations fit; the {min(args.top, len(fit))}"
+                 " fastest (memory per GPU in GB; GB each GPU sends per step; step time and MFU estimated):")
+    report.record("configurations", fit[:args.top])
+    print0("\n".join(format_rows(fit, args.top)))
+    report.perf("planner_seconds", time.perf_counter() - t, "planned in {value:.2f} s")
+    report.write(args.results)
+
+
+class _NotMaster:
+    master_process = False
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.plan is not None:
+        planner(args)
+        return
     with distributed_session(args) as info:
         report = Report(info)
         report.results.update(world_size=info.world_size)
