@@ -1,8 +1,8 @@
-"""Lesson 18: planning -- will it fit, and how fast? A cost model of memory, compute and communication, checked
-against measurement, then used for models too big to build.
+"""Lesson 18: planning -- will it fit, and how fast? A cost model of memory, compute and communication,
+checked against measurement, then used for models too big to build.
 
-    python lessons/18_planning.py                                      # one process: memory, FLOPs, meta device
-    torchrun --standalone --nproc_per_node=4 lessons/18_planning.py    # + DDP / ZeRO bytes on 4 ranks, alpha-beta
+    python lessons/18_planning.py                                     # one process: bytes, FLOPs, meta
+    torchrun --standalone --nproc_per_node=4 lessons/18_planning.py   # 4 ranks: + bytes sent, alpha-beta
     python lessons/18_planning.py --params 70e9 --gpus 64 --gpu-memory-gb 80     # the planner: no model built
     python lessons/18_planning.py --model 7b --gpus 8 --gpu-memory-gb 80 --network-gbps 400 --peak-tflops 989
 
@@ -12,13 +12,15 @@ What to look for:
    equal to the byte, for DDP + Adam (parameters P, gradients P, Adam 2P + a 4-byte step per tensor, bucket
    all-reduce 2 P (N-1)/N, activations with and without checkpointing) and ZeRO stages 1, 2, 3 by hand (with
    the padding to a multiple of N), on 1, 2 and 4 ranks.
-2. The same formulas, in mixed precision (2 + 2 + 12 bytes per parameter), reproduce the ZeRO paper's 7.5B model
-   on 64 GPUs (120, 31.4, 16.6, 1.9 GB) and its GPT-2 1.5B numbers (24 GB of model states, ~60 GB activations).
+2. The same formulas, in mixed precision (2 + 2 + 12 bytes per parameter), reproduce the ZeRO paper's 7.5B
+   model on 64 GPUs (120, 31.4, 16.6, 1.9 GB) and its GPT-2 1.5B numbers (24 GB of model states, ~60 GB of
+   activations).
 3. FLOPs: torch.utils.flop_counter counts exactly 6 x weights x tokens + 12 b s^2 h L on a small GPT.
-4. The meta device: a 6.8B-parameter GPT built without allocating a byte; its parameters counted from the module
-   tree equal the formula; its saved activations counted from shapes (the same count equals the measured bytes
-   on a small model); meta init + to_empty + init equals eager init.
-5. Alpha-beta: latency and bandwidth of this machine's gloo all-reduce, fitted, predicted vs measured ([perf]).
+4. The meta device: a 6.7B-parameter GPT built without allocating a byte; its parameters counted from the
+   module tree equal the formula; its saved activations counted from shapes (the same count equals the
+   measured bytes on a small model); meta init + to_empty + init equals eager init.
+5. Alpha-beta: latency and bandwidth of this machine's gloo all-reduce, fitted; predicted vs measured
+   times as [perf] lines (a benchmark, not a claim: this CPU is shared).
 6. The planner (--params or --model): every (dp, tp, pp, ZeRO stage, cp) that fits, memory per rank, bytes per
    step, step time and MFU under stated assumptions; common/planner.py.
 
@@ -87,7 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def units(model: ResidualMLP) -> list:
     """(name, module) of lesson 13's flat units: the stem, each residual block, the head."""
-    return [("stem", model.stem), *((f"blocks.{i}", b) for i, b in enumerate(model.blocks)), ("head", model.head)]
+    blocks = [(f"blocks.{i}", b) for i, b in enumerate(model.blocks)]
+    return [("stem", model.stem), *blocks, ("head", model.head)]
 
 
 def gap_over_ranks(measured: dict, predicted: dict, info) -> float:
@@ -102,8 +105,9 @@ def gap_over_ranks(measured: dict, predicted: dict, info) -> float:
 def table(rows: dict) -> str:
     cols = sorted({c for r in rows.values() for c in r}, key=lambda c: (c not in ROWS, c))
     head = f"  {'':<22}" + "".join(f"{c[:18]:>19}" for c in cols)
-    return "\n".join([head, *(f"  {k:<22}" + "".join(f"{r[c]:>19.0f}" if c in r else f"{'-':>19}" for c in cols)
-                              for k, r in rows.items())])
+    lines = [f"  {k:<22}" + "".join(f"{r[c]:>19.0f}" if c in r else f"{'-':>19}" for c in cols)
+             for k, r in rows.items()]
+    return "\n".join([head, *lines])
 
 
 # ---------------------------------------------------------------- 1. predicted bytes vs measured bytes
@@ -147,7 +151,8 @@ def measure_zero(stage: int, args, info, group, x, y) -> dict:
 def bytes_predicted_vs_measured(args, info, report: Report) -> None:
     N, B, w, d = info.world_size, args.micro_batch, args.width, args.depth
     g = torch.Generator().manual_seed(args.seed + info.rank)
-    x, y = torch.randn(B, 64, generator=g).to(info.device), torch.randint(0, 10, (B,), generator=g).to(info.device)
+    x = torch.randn(B, 64, generator=g).to(info.device)  # (B, 64): this rank's micro-batch
+    y = torch.randint(0, 10, (B,), generator=g).to(info.device)
     plain = ResidualMLP(w, d)
     numels = [sum(p.numel() for p in u.parameters()) for _, u in units(plain)]
     tensors = len(list(plain.parameters()))
@@ -183,7 +188,8 @@ def published(report: Report) -> None:
                      "{value:.3f} GB")
     states = zero_mixed_bytes(1.5e9, 1, 0)["total"] / 1e9
     report.claim("zero_paper_gpt2_model_states", abs(states - 24), "==", 0.0,
-                 f"  GPT-2 1.5B model states: {states:.1f} GB, the paper says at least 24 GB: |difference| {{value}}")
+                 f"  GPT-2 1.5B model states: {states:.1f} GB, the paper says at least 24 GB: "
+                 "|difference| {value}")
     act = zero_paper_activations(1600, 32, 1024, 48) / 1e9
     report.claim("zero_paper_gpt2_activations", abs(act - 60), "<=", 0.5,
                  f"  GPT-2 1.5B activations, sequence 1K, batch 32, 12 x h b s L x 2 bytes: {act:.1f} GB, "
@@ -210,20 +216,22 @@ def flops(args, info, report: Report) -> None:
     f = gpt_flops(c, batch)
     report.claim("gpt_flops_equal_counter", abs(counter.get_total_flops() - f["total"]), "==", 0,
                  f"\n3. FLOPs of one step of a small GPT {c}: FlopCounterMode {counter.get_total_flops()}, "
-                 f"6 x {f['weights'] // (6 * batch * c.seq)} weights x {batch * c.seq} tokens + 12 b s^2 h L = "
+                 f"6 x {f['weights'] // (6 * batch * c.seq)} weights x {batch * c.seq} tokens + 12 b s^2 h L"
+                 " = "
                  f"{f['total']}: |difference| {{value}}")
     mlp = ResidualMLP(args.width, args.depth).to(info.device)
     with FlopCounterMode(display=False) as counter:
         mlp(torch.randn(args.micro_batch, 64, device=info.device)).sum().backward()
-    report.claim("mlp_flops_equal_counter",
-                 abs(counter.get_total_flops() - residual_mlp_flops(args.micro_batch, args.width, args.depth)),
-                 "==", 0, "  lesson 08's ResidualMLP: 6 x weights x samples - the stem's input gradient, "
+    formula = residual_mlp_flops(args.micro_batch, args.width, args.depth)
+    report.claim("mlp_flops_equal_counter", abs(counter.get_total_flops() - formula), "==", 0,
+                 "  lesson 08's ResidualMLP: 6 x weights x samples - the stem's input gradient, "
                  "|difference| {value}")
     peak = matmul_rate(info)
     t = time.perf_counter()
     F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
     step = time.perf_counter() - t
-    report.perf("cpu_matmul_flops", peak, "this device's 256x256 matmul rate (the 'peak'): {value:.3g} FLOP/s")
+    report.perf("cpu_matmul_flops", peak,
+                "this device's 256x256 matmul rate (the 'peak'): {value:.3g} FLOP/s")
     report.perf("small_gpt_mfu", mfu(f["total"], step, 1, peak),
                 "small GPT step MFU = FLOPs / (step time x peak) = {value:.1%}")
 
@@ -266,9 +274,9 @@ def meta_device(args, info, report: Report) -> None:
                  "|difference| {value}")
     per_layer = saved_bytes_from_shapes(big.blocks[0], lambda: big.blocks[0](big.tok(big_tokens)))
     korthikanti = transformer_layer_activations(BIG_GPT.seq, 1, BIG_GPT.hidden, BIG_GPT.heads)
-    report.value("big_layer_activation_bytes", per_layer, "  one layer's saved activations at batch 1, counted "
-                 "from the shapes: {value} bytes in fp32 without dropout (Korthikanti's 16-bit layer with "
-                 f"dropout, s b h (34 + 5 a s / h): {korthikanti:.0f} bytes)")
+    report.value("big_layer_activation_bytes", per_layer, "  one layer's saved activations at batch 1, "
+                 "counted from the shapes: {value} bytes in fp32 without dropout (Korthikanti's 16-bit "
+                 f"layer with dropout, s b h (34 + 5 a s / h): {korthikanti:.0f} bytes)")
     with torch.device("meta"):
         lazy = GPTModel(c)
     lazy.to_empty(device=info.device)  # memory, uninitialised
@@ -323,13 +331,15 @@ def planner(args) -> None:
     fit = [r for r in rows if r["fits"]]
     if not fit:
         best = min(rows, key=lambda r: r["memory"]["total"])
-        raise LessonError(f"nothing fits: the smallest configuration needs {best['memory']['total'] / 1e9:.1f} GB "
+        need = best["memory"]["total"] / 1e9
+        raise LessonError(f"nothing fits: the smallest configuration needs {need:.1f} GB "
                           f"per GPU (dp {best['dp']} tp {best['tp']} pp {best['pp']} cp {best['cp']} ZeRO "
                           f"{best['zero']}), more than {a.gpu_memory_gb:g} GB less {a.reserve:.0%}")
     report = Report(None if read_torchrun_env()[0] == 0 else _NotMaster())
     report.value("assumptions", describe(c, a), "\n".join(describe(c, a)))
-    report.value("fitting", len(fit), f"{{value}} of {len(rows)} configurations fit; the {min(args.top, len(fit))}"
-                 " fastest (memory per GPU in GB; GB each GPU sends per step; step time and MFU estimated):")
+    shown = min(args.top, len(fit))
+    report.value("fitting", len(fit), f"{{value}} of {len(rows)} configurations fit; the {shown} fastest"
+                 " (memory per GPU in GB; GB each GPU sends per step; step time and MFU estimated):")
     report.record("configurations", fit[:args.top])
     print0("\n".join(format_rows(fit, args.top)))
     report.perf("planner_seconds", time.perf_counter() - t, "planned in {value:.2f} s")
