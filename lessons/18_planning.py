@@ -40,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.counters import CommCounter, count_collectives
+from common.differences import max_abs_diff_all
 from common.gpt import GPTModel, init_weights
 from common.grid import Grid
 from common.memory import ResidualMLP, saved_activation_bytes
@@ -47,7 +48,6 @@ from common.planner import PlanError, add_planner_args, describe, format_rows, p
 from common.planning import (GPT, fit_alpha_beta, gpt_flops, gpt_params, mfu, residual_mlp_activations,
                              residual_mlp_flops, ring_bytes_sent, ring_time, sharded_fp32_bytes,
                              transformer_layer_activations, zero_mixed_bytes, zero_paper_activations)
-from common.precision import max_diff
 from common.ranks import print0
 from common.results import Report
 from common.session import LessonError, add_distributed_args, distributed_session, read_torchrun_env, run_main
@@ -283,7 +283,7 @@ def meta_device(args, info, report: Report) -> None:
     init_weights(lazy, args.seed)
     eager = GPTModel(c).to(info.device)
     init_weights(eager, args.seed)
-    report.claim("meta_init_equals_eager", max_diff(lazy.parameters(), eager.parameters()), "==", 0.0,
+    report.claim("meta_init_equals_eager", max_abs_diff_all(lazy.parameters(), eager.parameters()), "==", 0.0,
                  "  meta -> to_empty -> init_weights vs eager -> init_weights: max |difference| {value}")
 
 
@@ -363,7 +363,7 @@ def main(argv=None) -> None:
         flops(args, info, report)
         meta_device(args, info, report)
         alpha_beta(info, report)
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

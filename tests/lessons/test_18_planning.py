@@ -37,6 +37,7 @@ def test_one_process_every_claim(one_process):
     r = one_process.results
     assert_claims(r, BYTES | PAPER | COMPUTE)
     assert r["world_size"] == 1 and r["predicted_bytes"]["ZeRO-3"]["sent"] == 0  # nothing to send alone
+    assert one_process.stdout.rstrip().endswith(f"{len(r['claims'])} checks hold")
 
 
 @pytest.mark.timeout(200)
