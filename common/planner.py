@@ -9,8 +9,8 @@ The assumptions (printed by `describe`):
   the same parameters); stage 0 is DDP.
 - tensor parallelism (Megatron) splits every Linear, replicates LayerNorms and the row-parallel biases (6 h per
   layer), and runs sequence parallelism: activations per layer s b h (34 + 5 a s / h) / tp (Korthikanti et al.
-  2022, attention scores materialised: no flash attention); context parallelism divides s by cp; full activation
-  checkpointing keeps 2 s b h per layer plus one layer's activations.
+  2022; with flash attention, the default, without the 5 a s / h of attention scores); context parallelism
+  divides s by cp; full activation checkpointing keeps 2 s b h per layer plus one layer's activations.
 - pipeline: 1F1B, the first stage (which also holds the embeddings) holds min(pp, m) micro-batches in flight;
   bubble (pp - 1) / m.
 - time: FLOPs at `efficiency` x peak; every collective in the ring alpha-beta model with no overlap (an upper
@@ -48,6 +48,7 @@ class Assumptions:
     nvlink_gbps: float = 3600.0  # per GPU, inside a node (450 GB/s)
     alpha_us: float = 10.0  # latency of one ring step
     reserve: float = 0.1  # of GPU memory kept back (allocator fragmentation, workspaces, the CUDA context)
+    flash_attention: bool = True  # no s x s attention scores kept for backward
     tp: int | None = None  # fix a degree instead of searching it
     pp: int | None = None
     cp: int | None = None
@@ -107,7 +108,7 @@ def evaluate(c: GPT, a: Assumptions, dp: int, tp: int, pp: int, cp: int, stage: 
     m = a.global_batch // (dp * a.micro_batch)  # micro-batches per pipeline per step
     states = zero_mixed_bytes(rank_params(c, tp, pp), dp * cp, stage)
     s, b, h = c.seq // cp, a.micro_batch, c.hidden
-    layer = transformer_layer_activations(s, b, h, c.heads, tp, sequence_parallel=tp > 1)
+    layer = transformer_layer_activations(s, b, h, c.heads, tp, tp > 1, flash_attention=a.flash_attention)
     kept = transformer_layer_activations(s, b, h, c.heads, tp, tp > 1, recompute=True) if ckpt else layer
     act = c.layers / pp * kept * in_flight_micro_batches("1f1b", pp, m) + (layer if ckpt else 0)
     mem = {"parameters": states["parameters"], "gradients": states["gradients"],
@@ -158,7 +159,8 @@ def describe(c: GPT, a: Assumptions) -> list[str]:
             f"node; peak {a.peak_tflops:g} TFLOP/s at {a.efficiency:.0%}; network {a.network_gbps:g} Gb/s, "
             f"NVLink {a.nvlink_gbps:g} Gb/s per GPU, alpha {a.alpha_us:g} us",
             "assumed: mixed-precision Adam 2+2+12 B/param, ZeRO over dp x cp, TP with sequence parallelism, 1F1B, "
-            "attention scores materialised, no compute/communication overlap (time is an upper bound)"]
+            f"{'flash attention' if a.flash_attention else 'attention scores kept (no flash attention)'}, "
+            "no compute/communication overlap (time is an upper bound)"]
 
 
 def format_rows(rows: list[dict], top: int) -> list[str]:
@@ -188,6 +190,8 @@ def add_planner_args(p) -> None:
         g.add_argument("--" + f.replace("_", "-"), type=type(default), default=default, help=f"default {default}")
     for f in ("tp", "pp", "cp"):
         g.add_argument(f"--{f}", type=int, default=None, help=f"fix the {f} degree (default: search)")
+    g.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
+                   help="keep the s x s attention scores for backward (Korthikanti's 5 a s / h term)")
     g.add_argument("--top", type=int, default=12, help="configurations printed (default 12)")
 
 

@@ -92,13 +92,17 @@ def residual_mlp_activations(batch: int, width: int, depth: int, checkpointing: 
 
 
 def transformer_layer_activations(s: int, b: int, h: int, a: int, tp: int = 1, sequence_parallel: bool = False,
-                                  recompute: bool = False) -> float:
-    """Korthikanti et al. 2022: activation bytes of one transformer layer (16-bit, with dropout masks)."""
+                                  recompute: bool = False, flash_attention: bool = False) -> float:
+    """Korthikanti et al. 2022: activation bytes of one transformer layer (16-bit, with dropout masks).
+
+    flash_attention: the kernel keeps no s x s scores (it recomputes them in backward), so the 5 a s / h term
+    (softmax output 2, dropout mask 1, dropout output 2 bytes per score) is dropped."""
     if recompute:
         return 2 * s * b * h / (tp if sequence_parallel else 1)
+    scores = 0 if flash_attention else 5 * a * s / h
     if sequence_parallel:
-        return s * b * h * (34 + 5 * a * s / h) / tp
-    return s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+        return s * b * h * (34 + scores) / tp
+    return s * b * h * (10 + 24 / tp + scores / tp)
 
 
 def zero_paper_activations(h: int, b: int, s: int, layers: int, element_size: int = 2) -> float:

@@ -34,6 +34,7 @@ def test_korthikanti_sequence_parallel_is_plain_over_t_and_tp_alone_keeps_10sbh(
     tp = transformer_layer_activations(s, b, h, a, tp=8)
     assert tp - plain / 8 == pytest.approx(10 * s * b * h * (1 - 1 / 8))  # the replicated 10 sbh
     assert transformer_layer_activations(s, b, h, a, recompute=True) == 2 * s * b * h
+    assert transformer_layer_activations(s, b, h, a, flash_attention=True) == 34 * s * b * h  # no s x s scores
 
 
 def test_sharded_fp32_bytes_stage_shares():
@@ -77,3 +78,16 @@ def test_alpha_beta_fit_recovers_its_inputs_and_mfu():
     assert in_flight_micro_batches("gpipe", 4, 8) == 8 and in_flight_micro_batches("1f1b", 4, 8) == 4
     assert in_flight_micro_batches("1f1b", 4, 8, stage=3) == 1
     assert math.isnan(mfu(float("nan"), 1.0, 1, 1.0))
+
+
+def test_planner_70b_fits_and_bad_degrees_are_refused():
+    from common.planner import NAMED, Assumptions, PlanError, plan, shape_for_params
+    assert abs(gpt_params(shape_for_params(70e9))["total"] - 70e9) / 70e9 < 0.01
+    rows = plan(NAMED["70b"], Assumptions(gpus=64))
+    fit = [r for r in rows if r["fits"]]
+    assert fit and all(r["dp"] * r["tp"] * r["pp"] * r["cp"] == 64 for r in rows)
+    assert all(r["memory"]["total"] <= 72e9 for r in fit)
+    assert fit[0]["step_s"] == min(r["step_s"] for r in fit)
+    for bad in (dict(pp=32), dict(tp=3), dict(gpus=-1), dict(efficiency=float("nan"))):
+        with pytest.raises(PlanError):
+            plan(NAMED["70b"], Assumptions(**{"gpus": 64, **bad}))
