@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from common.planning import GPT
 
-__all__ = ["GPTModel", "Block", "init_weights"]
+__all__ = ["GPTModel", "Block", "init_weights", "saved_bytes_from_shapes"]
 
 
 class Block(nn.Module):
@@ -74,3 +74,19 @@ def init_weights(model: nn.Module, seed: int) -> None:
             p.fill_(1.0)
         else:
             p.zero_()
+
+
+def saved_bytes_from_shapes(model, run) -> int:
+    """Bytes autograd saves for backward during `run()`, counted from shapes alone (so it works on `meta`):
+    each saved tensor's root (a view's base) once, parameters and views of them excluded."""
+    params = {id(p) for p in model.parameters()}
+    roots = {}
+
+    def pack(t):
+        root = t if t._base is None else t._base
+        if id(root) not in params:
+            roots[id(root)] = root  # keeps it alive, so that no other tensor reuses its id
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(r.numel() * r.element_size() for r in roots.values())

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from common.planning import (GPT, gpt_flops, gpt_params, in_flight_micro_batches, mfu, ring_time,
-                             transformer_layer_activations, zero_mixed_bytes)
+                             tp_layer_params, transformer_layer_activations, zero_mixed_bytes)
 
 __all__ = ["NAMED", "Assumptions", "PlanError", "shape_for_params", "plan", "describe", "format_rows"]
 
@@ -68,7 +68,7 @@ def rank_params(c: GPT, tp: int, pp: int) -> float:
     """Parameters on the busiest rank: its L / pp layers (Linears split by tp, 6 h replicated per layer) plus the
     embeddings (first stage) or the head and final norm (last stage), whichever stage is larger."""
     h = c.hidden
-    layers = c.layers / pp * ((12 * h * h + 7 * h) / tp + 6 * h)
+    layers = c.layers / pp * tp_layer_params(h, tp)  # checked against lesson 10's split model by lesson 18
     first, last = c.vocab * h / tp + c.seq * h, (h * c.vocab + c.vocab) / tp + 2 * h
     return layers + (first + last if pp == 1 else max(first, last))
 

@@ -25,7 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["ADAM_MIXED_K", "zero_mixed_bytes", "sharded_fp32_bytes", "ring_bytes_sent", "residual_mlp_activations",
+__all__ = ["ADAM_MIXED_K", "zero_mixed_bytes", "sharded_fp32_bytes", "tp_layer_params", "tp_all_reduces",
+           "ring_bytes_sent", "residual_mlp_activations",
            "transformer_layer_activations", "zero_paper_activations", "GPT", "gpt_params", "gpt_flops",
            "residual_mlp_flops", "ring_time", "fit_alpha_beta", "mfu", "in_flight_micro_batches"]
 
@@ -72,6 +73,20 @@ def sharded_fp32_bytes(unit_numels: Sequence[int], tensors: int, n_ranks: int, s
             "optimizer_state": adam_slots * e * shard + 4 * len(unit_numels),
             "sent": (gathers * ring_bytes_sent("all_gather", e * padded, N)
                      + ring_bytes_sent("reduce_scatter", e * padded, N))}
+
+
+def tp_layer_params(h: int, tp: int) -> int:
+    """Parameters of one transformer layer on a tensor-parallel rank (Megatron: q, k, v and fc1 column-parallel,
+    proj and fc2 row-parallel): the weights 12 h^2 and the column-parallel biases 7 h split by tp; the two
+    row-parallel biases (2 h) and the two LayerNorms (4 h) whole on every rank."""
+    return (12 * h * h + 7 * h) // tp + 6 * h
+
+
+def tp_all_reduces(layers: int, tp: int, tokens: int, h: int, element_size: int = 4) -> dict[str, int]:
+    """The all-reduces of one forward + backward of `layers` tensor-parallel layers (attention and MLP each: g
+    forward, f backward), each on the (tokens, h) activations; none at tp = 1 (f and g are identities)."""
+    calls = 4 * layers if tp > 1 else 0
+    return {"calls": calls, "bytes": calls * tokens * h * element_size}
 
 
 def ring_bytes_sent(op: str, buffer_bytes: float, n_ranks: int) -> float:

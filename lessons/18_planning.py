@@ -7,11 +7,12 @@ checked against measurement, then used for models too big to build.
     python lessons/18_planning.py --model 7b --gpus 8 --gpu-memory-gb 80 --network-gbps 400 --peak-tflops 989
 
 What to look for:
-1. The formulas of common/planning.py PREDICT the bytes a rank holds and sends, and lessons 08 and 13's
-   instruments MEASURE them from the tensors (storages counted once, saved activations, collective buffers):
-   equal to the byte, for DDP + Adam (parameters P, gradients P, Adam 2P + a 4-byte step per tensor, bucket
-   all-reduce 2 P (N-1)/N, activations with and without checkpointing) and ZeRO stages 1, 2, 3 by hand (with
-   the padding to a multiple of N), on 1, 2 and 4 ranks.
+1. The formulas of common/planning.py PREDICT the bytes a rank holds and sends, and lessons 08, 10 and
+   13's instruments MEASURE them from the tensors (storages counted once, saved activations, collective
+   buffers): equal to the byte, for DDP + Adam (parameters P, gradients P, Adam 2P + a 4-byte step per
+   tensor, bucket all-reduce 2 P (N-1)/N, activations with and without checkpointing), ZeRO stages 1, 2, 3
+   by hand (with the padding to a multiple of N) and Megatron tensor parallelism (weights 1/tp, norms and
+   row-parallel biases whole; 4 all-reduces of B x S x H per layer), on 1, 2 and 4 ranks.
 2. The same formulas, in mixed precision (2 + 2 + 12 bytes per parameter), reproduce the ZeRO paper's 7.5B
    model on 64 GPUs (120, 31.4, 16.6, 1.9 GB) and its GPT-2 1.5B numbers (24 GB of model states, ~60 GB of
    activations).
@@ -41,22 +42,24 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from common.counters import CommCounter, count_collectives
 from common.differences import max_abs_diff_all
-from common.gpt import GPTModel, init_weights
+from common.gpt import GPTModel, init_weights, saved_bytes_from_shapes
 from common.grid import Grid
-from common.memory import ResidualMLP, saved_activation_bytes
+from common.memory import ResidualMLP, saved_activation_bytes, storage_bytes
 from common.planner import PlanError, add_planner_args, describe, format_rows, plan, planner_inputs
 from common.planning import (GPT, fit_alpha_beta, gpt_flops, gpt_params, mfu, residual_mlp_activations,
                              residual_mlp_flops, ring_bytes_sent, ring_time, sharded_fp32_bytes,
-                             transformer_layer_activations, zero_mixed_bytes, zero_paper_activations)
+                             tp_all_reduces, tp_layer_params, transformer_layer_activations, zero_mixed_bytes,
+                             zero_paper_activations)
 from common.ranks import print0
 from common.results import Report
 from common.session import LessonError, add_distributed_args, distributed_session, read_torchrun_env, run_main
 from common.session import set_seed
 from common.shard_accounting import held_bytes, moved_bytes
+from common.tensor_parallel import digits_transformer, tensor_parallelize
 from common.zero import ZeRO, check_world_size
 
 SMALL_GPT = GPT(layers=2, hidden=32, heads=4, vocab=17, seq=16)  # runs in milliseconds
-BIG_GPT = GPT(layers=32, hidden=4096, heads=32, vocab=32000, seq=2048)  # 6.8e9 parameters, on meta only
+BIG_GPT = GPT(layers=32, hidden=4096, heads=32, vocab=32000, seq=2048)  # 6.7e9 parameters, on meta only
 ROWS = ("parameters", "gradients", "optimizer_state", "sent")
 
 
@@ -174,6 +177,33 @@ def bytes_predicted_vs_measured(args, info, report: Report) -> None:
                      gap_over_ranks(measured[name], predicted[name], info), "==", 0,
                      f"  {name}: measured by lesson {'08' if name == 'DDP' else '13'}'s instruments on every "
                      "rank, sum of |measured - predicted| = {value:.0f} bytes")
+    tensor_parallel_bytes(args, info, grid.group("dp"), report)  # the same world group, used as tp
+
+
+def tensor_parallel_bytes(args, info, group, report: Report) -> None:
+    """Lesson 10's split transformer (by hand): the parameter bytes a tp rank holds, its all-reduces."""
+    N, H, heads, layers, B = info.world_size, 32, 8, 2, 4  # tp = the world size
+    if heads % N:
+        print0(f"  tensor parallel: {heads} heads do not split over {N} ranks; no tp row at this world size")
+        return
+    set_seed(args.seed)
+    full = digits_transformer(H, heads, layers).to(info.device)
+    split = tensor_parallelize(full, info.rank, N, group)  # this rank's shards; norms, embedding, head whole
+    x = torch.randn(B, 8, 8).to(info.device)  # (B, S, 8): 8 rows of 8 pixels per digit
+    with count_collectives() as c:
+        split(x).square().mean().backward()
+    measured = {"parameters": storage_bytes(split.parameters()),
+                "all_reduce_calls": c.calls.get("all_reduce", 0),
+                "all_reduce_bytes": c.bytes.get("all_reduce", 0)}
+    ar = tp_all_reduces(layers, N, B * 8, H)
+    # embedding Linear(8, H) and head Linear(H, 10) whole on every rank; each layer split as Megatron does
+    params = 8 * H + H + layers * tp_layer_params(H, N) + 10 * H + 10
+    predicted = {"parameters": 4 * params, "all_reduce_calls": ar["calls"], "all_reduce_bytes": ar["bytes"]}
+    report.value("tp_predicted", predicted, f"  tensor parallel, lesson 10's model (hidden {H}, {heads} "
+                 f"heads, {layers} layers) at tp = {N}, predicted: {{value}}")
+    report.claim("tp_bytes_predicted_exactly", gap_over_ranks(measured, predicted, info), "==", 0,
+                 "  tensor parallel: measured by lesson 10's instruments (storages, collectives counted) on "
+                 "every rank, sum of |measured - predicted| = {value:.0f}")
 
 
 # ---------------------------------------------------------------- 2. published numbers
@@ -237,22 +267,6 @@ def flops(args, info, report: Report) -> None:
 
 
 # ---------------------------------------------------------------- 4. the meta device
-def saved_bytes_from_shapes(model, run) -> int:
-    """Bytes autograd saves for backward during `run()`, counted from shapes alone (so it works on `meta`):
-    each saved tensor's root (a view's base) once, parameters and views of them excluded."""
-    params = {id(p) for p in model.parameters()}
-    roots = {}
-
-    def pack(t):
-        root = t if t._base is None else t._base
-        if id(root) not in params:
-            roots[id(root)] = root  # keeps it alive, so that no other tensor reuses its id
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        run()
-    return sum(r.numel() * r.element_size() for r in roots.values())
-
-
 def meta_device(args, info, report: Report) -> None:
     print0("\n4. the meta device: shapes without memory")
     c, batch = SMALL_GPT, 4

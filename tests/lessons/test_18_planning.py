@@ -10,7 +10,7 @@ from tests._lessons import assert_claims, assert_fails_on_every_rank
 
 LESSON = "18_planning"
 BYTES = {"ddp_bytes_predicted_exactly", "zero1_bytes_predicted_exactly", "zero2_bytes_predicted_exactly",
-         "zero3_bytes_predicted_exactly"}
+         "zero3_bytes_predicted_exactly", "tp_bytes_predicted_exactly"}
 PAPER = {f"zero_paper_7_5b_stage{s}" for s in range(4)} | {"zero_paper_gpt2_model_states",
                                                            "zero_paper_gpt2_activations"}
 COMPUTE = {"gpt_flops_equal_counter", "mlp_flops_equal_counter", "shape_count_equals_measured_activations",
@@ -55,6 +55,7 @@ def test_bytes_predicted_exactly_on_4_ranks_with_padding(four_ranks):
     # 6973 parameters: the stem's 2145 pads to 2148 on 4 ranks; stage 3 keeps 1744 of them, 4 bytes each
     assert zero3["parameters"] == 4 * 1744 and ddp["parameters"] == 4 * 6973
     assert zero3["sent"] == 1.5 * r["predicted_bytes"]["ZeRO-2"]["sent"]
+    assert r["tp_predicted"]["all_reduce_calls"] == 8  # 2 layers x (attention, MLP) x (forward g, backward f)
     for name in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"):  # the recorded measurement, rank 0's, equals the table
         for row, v in r["predicted_bytes"][name].items():
             assert r["measured_bytes"][name][row] == v, (name, row)
