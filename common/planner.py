@@ -142,8 +142,9 @@ def evaluate(c: GPT, a: Assumptions, dp: int, tp: int, pp: int, cp: int, stage: 
 def plan(c: GPT, a: Assumptions) -> list[dict]:
     """Every configuration the GPUs allow, fitting or not, fastest first among those that fit."""
     _check(c, a)
+    # one rank per ZeRO group (dp x cp = 1): nothing to shard, every stage is DDP's row: list stage 0 only
     rows = [evaluate(c, a, dp, tp, pp, cp, stage, ckpt) for dp, tp, pp, cp in _degrees(c, a)
-            for stage in (0, 1, 2, 3) for ckpt in (False, True)]
+            for stage in ((0, 1, 2, 3) if dp * cp > 1 else (0,)) for ckpt in (False, True)]
     rows = [r for r in rows if r is not None]
     if not rows:
         raise PlanError(f"no (dp, tp, pp, cp) splits --gpus {a.gpus} and --global-batch {a.global_batch} for this "
