@@ -1,13 +1,14 @@
-"""A GPT-style decoder built from a `common.planning.GPT` config (lesson 18): small enough to run on a CPU at
-toy sizes, and buildable at billions of parameters on the `meta` device, where it allocates nothing.
+"""Lesson 18's tools for the shared GPT (`common.models.CausalTransformer`) at any size: attention written as
+matmuls (what FLOP formulas count), the saved activations counted from shapes alone (so they work on `meta`),
+and an initialisation that gives the same values whether the model was built eagerly or on `meta`.
 
-    model = GPTModel(GPT(layers=2, hidden=32, heads=4, vocab=17, seq=16))      # tokens (B, s) -> logits (B, s, V)
     with torch.device("meta"):
-        big = GPTModel(GPT(layers=32, hidden=4096, heads=32, vocab=32000, seq=4096))   # 6.8e9 parameters, 0 bytes
+        big = CausalTransformer(vocab=32000, d_model=4096, heads=32, n_layers=32, max_len=2048)  # 6.7e9, 0 bytes
+    small = CausalTransformer().set_attention(matmul_attention)   # FlopCounterMode then sees Q K^T and A V
 
-Attention is written out (Q K^T, softmax, A V) so that its matmuls are the ones `gpt_flops` counts, with a causal
-mask (the masked half is still computed, as the FLOP formula assumes). No dropout (Korthikanti's formula counts
-dropout masks; this model is for parameter and FLOP counts).
+Why `matmul_attention`: torch.utils.flop_counter has no formula for the CPU kernel behind
+`F.scaled_dot_product_attention` in torch 2.13 (`_scaled_dot_product_flash_attention_for_cpu`), so on CPU the
+counter misses the attention's 12 b s^2 h L FLOPs (lesson 18 measures the gap); written out, they are counted.
 """
 from __future__ import annotations
 
@@ -15,51 +16,17 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from common.planning import GPT
-
-__all__ = ["GPTModel", "Block", "init_weights", "saved_bytes_from_shapes"]
+__all__ = ["matmul_attention", "init_weights", "saved_bytes_from_shapes"]
 
 
-class Block(nn.Module):
-    def __init__(self, c: GPT):
-        super().__init__()
-        self.heads = c.heads
-        self.ln1, self.ln2 = nn.LayerNorm(c.hidden), nn.LayerNorm(c.hidden)
-        self.qkv = nn.Linear(c.hidden, 3 * c.hidden)
-        self.proj = nn.Linear(c.hidden, c.hidden)
-        self.fc = nn.Linear(c.hidden, 4 * c.hidden)
-        self.fc2 = nn.Linear(4 * c.hidden, c.hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, s, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)  # (B, s, h) each
-        q, k, v = (t.reshape(B, s, self.heads, h // self.heads).transpose(1, 2) for t in (q, k, v))  # (B, a, s, d)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(h // self.heads)  # (B, a, s, s)
-        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
-        att = scores.masked_fill(~causal, float("-inf")).softmax(-1)
-        y = (att @ v).transpose(1, 2).reshape(B, s, h)
-        x = x + self.proj(y)
-        return x + self.fc2(F.gelu(self.fc(self.ln2(x))))
-
-
-class GPTModel(nn.Module):
-    def __init__(self, c: GPT):
-        super().__init__()
-        self.config = c
-        self.tok = nn.Embedding(c.vocab, c.hidden)
-        self.pos = nn.Embedding(c.seq, c.hidden)
-        self.blocks = nn.ModuleList(Block(c) for _ in range(c.layers))
-        self.ln_f = nn.LayerNorm(c.hidden)
-        self.head = nn.Linear(c.hidden, c.vocab)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.tok(tokens) + self.pos(positions)  # (B, s, h)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))  # (B, s, V)
+def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention as two matmuls and a softmax: q, k, v (B, nh, S, hs) -> (B, nh, S, hs). The masked
+    half of Q K^T is still computed, as the FLOP formula 2 x 2 b s^2 h per layer forward assumes."""
+    S = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, S, S)
+    causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
+    return scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
 
 
 @torch.no_grad()

@@ -16,7 +16,8 @@ What to look for:
 2. The same formulas, in mixed precision (2 + 2 + 12 bytes per parameter), reproduce the ZeRO paper's 7.5B
    model on 64 GPUs (120, 31.4, 16.6, 1.9 GB) and its GPT-2 1.5B numbers (24 GB of model states, ~60 GB of
    activations).
-3. FLOPs: torch.utils.flop_counter counts exactly 6 x weights x tokens + 12 b s^2 h L on a small GPT.
+3. FLOPs: torch.utils.flop_counter counts exactly 6 x weights x tokens + 12 b s^2 h L on the shared GPT of
+   lessons 16-18 with its attention written as matmuls (on CPU it has no formula for the SDPA kernel).
 4. The meta device: a 6.7B-parameter GPT built without allocating a byte; its parameters counted from the
    module tree equal the formula; its saved activations counted from shapes (the same count equals the
    measured bytes on a small model); meta init + to_empty + init equals eager init.
@@ -42,9 +43,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from common.counters import CommCounter, count_collectives
 from common.differences import max_abs_diff_all
-from common.gpt import GPTModel, init_weights, saved_bytes_from_shapes
+from common.gpt import init_weights, matmul_attention, saved_bytes_from_shapes
 from common.grid import Grid
 from common.memory import ResidualMLP, saved_activation_bytes, storage_bytes
+from common.models import CausalTransformer
 from common.planner import PlanError, add_planner_args, describe, format_rows, plan, planner_inputs
 from common.planning import (GPT, fit_alpha_beta, gpt_flops, gpt_params, mfu, residual_mlp_activations,
                              residual_mlp_flops, ring_bytes_sent, ring_time, sharded_fp32_bytes,
@@ -236,19 +238,31 @@ def matmul_rate(info, n: int = 256, reps: int = 20) -> float:
     return 2 * n ** 3 * reps / (time.perf_counter() - t)
 
 
+def gpt(c: GPT) -> CausalTransformer:
+    """The shared GPT of lessons 16-18 (common/models.py) in the shape `c` describes."""
+    return CausalTransformer(vocab=c.vocab, d_model=c.hidden, heads=c.heads, n_layers=c.layers, max_len=c.seq)
+
+
+def counted_flops(model, tokens) -> int:
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+    return counter.get_total_flops()
+
+
 def flops(args, info, report: Report) -> None:
     c, batch = SMALL_GPT, 4
     set_seed(args.seed)
-    model = GPTModel(c).to(info.device)
+    model = gpt(c).to(info.device)
     tokens = torch.randint(0, c.vocab, (batch, c.seq), device=info.device)
-    with FlopCounterMode(display=False) as counter:
-        F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
-    f = gpt_flops(c, batch)
-    report.claim("gpt_flops_equal_counter", abs(counter.get_total_flops() - f["total"]), "==", 0,
-                 f"\n3. FLOPs of one step of a small GPT {c}: FlopCounterMode {counter.get_total_flops()}, "
+    sdpa = counted_flops(model, tokens)  # attention by F.scaled_dot_product_attention, the model's default
+    model.set_attention(matmul_attention)  # the same attention written as Q K^T, softmax, A V
+    f, counted = gpt_flops(c, batch), counted_flops(model, tokens)
+    report.claim("gpt_flops_equal_counter", abs(counted - f["total"]), "==", 0,
+                 f"\n3. FLOPs of one step of the shared GPT {c}: FlopCounterMode {counted}, "
                  f"6 x {f['weights'] // (6 * batch * c.seq)} weights x {batch * c.seq} tokens + 12 b s^2 h L"
-                 " = "
-                 f"{f['total']}: |difference| {{value}}")
+                 f" = {f['total']}: |difference| {{value}}")
+    report.value("sdpa_flops_counted", sdpa, f"  with F.scaled_dot_product_attention on {info.device.type} "
+                 f"the counter sees {{value}} (attention's {f['attention']} included: {sdpa == f['total']})")
     mlp = ResidualMLP(args.width, args.depth).to(info.device)
     with FlopCounterMode(display=False) as counter:
         mlp(torch.randn(args.micro_batch, 64, device=info.device)).sum().backward()
@@ -271,7 +285,7 @@ def meta_device(args, info, report: Report) -> None:
     print0("\n4. the meta device: shapes without memory")
     c, batch = SMALL_GPT, 4
     set_seed(args.seed)
-    small = GPTModel(c)
+    small = gpt(c)
     tokens = torch.randint(0, c.vocab, (batch, c.seq))
     measured = saved_activation_bytes(small, lambda: small(tokens))
     report.claim("shape_count_equals_measured_activations",
@@ -279,7 +293,7 @@ def meta_device(args, info, report: Report) -> None:
                  f"  small GPT, batch {batch}: saved activations counted from shapes vs measured storages "
                  f"({measured} bytes): |difference| {{value}}")
     with torch.device("meta"):
-        big = GPTModel(BIG_GPT)
+        big = gpt(BIG_GPT)
         big_tokens = torch.zeros(1, BIG_GPT.seq, dtype=torch.long)
     counted = sum(p.numel() for p in big.parameters())
     report.claim("meta_params_equal_formula", abs(counted - gpt_params(BIG_GPT)["total"]), "==", 0,
@@ -292,10 +306,10 @@ def meta_device(args, info, report: Report) -> None:
                  "counted from the shapes: {value} bytes in fp32 without dropout (Korthikanti's 16-bit "
                  f"layer with dropout, s b h (34 + 5 a s / h): {korthikanti:.0f} bytes)")
     with torch.device("meta"):
-        lazy = GPTModel(c)
+        lazy = gpt(c)
     lazy.to_empty(device=info.device)  # memory, uninitialised
     init_weights(lazy, args.seed)
-    eager = GPTModel(c).to(info.device)
+    eager = gpt(c).to(info.device)
     init_weights(eager, args.seed)
     report.claim("meta_init_equals_eager", max_abs_diff_all(lazy.parameters(), eager.parameters()), "==", 0.0,
                  "  meta -> to_empty -> init_weights vs eager -> init_weights: max |difference| {value}")

@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from common.gpt import GPTModel
+from common.gpt import matmul_attention
+from common.models import CausalTransformer
 from common.memory import ResidualMLP
 from common.planning import (GPT, fit_alpha_beta, gpt_flops, gpt_params, in_flight_micro_batches, mfu,
                              residual_mlp_activations, residual_mlp_flops, ring_time, sharded_fp32_bytes,
@@ -59,8 +60,8 @@ def test_residual_mlp_formulas_match_common_memory_and_flop_counter():
 
 
 def test_gpt_params_and_flops_match_the_module():
-    c = GPT(layers=2, hidden=16, heads=2, vocab=11, seq=8)
-    model = GPTModel(c)
+    c = GPT(layers=2, hidden=16, heads=2, vocab=17, seq=8)  # the shared GPT, attention written as matmuls
+    model = CausalTransformer(c.vocab, c.hidden, c.heads, c.layers, max_len=c.seq).set_attention(matmul_attention)
     assert sum(p.numel() for p in model.parameters()) == gpt_params(c)["total"]
     tokens = torch.randint(0, c.vocab, (3, c.seq))
     with FlopCounterMode(display=False) as fc:
