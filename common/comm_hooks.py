@@ -12,7 +12,8 @@
 - "powersgdR": `powerSGD_hook.powerSGD_hook` with rank R (Vogels et al., 2019, https://arxiv.org/abs/1905.13727):
   each gradient matrix M (n x m) is sent as P (n x R) and Q (m x R) with M ~ P Q^T, the error fed back into the
   next step; vectors (biases) and matrices that would not shrink by min_compression_rate (2) travel as they are.
-  The first `start_powerSGD_iter` (2) steps all-reduce plainly (DDP rebuilds its buckets after step 1).
+  The first `start_powerSGD_iter` (2) steps all-reduce plainly (DDP rebuilds its buckets after step 1, unless
+  find_unused_parameters=True without static_graph: then the first buckets are capped and never rebuilt).
 - `allreduces_per_backward`, `gradient_storage_bytes`, `predicted_buckets`: the counts lesson 15 claims.
 
 Two facts measured here (torch 2.13, gloo, CPU):
@@ -76,7 +77,7 @@ def comm_hook(name: str, process_group=None, seed: int = 0):
 def plain_until_switched(hook):
     """(a hook that all-reduces plainly until `switch()` is called, then runs `hook`; switch). Lesson 15's
     exact PowerSGD resume runs one backward through the plain path so that DDP rebuilds its buckets before
-    the hook and its restored state see a bucket."""
+    the hook and its restored state see a bucket (DDP without find_unused_parameters: with it, no rebuild)."""
     plain = [True]
 
     def resumed_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -116,7 +117,7 @@ def gradient_storage_bytes(model, batch) -> int:
     after 2 backward passes on batch = (x, y): 2 x the gradient without gradient_as_bucket_view, 1 x with it."""
     buffers = []  # the flat bucket tensors DDP all-reduces, kept by the hook
     model.register_comm_hook(None, keeping_buffers(buffers))
-    for _ in range(2):  # pass 1 runs with one bucket; buckets are rebuilt for pass 2
+    for _ in range(2):  # pass 1 runs with one bucket; buckets are rebuilt for pass 2 (no find_unused_parameters)
         buffers.clear()
         F.cross_entropy(model(batch[0]), batch[1]).backward()
     return storage_bytes([p.grad for p in model.module.parameters()] + buffers)
@@ -126,7 +127,9 @@ def predicted_buckets(model, first_bucket_bytes: int | None = None) -> int:
     """DDP's bucketing rule: gradients in reverse parameter order (about the order backward produces them), a
     bucket closes once it holds >= its cap. torch 2.13: bucket_cap_mb left at None caps the FIRST bucket at 1 MiB
     and the rest at 25 MiB (so communication starts early); an explicit bucket_cap_mb caps every bucket.
-    (The first backward of a new DDP model uses one bucket; these are the buckets it rebuilds after it.)
+    (Without find_unused_parameters the first backward of a new DDP model uses one bucket and these are the
+    buckets it rebuilds after it; with find_unused_parameters=True alone DDP starts with these buckets and
+    never rebuilds them: nn/parallel/distributed.py's compute_bucket_size_limits, reducer.hpp.)
 
     `first_bucket_bytes` overrides the first cap: torch.compile's DDPOptimizer cuts its graphs by this rule with
     a 1 MiB first bucket whatever DDP's is (torch/_dynamo/convert_frame.py passes only bucket_bytes_cap)."""

@@ -123,7 +123,8 @@ def mp_spawn_inline_function(ctx: Ctx) -> None:
 @exhibit("rendezvous_port_taken", "launch", lesson="03",
          symptom="torch.distributed.DistNetworkError: The server socket has failed to listen on any "
                  "local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE",
-         cause="a second job on the same machine with the same --master-port (29500 by default)")
+         cause="another job already listens on the port given by --master-port (static rendezvous; "
+               "torchrun on one node without it takes a free port: c10d at localhost:0)")
 def rendezvous_port_taken(ctx: Ctx) -> None:
     with ctx.rank0("a launch on a taken port") as mine:
         if not mine:
@@ -144,7 +145,7 @@ def rendezvous_port_taken(ctx: Ctx) -> None:
             ctx.step("diagnosis", "ss -ltnp | grep PORT (or lsof -i :PORT) shows who listens there")
             standalone = [*TORCHRUN, "--standalone", "--nproc_per_node=1", *WORKER, "env", "job"]
             code, out = ctx.launch(standalone, 60)
-        ctx.step("fix", "--standalone (a free port and a fresh run id) "
-                        "on one machine, or a different --master-port")
+        ctx.step("fix", "on one machine drop --master-port or pass --standalone (c10d at localhost:0: a free "
+                        "port, a fresh run id); across machines a --master-port nobody holds")
         ctx.claim("fixed_runs", int(code == 0 and "job RANK=0" in out), "==", 1,
                   "the --standalone launch runs beside it: {value}")

@@ -31,7 +31,7 @@ What to look for, section by section:
    an all-gather replace f's: the same bytes on a ring (an all-reduce is a reduce-scatter then an all-gather),
    and each rank saves fewer activation bytes. Not all of it, though: the LayerNorm's weight and bias are
    Replicate, and each rank's gradient of them comes from its own S/tp tokens only, so after backward they are
-   Partial: measured, one rank's differs from the full gradient by about half of it. Two more all-reduces (one
+   Partial: measured, the worst rank's is at least (tp-1)/tp of it away. Two more all-reduces (one
    per parameter, H floats each) make them whole; the optimizer step runs them (measured), or `redistribute`.
 4. Training on the digits: the split model's losses, parameters and held-out test loss follow the unsplit
    model's step by step. How far the loss falls depends on --steps, --batch-size and --lr (it is printed, and
@@ -344,11 +344,12 @@ def main(argv=None) -> None:
         # x (B, S, H): the same on every rank (same seed)
         x = torch.randn(args.batch_size, SEQ, args.hidden).to(info.device)
         hand_built(report, grid, x, args.heads)                 # 1. by hand
-        if grid.size("tp") > 1:  # DTensor needs a mesh with something to split
+        if grid.size("tp") > 1:  # at tp = 1 there is nothing to split
             with_dtensor(report, grid, x, args.heads)           # 2. with parallelize_module
             sequence_parallel(report, grid, x)                  # 3. sequence parallelism
         else:
-            print0("tp = 1: parallelize_module and sequence parallelism need tp > 1 (torchrun, 2+ processes)")
+            print0("tp = 1: parallelize_module and sequence parallelism skipped: nothing to split (under "
+                   "torchrun with 1 process DTensor would run, trivially)")
         train(report, grid, args)                               # 4. training on the digits
         report.finish(args.results)
 

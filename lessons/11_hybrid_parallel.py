@@ -317,7 +317,7 @@ def decision_table(report: Report, tables: dict, model0: nn.Module, args) -> Non
     """Which parallelism for which limit, with the busiest rank's bytes per step from this run's counts."""
     params = sum(p.numel() for p in model0.parameters())
     rows = [("dp", "dp", "all_reduce", "the model fits on a rank: replicas; gradients all-reduced once a "
-             "step"),
+             "step{stage}"),
             ("fsdp", "dp", "all_gather", "the model does not fit: parameters gathered for forward, and for "
              "backward (not the root's)"),
             ("fsdp", "dp", "reduce_scatter", "  ... and gradients reduce-scattered, each rank keeps 1/dp"),
@@ -332,9 +332,14 @@ def decision_table(report: Report, tables: dict, model0: nn.Module, args) -> Non
     table = []
     for kind, dim, op, when in rows:  # FSDP's rows come from FSDP x TP, DP's from the hand-built runs
         runs = ["fsdp_tp"] if kind == "fsdp" else ["dp_pp", "dp_pp_tp"] if kind == "dp" else list(tables)
-        found = [r for run in runs for r in tables.get(run, []) if (r["op"], r["dim"]) == (op, dim)]
+        found = [(run, r) for run in runs for r in tables.get(run, []) if (r["op"], r["dim"]) == (op, dim)]
         if found:
-            busiest = max(found, key=lambda r: r["sent"])
+            run, busiest = max(found, key=lambda f: f[1]["sent"])
+            pp, tp = args.meshes[run].get("pp", 1), args.meshes[run].get("tp", 1)  # dp's runs have a pp dim
+            split = f" split over tp = {tp}" if tp > 1 else ""
+            stage = (f" (here replicas of one pipeline stage{split}, pp = {pp}: the buffer is its gradients, "
+                     f"not the model's {4 * params:,} bytes)") if pp > 1 else ""
+            when = when.format(stage=stage)
             table.append({"parallelism": kind, "op": op, "bytes": busiest["bytes"], "sent": busiest["sent"],
                           "when": when})
             lines.append(f"  {kind:>4} {op:>14}: buffer {busiest['bytes']:>7}, "

@@ -23,13 +23,13 @@ What to look for:
 - The symptom index (docs/symptoms.md, docs/zh/symptoms.md) maps each error text to its exhibit and to the
   lesson that teaches the right way, and lists NCCL's own error texts (GPU only, not reproduced here).
   Notebook 12 adds how to diagnose a hang: a stack of every rank (py-spy dump, faulthandler) from a real,
-  bounded hang, and the GPU-only tools (NCCL_DEBUG, the flight recorder).
+  bounded hang, the flight recorder (on by default, gloo's collectives too) and the GPU-only NCCL_DEBUG.
 
 Sources: https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications
 (TORCH_DISTRIBUTED_DEBUG, monitored_barrier, TORCH_CPP_LOG_LEVEL),
 https://pytorch.org/docs/stable/notes/ddp.html,
 https://pytorch.org/docs/stable/elastic/run.html (rendezvous, --standalone),
-https://pytorch.org/tutorials/prototype/flight_recorder_tutorial.html (the NCCL flight recorder).
+https://pytorch.org/tutorials/prototype/flight_recorder_tutorial.html (the flight recorder).
 """
 from __future__ import annotations
 

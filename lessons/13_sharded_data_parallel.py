@@ -159,7 +159,8 @@ class Setup:
             # sharding because ZeRO and fully_shard keep the slice of what this rank already holds: unlike
             # DDP they broadcast nothing at wrap time, so ranks holding different values would shard different
             # models. (A model too big for one rank is built on the meta device and loaded sharded instead:
-            # set_model_state_dict(..., StateDictOptions(broadcast_from_rank0=True)) or a sharded checkpoint.)
+            # set_model_state_dict(..., StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)), a
+            # full state dict on rank 0 only (tests/unit/test_zero.py runs it), or a sharded checkpoint.)
             m.load_state_dict(self.init)
         return m
 

@@ -17,17 +17,17 @@ agrees on the attempt through torchrun's store; each attempt's process group has
    uninterrupted run: 0.0 on 1 or 2 ranks. The checkpoint holds the full training state: model, AdamW, LR
    scheduler, GradScaler, every rank's RNG streams (torch, numpy, random, its generator), the sampler's epoch
    AND position. A stateful DDP comm hook is training state too (PowerSGD: error feedback, warm start,
-   iteration; lesson 15 works out its exact resume). On 3+ ranks the bound is 1e-6, not 0: a restarted DDP's
-   first step reduces the bucket built at construction, the uninterrupted run's the bucket DDP rebuilt after
-   step 1 (gradient ready order); gloo's ring sums each chunk of the flat bucket from another rank, so an
-   element in another chunk is summed in another order: a + b == b + a, but (a + b) + c != a + (b + c).
+   iteration; lesson 15 works out its exact resume). On 3+ ranks the bound is 1e-6, not 0: without
+   find_unused_parameters a restarted DDP's first step reduces the bucket built at construction, the
+   uninterrupted run's the bucket DDP rebuilt after step 1 (ready order); gloo's ring sums each chunk from
+   another rank, so an element in another chunk is summed in another order: (a + b) + c != a + (b + c).
 2. Forgetting the position, the optimizer or the RNG changes the result (measured, each from its own copy of
    the checkpoint; the scheduler and the GradScaler, off on CPU, are not tested that way).
 3. A killed writer leaves a temp file (or a .pt without its marker), never loaded, removed at the restart.
 4. A hung peer: gloo raises after --timeout-s, the job exits 1, torchrun restarts it. NCCL (GPU only, untested
-   here): the watchdog times the collective out and TORCH_NCCL_ASYNC_ERROR_HANDLING=3 (default) tears the
-   process down; TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC kills a process whose watchdog is stuck (torch docs:
-   torch_nccl_environment_variables.html).
+   here): the watchdog times the collective out; TORCH_NCCL_ASYNC_ERROR_HANDLING: torchrun sets it to 1
+   (tear down) unless you set it; elsewhere the default is 3 (tear down without cleanup). A watchdog stuck for
+   TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC kills its process (torch docs: torch_nccl_environment_variables.html).
 5. Which rank failed: torchrun's summary names the smallest timestamp in whole seconds, on a tie the lowest
    rank: maybe rank 0, which only exited because its peer died. `@record` on main writes the raising rank's
    exception to its error file (the summary's error_file; <N/A> for the others): `--fault raise@7:1`.

@@ -12,10 +12,11 @@ What to look for (ResidualMLP of lessons 07 and 08: 545,546 fp32 parameters, 2.2
    all-reduce time hidden behind backward is timing ([perf]). One bucket hides nothing: it is issued when
    the last gradient is ready (a --bucket-cap-mb that gives one bucket shows only that).
 2. The knobs, counted: bucket_cap_mb sets the buckets (DDP's rule, predicted: the default None has a 1 MiB
-   first bucket, an explicit cap none); every new DDP's first backward uses one bucket, rebuilt after it, and
-   static_graph rebuilds one step later ([1, 1, 2, 2]); gradient_as_bucket_view saves one gradient copy;
-   no_sync sends one round per optimizer step (lesson 07); fp16/bf16 hooks halve the bytes exactly, PowerSGD
-   rank 1 cuts them ~78x; test accuracy after a short training for each hook, bounded over seeds 0-11.
+   first bucket, an explicit cap none); without find_unused_parameters every new DDP's first backward uses one
+   bucket, rebuilt after it, and static_graph rebuilds one step later ([1, 1, 2, 2]); with
+   find_unused_parameters=True alone DDP starts with the capped buckets and never rebuilds them (reducer.hpp);
+   gradient_as_bucket_view saves one gradient copy; no_sync sends one round per optimizer step (lesson 07);
+   fp16/bf16 hooks halve the bytes exactly, PowerSGD rank 1 cuts them ~78x; test accuracy after a short training for each hook, bounded over seeds 0-11.
    A PowerSGD hook's state is training state: `save_powersgd` / `resume_powersgd` resume a run exactly
    (0.0 from the uninterrupted one), model + optimizer alone or the docs' pickled state do not (measured).
 3. torch.compile of the DDP model: DDPOptimizer cuts the graph where DDP's buckets end, always with a 1 MiB
@@ -177,7 +178,7 @@ def bucket_knobs(raw, init_state, batch, param_bytes: int, info, report) -> dict
                  "the gradient's: {value} (None, the default, is NOT an explicit 25: 1 MiB first bucket)")
     report.claim("first_step_one_bucket", max(c[0] for c in calls.values()), "==", 1, "  every first "
                  "backward all-reduces {value} bucket holding all gradients; buckets are rebuilt in the order"
-                 " they arrived")
+                 " they arrived (not so with find_unused_parameters=True: capped buckets, never rebuilt)")
     raw.load_state_dict(init_state)
     static = allreduces_per_backward(wrap(raw, info, static_graph=True), batch)[0]
     report.value("calls_static_graph", static, "  static_graph=True: calls {value}: the same buckets, "

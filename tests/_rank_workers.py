@@ -151,3 +151,33 @@ def save_over_a_finished_checkpoint(rank: int, world_size: int, path: str) -> di
     except LessonError as e:
         second = str(e)
     return {"first": first, "second": second}
+
+
+def load_full_from_rank0_into_meta(rank: int, world_size: int) -> dict:
+    """Lesson 13's recipe for a model too big for one rank: build it on the meta device, fully_shard it, then
+    set_model_state_dict with a full state dict on rank 0 only ({} elsewhere), broadcast from rank 0. Returns
+    the largest |difference| of the gathered parameters from rank 0's values, and the error when
+    full_state_dict=True is left out (torch 2.13's checkpoint/state_dict.py refuses it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+    from common.memory import ResidualMLP
+    torch.manual_seed(1 + rank)  # different values on every rank: only rank 0's may end up loaded
+    full = ResidualMLP(8, 2).state_dict() if rank == 0 else {}
+    copy = {k: v.clone() for k, v in full.items()}  # set_model_state_dict turns `full`'s values into DTensors
+    with torch.device("meta"):
+        model = ResidualMLP(8, 2)
+    fully_shard(model)
+    model.to_empty(device="cpu")  # allocated, not initialised: the load must write every element
+    try:
+        set_model_state_dict(model, {}, options=StateDictOptions(broadcast_from_rank0=True))
+        refused = "loads"
+    except ValueError as e:
+        refused = str(e)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    gathered = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    want = [copy] if rank == 0 else [None]
+    dist.broadcast_object_list(want, src=0)
+    worst = max((gathered[k] - v).abs().max().item() for k, v in want[0].items())
+    nan_free = all(torch.isfinite(t).all().item() for t in gathered.values())
+    return {"worst": worst if nan_free else float("nan"), "keys": sorted(gathered) == sorted(want[0]),
+            "refused": refused}

@@ -85,7 +85,7 @@ def test_training_follows_the_unsplit_run_and_learns(tp4):
 @pytest.mark.timeout(150)
 def test_one_process_degenerates_to_the_unsplit_model(one_process):
     claims = assert_claims(one_process, HAND | TRAIN)
-    assert not DTENSOR & set(claims)  # DTensor needs tp > 1
+    assert not DTENSOR & set(claims)  # skipped at tp = 1: nothing to split
     assert claims["hand_mlp_allreduces_forward"]["value"] == 0
     assert one_process["hand_mlp_weight_bytes"][0] == one_process["hand_mlp_weight_bytes"][1]
     assert claims["training_follows_unsplit"]["value"] == 0.0

@@ -15,8 +15,8 @@ from common.shard_accounting import activation_bytes, held_bytes, moved_bytes, r
 from common.sharded_checkpoint import MARKER, check_complete, model_signature
 from common.zero import ZeRO, check_stages, check_world_size
 from tests._workers import run_world
-from tests._rank_workers import (FrozenTied, lesson02_step_vs_ddp, save_over_a_finished_checkpoint,
-                                 zero_vs_ddp)
+from tests._rank_workers import (FrozenTied, lesson02_step_vs_ddp, load_full_from_rank0_into_meta,
+                                 save_over_a_finished_checkpoint, zero_vs_ddp)
 from tests._zero_workers import stages_vs_one_process
 
 
@@ -188,3 +188,12 @@ def test_a_save_stopped_before_its_marker_is_refused_even_over_a_finished_checkp
     for r in out:
         assert r["first"] == 1  # the first save finished: its marker vouches for it
         assert "has no COMPLETE.json: its save did not finish" in r["second"], r  # the old marker was removed
+
+
+@pytest.mark.timeout(120)
+def test_lesson13_meta_model_loads_the_full_state_dict_broadcast_from_rank0(tmp_path):
+    """The recipe lesson 13's Setup.fresh names: StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)."""
+    out = run_world(load_full_from_rank0_into_meta, 2, tmp_path, timeout_s=100)
+    for r in out:
+        assert "full_state_dict must be True when broadcast_from_rank0 is True" in r["refused"], r
+        assert r["keys"] and r["worst"] == 0.0, r  # NaN (garbage from to_empty) fails here too
