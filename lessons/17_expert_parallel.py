@@ -1,0 +1,274 @@
+"""Lesson 17: expert parallelism -- a mixture of experts whose tokens travel by all-to-all, equal to one process.
+
+Run it:
+
+    python lessons/17_expert_parallel.py                                      # ep = 1: every expert here
+    torchrun --standalone --nproc_per_node=2 lessons/17_expert_parallel.py    # ep = 2
+    torchrun --standalone --nproc_per_node=4 lessons/17_expert_parallel.py    # ep = 4, then dp 2 x ep 2
+
+The model: a tiny causal transformer on the digits read as 64 pixel tokens (values 0-16), predicting the next
+pixel, whose MLP is a mixture of E experts (common/moe.py, common/moe_model.py). Each rank has its own tokens.
+
+What to look for:
+- Routing, counted: the router's top-k choice per token, the histogram of tokens per expert, the capacity
+  C = ceil(capacity_factor * N * k / E) and the assignments it drops (counted exactly). A token whose every
+  choice is dropped gets exactly 0 from the layer: the residual x + 0 carries it through the block unchanged.
+- Expert parallelism by hand: rank r holds experts r*E/ep ... (r+1)*E/ep - 1. Per layer: one all_to_all_single
+  of the split sizes (how many rows each rank will receive), one of the token rows (dispatch), one of their
+  expert ids, the local experts, one back (combine); backward: the same calls with the splits swapped
+  (common.moe.AllToAll). Output, input gradient, expert and router gradients equal the same MoE in one
+  process; the rows each rank sends to each other rank equal the routing histogram exactly; the bytes counted
+  at the calls equal the formula. A few training steps follow the one-process model.
+- EP x DP (4 ranks: dp 2 x ep 2): the experts' gradients are all-reduced in the dp group only (within an ep
+  group every expert lives once, and the backward all-to-all already brought it every token's gradient);
+  everything else (router, attention, embeddings) in the whole world.
+- Load: the busiest rank's rows against the mean; the Switch Transformer's balance loss and the histogram.
+
+Sources: Shazeer et al. 2017 (https://arxiv.org/abs/1701.06538); GShard, Lepikhin et al. 2020
+(https://arxiv.org/abs/2006.16668); Switch Transformer, Fedus et al. 2021 (https://arxiv.org/abs/2101.03961);
+https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_to_all_single; torchtitan's
+`distributed/expert_parallel.py` for a GPU version.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+
+import torch
+import torch.distributed as dist
+
+from common.counters import count_collectives
+from common.grid import Grid
+from common.moe import ExpertParallelMoE, MoE, all_to_all_traffic, check_moe_options
+from common.moe_model import MoETransformer, digit_tokens, next_token_loss
+from common.ranks import print0
+from common.results import Report
+from common.session import (LessonError, add_distributed_args, distributed_session, read_torchrun_env, run_main,
+                            set_seed)
+
+TOL = 1e-5
+FEATURE_CALLS = ("dispatch", "combine", "dispatch backward", "combine backward")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--experts", type=int, default=4, help="E; the number of processes must divide it")
+    p.add_argument("--top-k", type=int, default=2, help="experts per token, 1 <= k <= E (default 2)")
+    p.add_argument("--capacity-factor", type=float, default=1.0, help="C = ceil(cf * N * k / E), cf > 0")
+    p.add_argument("--hidden", type=int, default=32, help="H, features per token (default 32)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads, dividing H (default 4)")
+    p.add_argument("--tokens", type=int, default=64, help="N, tokens per rank in the layer test (default 64)")
+    p.add_argument("--batch-size", type=int, default=8, help="digit sequences PER RANK per training step")
+    p.add_argument("--steps", type=int, default=30, help="training steps (default %(default)s)")
+    p.add_argument("--aux-weight", type=float, default=0.01, help="weight of the balance loss (default 0.01)")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate, momentum 0.9")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
+    add_distributed_args(p)
+    args = p.parse_args(argv)
+    # validated before any process group: every rank fails alike, none waits
+    if min(args.hidden, args.heads, args.tokens, args.batch_size) < 1 or args.steps < 10 or args.lr <= 0:
+        raise LessonError("--hidden, --heads, --tokens and --batch-size must be >= 1, --steps >= 10, --lr > 0")
+    if args.hidden % args.heads or not 0 <= args.aux_weight < math.inf:
+        raise LessonError("--heads must divide --hidden and --aux-weight must be finite and >= 0")
+    try:
+        check_moe_options(args.experts, args.top_k, args.capacity_factor, ep=read_torchrun_env()[2])
+    except ValueError as e:
+        raise LessonError(str(e)) from None
+    return args
+
+
+def diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b|, NaN-safe: inf when either side holds a NaN or an inf (then every <= claim fails)."""
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return math.inf
+    return (a.detach() - b.detach()).abs().max().item() if a.numel() else 0.0
+
+
+def worst(value: float, group=None) -> float:
+    """The largest value over the ranks of `group`; NaN is taken as inf first (a MAX could drop a NaN)."""
+    value = math.inf if math.isnan(value) else value
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.item()
+
+
+def total(value: float, group=None) -> float:
+    """The sum of value over the ranks of `group` (itself without a process group)."""
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, group=group)
+    return t.item()
+
+
+def routing(report: Report, args: argparse.Namespace) -> None:
+    """Section 1 (one process, the same on every rank): top-k, the histogram, capacity and the drops."""
+    set_seed(args.seed)
+    moe = MoE(args.hidden, args.experts, args.top_k, args.capacity_factor)
+    x = torch.randn(args.tokens, args.hidden)  # (N, H)
+    y = moe(x)
+    s = moe.stats
+    report.value("histogram", s["counts"].tolist(), f"routing {args.tokens} tokens, top-{args.top_k} of "
+                 f"{args.experts} experts: assignments per expert {{value}}, capacity C = {s['cap']}")
+    overflow = int((s["counts"] - s["cap"]).clamp(min=0).sum())
+    report.claim("dropped_counted_exactly", s["dropped"], "==", overflow,
+                 "  assignments dropped (not kept by the mask): {value} = sum over experts of max(0, count - C)")
+    gone = ~s["keep"].any(-1)  # tokens with every choice dropped
+    report.value("tokens_fully_dropped", int(gone.sum()), "  tokens whose every choice was dropped: {value}")
+    if gone.any():
+        block_out = x + y  # the block's residual: x + moe(x)
+        report.claim("dropped_token_passes_through", diff(block_out[gone], x[gone]), "==", 0,
+                     "  for those, |x + moe(x) - x| = {value}: the layer gives 0, the residual carries the token")
+
+
+def expert_grads(full: MoE, split: ExpertParallelMoE) -> float:
+    """max |gradient difference| over this rank's experts and their one-process copies."""
+    first, out = split.ep_rank * split.local, 0.0
+    for i, expert in enumerate(split.experts):
+        for p, q in zip(expert.parameters(), full.experts[first + i].parameters()):
+            out = max(out, diff(p.grad, q.grad))
+    return out
+
+
+def layer_vs_one_process(report: Report, grid: Grid, args: argparse.Namespace) -> None:
+    """Section 2: the MoE layer with experts over the ep ranks vs the same MoE in one process, fwd and bwd."""
+    ep, ep_rank, group = grid.size("ep"), grid.coords["ep"], grid.group("ep")
+    set_seed(args.seed)
+    full = MoE(args.hidden, args.experts, args.top_k, args.capacity_factor)
+    split = ExpertParallelMoE(full, ep_rank, ep, group if ep > 1 else None)
+    X = torch.randn(ep, args.tokens, args.hidden)  # every rank's tokens; rank r owns X[r]
+    xf = X.clone().requires_grad_()
+    ys, kept = [], []
+    for r in range(ep):  # one process: each rank's tokens with their own capacity
+        ys.append(full(xf[r]))
+        kept.append(full.stats["kept"].view(ep, -1).sum(1))  # (ep,) kept assignments per destination rank
+    (torch.stack(ys).square().sum() / X.numel()).backward()
+    want = torch.stack(kept)  # want[r, d]: rows rank r should send rank d
+    xs = X[ep_rank].clone().requires_grad_()
+    with count_collectives() as fwd, all_to_all_traffic() as traffic:
+        y = split(xs)
+    with count_collectives() as bwd, all_to_all_traffic() as traffic_back:
+        (y.square().sum() / X.numel()).backward()
+    if ep > 1:  # the router is replicated: each rank holds its own tokens' part of the gradient
+        dist.all_reduce(split.router.weight.grad, group=group)
+    gaps = [diff(y, ys[ep_rank]), diff(xs.grad, xf.grad[ep_rank]), expert_grads(full, split),
+            diff(split.router.weight.grad, full.router.weight.grad)]
+    report.claim("layer_equals_one_process", worst(max(gaps)), "<=", TOL,
+                 f"ep={ep}: max |EP - one process| over output, input, expert and router gradients = {{value:.1e}}")
+    sent = [split.stats["send"].clone() for _ in range(ep)]
+    if ep > 1:  # the split sizes each rank really passed to all_to_all_single, gathered
+        dist.all_gather(sent, split.stats["send"], group=group)
+    sent = torch.stack(sent)  # (ep, ep)
+    report.value("rows_sent", sent.tolist(), "  rows sent, rank (row) -> rank (column): {value}")
+    report.claim("rows_sent_equal_histogram", diff(sent.double(), want.double()), "==", 0,
+                 "  max |rows sent - routing histogram of the one-process MoE| = {value}")
+    counts = (fwd.calls.get("all_to_all_single", 0), bwd.calls.get("all_to_all_single", 0))
+    report.claim("all_to_alls_forward_backward", int(counts == ((4, 2) if ep > 1 else (0, 0))), "==", 1,
+                 f"  all_to_all_single calls forward {counts[0]} (split sizes, rows, expert ids, combine), backward "
+                 f"{counts[1]} (combine and dispatch, splits swapped): {{value}}")
+    moved = sum(b for what, _, b, _ in traffic + traffic_back if what in FEATURE_CALLS)
+    formula = 4 * (want.sum() - want.trace()).item() * args.hidden * xs.element_size()
+    report.claim("bytes_equal_formula", total(moved, group), "==", formula,
+                 "  feature bytes sent to other ranks, counted at the calls: {value:.0f} = 4 (dispatch, combine, "
+                 "and both backward) x rows that leave their rank x H x 4")
+    rows_in = want.sum(0).double()  # rows each rank's experts process
+    report.value("busiest_rank_over_mean", (rows_in.max() / rows_in.mean()).item(),
+                 "  load: the busiest rank's rows / the mean = {value:.3f} (1.0 = balanced)")
+
+
+def build_pair(args: argparse.Namespace, grid: Grid) -> tuple[MoETransformer, MoETransformer]:
+    """The one-process model and its EP copy: this rank keeps only its E/ep experts, the rest is replicated."""
+    set_seed(args.seed)
+    moe = MoE(args.hidden, args.experts, args.top_k, args.capacity_factor)
+    full = MoETransformer(args.hidden, args.heads, moe)
+    split = copy.deepcopy(full)
+    ep = grid.size("ep")
+    split.moe = ExpertParallelMoE(moe, grid.coords["ep"], ep, grid.group("ep") if ep > 1 else None)
+    return full, split
+
+
+def param_gap(full: MoETransformer, split: MoETransformer) -> float:
+    """max |split parameter - one-process parameter|, expert i of this rank against expert first + i."""
+    first, reference, out = split.moe.ep_rank * split.moe.local, dict(full.named_parameters()), 0.0
+    for name, p in split.named_parameters():
+        if name.startswith("moe.experts."):
+            i, rest = name[len("moe.experts."):].split(".", 1)
+            name = f"moe.experts.{first + int(i)}.{rest}"
+        out = max(out, diff(p, reference[name]))
+    return out
+
+
+def reduce_grads(split: MoETransformer, grid: Grid) -> None:
+    """Sum the gradients where copies live: experts over dp (one flat all-reduce), the rest over the world."""
+    world = grid.size("dp") * grid.size("ep")
+    experts = [p for n, p in split.named_parameters() if n.startswith("moe.experts.")]
+    rest = [p for n, p in split.named_parameters() if not n.startswith("moe.experts.")]
+    for params, group, size in ((experts, grid.group("dp"), grid.size("dp")), (rest, None, world)):
+        if size == 1:
+            continue  # nobody else holds a copy
+        flat = torch.cat([p.grad.flatten() for p in params])
+        dist.all_reduce(flat, group=group)
+        for p, g in zip(params, flat.split([p.numel() for p in params])):
+            p.grad.copy_(g.view_as(p))
+
+
+def train(report: Report, grid: Grid, args: argparse.Namespace, tag: str, steps: int) -> tuple:
+    """Sections 3 and 4: train the EP model on this rank's sequences and the one-process model on every rank's
+    (each with its own capacity, as the ranks have); losses and parameters compared. Returns both models."""
+    dp, ep = grid.size("dp"), grid.size("ep")
+    world, me = dp * ep, grid.coords["dp"] * ep + grid.coords["ep"]  # my chunk of the global batch
+    full, split = build_pair(args, grid)
+    opts = [torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9) for m in (full, split)]
+    tokens = digit_tokens()
+    g = torch.Generator().manual_seed(args.seed)  # the same global batch on every rank
+    gaps = []
+    for step in range(steps):
+        batch = tokens[torch.randint(len(tokens), (world * args.batch_size,), generator=g)]
+        batch = batch.view(world, args.batch_size, -1)  # (world, B, 64): rank r trains on batch[r]
+        ref = sum(next_token_loss(full, b) + args.aux_weight * full.moe.stats["aux"] for b in batch) / world
+        loss = next_token_loss(split, batch[me]) + args.aux_weight * split.moe.stats["aux"]
+        for model, opt, objective in ((full, opts[0], ref), (split, opts[1], loss / world)):
+            opt.zero_grad()
+            objective.backward()  # the EP loss is divided by world: the all-reduced sum is the global mean
+            if model is split:
+                with count_collectives() as reduced:
+                    reduce_grads(split, grid)
+            opt.step()
+        gaps.append(abs(total(loss.item() / world) - ref.item()))
+    report.claim(f"{tag}_training_equals_one_process", worst(max(gaps)), "<=", TOL,
+                 f"{tag}: {steps} SGD steps, max |global loss - one-process loss| = {{value:.1e}}")
+    report.claim(f"{tag}_params_equal_one_process", worst(param_gap(full, split)), "<=", TOL,
+                 "  max |parameter - one-process parameter| after training = {value:.1e}")
+    expected = {("all_reduce", tuple(grid.ranks_in("dp"))): int(dp > 1),
+                ("all_reduce", tuple(range(world))): int(world > 1)}
+    expected = {k: v for k, v in expected.items() if v}
+    report.claim(f"{tag}_gradient_reductions", int(reduced.groups == expected), "==", 1,
+                 f"  gradient all-reduces per step: experts in dp {grid.ranks_in('dp')} {int(dp > 1)}, the rest in "
+                 f"the world {int(world > 1)}, in the ep group 0: {{value}}")
+    return full, split
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    with distributed_session(args) as info:
+        report = Report(info)
+        grid = Grid(info, dp=1, ep=info.world_size)
+        report.value("grid", grid.describe(), "\n".join(grid.describe()))
+        routing(report, args)
+        layer_vs_one_process(report, grid, args)
+        full, _ = train(report, grid, args, "ep", args.steps)
+        if info.world_size == 4:
+            mesh = Grid(info, dp=2, ep=2)
+            report.value("grid_2d", mesh.describe(), "\n".join(mesh.describe()))
+            train(report, mesh, args, "ep_dp", 5)
+        else:
+            print0("dp x ep: launch 4 processes for the 2 x 2 mesh")
+        report.write(args.results)
+
+
+if __name__ == "__main__":
+    run_main(main)
