@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from common.counters import count_collectives
 from common.grid import Grid
-from common.moe import ExpertParallelMoE, MoE, all_to_all_traffic, check_moe_options
+from common.moe import ExpertParallelMoE, MoE, all_to_all_traffic, check_moe_options, route
 from common.moe_model import MoETransformer, digit_tokens, next_token_loss
 from common.ranks import print0
 from common.results import Report
@@ -62,14 +62,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8, help="digit sequences PER RANK per training step")
     p.add_argument("--steps", type=int, default=30, help="training steps (default %(default)s)")
     p.add_argument("--aux-weight", type=float, default=0.01, help="weight of the balance loss (default 0.01)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate, momentum 0.9")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate in [0.01, 0.1], momentum 0.9")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
     add_distributed_args(p)
     args = p.parse_args(argv)
     # validated before any process group: every rank fails alike, none waits
-    if min(args.hidden, args.heads, args.tokens, args.batch_size) < 1 or args.steps < 10 or args.lr <= 0:
-        raise LessonError("--hidden, --heads, --tokens and --batch-size must be >= 1, --steps >= 10, --lr > 0")
+    if min(args.hidden, args.heads, args.tokens, args.batch_size) < 1 or args.steps < 10:
+        raise LessonError("--hidden, --heads, --tokens and --batch-size must be >= 1 and --steps >= 10")
+    if not 0.01 <= args.lr <= 0.1:  # measured: this tiny model's test loss falls >= 20% in 10 steps at 0.01
+        raise LessonError(f"--lr must be in [0.01, 0.1], where this model trains, got {args.lr}")
     if args.hidden % args.heads or not 0 <= args.aux_weight < math.inf:
         raise LessonError("--heads must divide --hidden and --aux-weight must be finite and >= 0")
     try:
@@ -117,6 +119,13 @@ def routing(report: Report, args: argparse.Namespace) -> None:
     overflow = int((s["counts"] - s["cap"]).clamp(min=0).sum())
     report.claim("dropped_counted_exactly", s["dropped"], "==", overflow,
                  "  assignments dropped (not kept by the mask): {value} = sum over experts of max(0, count - C)")
+    if s["dropped"]:  # each token again, one at a time, from its kept choices only
+        _, weights, idx = route(moe.router(x), args.top_k)
+        again = torch.stack([sum((weights[t, j] * moe.experts[idx[t, j]](x[t]) for j in range(args.top_k)
+                                  if s["keep"][t, j]), torch.zeros(args.hidden)) for t in range(len(x))])
+        report.claim("dropped_choices_add_nothing", diff(y, again), "<=", TOL,
+                     f"  {int((~s['keep']).any(-1).sum())} tokens lost a choice; max |layer output - sum over the "
+                     "kept choices only| = {value:.1e}: a dropped choice adds 0 (the weights are not renormalized)")
     gone = ~s["keep"].any(-1)  # tokens with every choice dropped
     report.value("tokens_fully_dropped", int(gone.sum()), "  tokens whose every choice was dropped: {value}")
     if gone.any():
@@ -223,9 +232,11 @@ def train(report: Report, grid: Grid, args: argparse.Namespace, tag: str, steps:
     world, me = dp * ep, grid.coords["dp"] * ep + grid.coords["ep"]  # my chunk of the global batch
     full, split = build_pair(args, grid)
     opts = [torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9) for m in (full, split)]
-    tokens = digit_tokens()
+    tokens, test = digit_tokens(), digit_tokens(train=False)[:64]  # (1438, 64), (64, 64)
     g = torch.Generator().manual_seed(args.seed)  # the same global batch on every rank
     gaps = []
+    with torch.no_grad():  # every rank evaluates the same held-out digits (the all-to-alls need all ranks)
+        test_before = next_token_loss(split, test).item()
     for step in range(steps):
         batch = tokens[torch.randint(len(tokens), (world * args.batch_size,), generator=g)]
         batch = batch.view(world, args.batch_size, -1)  # (world, B, 64): rank r trains on batch[r]
@@ -243,6 +254,10 @@ def train(report: Report, grid: Grid, args: argparse.Namespace, tag: str, steps:
                  f"{tag}: {steps} SGD steps, max |global loss - one-process loss| = {{value:.1e}}")
     report.claim(f"{tag}_params_equal_one_process", worst(param_gap(full, split)), "<=", TOL,
                  "  max |parameter - one-process parameter| after training = {value:.1e}")
+    with torch.no_grad():
+        test_after = next_token_loss(split, test).item()
+    report.claim(f"{tag}_test_loss_falls", test_after / test_before, "<=", 0.9, f"  held-out next-pixel loss of "
+                 f"the EP model {test_before:.3f} -> {test_after:.3f}: ratio {{value:.2f}}")
     expected = {("all_reduce", tuple(grid.ranks_in("dp"))): int(dp > 1),
                 ("all_reduce", tuple(range(world))): int(world > 1)}
     expected = {k: v for k, v in expected.items() if v}
@@ -250,6 +265,47 @@ def train(report: Report, grid: Grid, args: argparse.Namespace, tag: str, steps:
                  f"  gradient all-reduces per step: experts in dp {grid.ranks_in('dp')} {int(dp > 1)}, the rest in "
                  f"the world {int(world > 1)}, in the ep group 0: {{value}}")
     return full, split
+
+
+BALANCE = dict(seeds=(0, 1, 2), weight=0.1, steps=30, experts=4, k=2, capacity_factor=1.0, hidden=32, heads=4)
+
+
+def imbalance(model: MoETransformer, test: torch.Tensor) -> tuple[float, list]:
+    """The busiest expert's assignments / the mean, and the histogram, on the held-out sequences."""
+    with torch.no_grad():
+        next_token_loss(model, test)
+    counts = model.moe.stats["counts"]
+    return (counts.max() / counts.double().mean()).item(), counts.tolist()
+
+
+def balance(report: Report) -> None:
+    """Section 5 (one process, fixed settings: no option changes it): the Switch balance loss and the histogram."""
+    b, tokens, test = BALANCE, digit_tokens(), digit_tokens(train=False)[:64]
+    ratios, hists = {0.0: [], b["weight"]: []}, {}
+    for seed in b["seeds"]:
+        for weight in ratios:
+            set_seed(seed)
+            model = MoETransformer(b["hidden"], b["heads"], MoE(b["hidden"], b["experts"], b["k"],
+                                                                b["capacity_factor"]))
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            g = torch.Generator().manual_seed(seed)
+            hists.setdefault(seed, {"before": imbalance(model, test)[1]})
+            for _ in range(b["steps"]):
+                batch = tokens[torch.randint(len(tokens), (8,), generator=g)]
+                loss = next_token_loss(model, batch) + weight * model.moe.stats["aux"]
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            ratio, hists[seed][f"after, balance weight {weight}"] = imbalance(model, test)
+            ratios[weight].append(ratio)
+    report.record("balance_histograms", {str(k): v for k, v in hists.items()})
+    report.value("balance_imbalance", {str(k): [round(r, 3) for r in v] for k, v in ratios.items()}, "balance loss, "
+                 f"{b['steps']} steps x {len(b['seeds'])} seeds: busiest expert / mean on held-out digits "
+                 f"{{value}} (before training, seed 0: {hists[b['seeds'][0]]['before']})")
+    better = sum(with_ < without for with_, without in zip(ratios[b["weight"]], ratios[0.0]))
+    report.claim("balance_loss_evens_the_histogram", better, "==", len(b["seeds"]),
+                 f"  seeds where the balance loss (weight {b['weight']}) left the busiest expert closer to the mean: "
+                 "{value}")
 
 
 def main(argv=None) -> None:
@@ -264,9 +320,10 @@ def main(argv=None) -> None:
         if info.world_size == 4:
             mesh = Grid(info, dp=2, ep=2)
             report.value("grid_2d", mesh.describe(), "\n".join(mesh.describe()))
-            train(report, mesh, args, "ep_dp", 5)
+            train(report, mesh, args, "ep_dp", 10)
         else:
             print0("dp x ep: launch 4 processes for the 2 x 2 mesh")
+        balance(report)
         report.write(args.results)
 
 
