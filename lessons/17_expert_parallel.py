@@ -1,4 +1,4 @@
-"""Lesson 17: expert parallelism -- a mixture of experts whose tokens travel by all-to-all, equal to one process.
+"""Lesson 17: expert parallelism -- a mixture of experts whose tokens travel by all-to-all, = one process.
 
 Run it:
 
@@ -44,8 +44,8 @@ from common.moe import ExpertParallelMoE, MoE, all_to_all_traffic, check_moe_opt
 from common.moe_model import MoETransformer, digit_tokens, next_token_loss
 from common.ranks import print0
 from common.results import Report
-from common.session import (LessonError, add_distributed_args, distributed_session, read_torchrun_env, run_main,
-                            set_seed)
+from common.session import (LessonError, add_distributed_args, distributed_session, read_torchrun_env,
+                            run_main, set_seed)
 
 TOL = 1e-5
 FEATURE_CALLS = ("dispatch", "combine", "dispatch backward", "combine backward")
@@ -118,20 +118,23 @@ def routing(report: Report, args: argparse.Namespace) -> None:
                  f"{args.experts} experts: assignments per expert {{value}}, capacity C = {s['cap']}")
     overflow = int((s["counts"] - s["cap"]).clamp(min=0).sum())
     report.claim("dropped_counted_exactly", s["dropped"], "==", overflow,
-                 "  assignments dropped (not kept by the mask): {value} = sum over experts of max(0, count - C)")
+                 "  assignments dropped (not kept by the mask): {value} = sum over experts of "
+                 "max(0, count - C)")
     if s["dropped"]:  # each token again, one at a time, from its kept choices only
         _, weights, idx = route(moe.router(x), args.top_k)
         again = torch.stack([sum((weights[t, j] * moe.experts[idx[t, j]](x[t]) for j in range(args.top_k)
                                   if s["keep"][t, j]), torch.zeros(args.hidden)) for t in range(len(x))])
         report.claim("dropped_choices_add_nothing", diff(y, again), "<=", TOL,
-                     f"  {int((~s['keep']).any(-1).sum())} tokens lost a choice; max |layer output - sum over the "
-                     "kept choices only| = {value:.1e}: a dropped choice adds 0 (the weights are not renormalized)")
+                     f"  {int((~s['keep']).any(-1).sum())} tokens lost a choice; max |layer output - sum "
+                     "over the kept choices only| = {value:.1e}: a dropped choice adds 0 (the weights "
+                     "are not renormalized)")
     gone = ~s["keep"].any(-1)  # tokens with every choice dropped
     report.value("tokens_fully_dropped", int(gone.sum()), "  tokens whose every choice was dropped: {value}")
     if gone.any():
         block_out = x + y  # the block's residual: x + moe(x)
         report.claim("dropped_token_passes_through", diff(block_out[gone], x[gone]), "==", 0,
-                     "  for those, |x + moe(x) - x| = {value}: the layer gives 0, the residual carries the token")
+                     "  for those, |x + moe(x) - x| = {value}: the layer gives 0, the residual carries the "
+                     "token")
 
 
 def expert_grads(full: MoE, split: ExpertParallelMoE) -> float:
@@ -167,7 +170,8 @@ def layer_vs_one_process(report: Report, grid: Grid, args: argparse.Namespace) -
     gaps = [diff(y, ys[ep_rank]), diff(xs.grad, xf.grad[ep_rank]), expert_grads(full, split),
             diff(split.router.weight.grad, full.router.weight.grad)]
     report.claim("layer_equals_one_process", worst(max(gaps)), "<=", TOL,
-                 f"ep={ep}: max |EP - one process| over output, input, expert and router gradients = {{value:.1e}}")
+                 f"ep={ep}: max |EP - one process| over output, input, expert and router gradients = "
+                 "{value:.1e}")
     sent = [split.stats["send"].clone() for _ in range(ep)]
     if ep > 1:  # the split sizes each rank really passed to all_to_all_single, gathered
         dist.all_gather(sent, split.stats["send"], group=group)
@@ -177,12 +181,14 @@ def layer_vs_one_process(report: Report, grid: Grid, args: argparse.Namespace) -
                  "  max |rows sent - routing histogram of the one-process MoE| = {value}")
     counts = (fwd.calls.get("all_to_all_single", 0), bwd.calls.get("all_to_all_single", 0))
     report.claim("all_to_alls_forward_backward", int(counts == ((4, 2) if ep > 1 else (0, 0))), "==", 1,
-                 f"  all_to_all_single calls forward {counts[0]} (split sizes, rows, expert ids, combine), backward "
+                 f"  all_to_all_single calls forward {counts[0]} (split sizes, rows, expert ids, combine), "
+                 "backward "
                  f"{counts[1]} (combine and dispatch, splits swapped): {{value}}")
     moved = sum(b for what, _, b, _ in traffic + traffic_back if what in FEATURE_CALLS)
     formula = 4 * (want.sum() - want.trace()).item() * args.hidden * xs.element_size()
     report.claim("bytes_equal_formula", total(moved, group), "==", formula,
-                 "  feature bytes sent to other ranks, counted at the calls: {value:.0f} = 4 (dispatch, combine, "
+                 "  feature bytes sent to other ranks, counted at the calls: {value:.0f} = 4 (dispatch, "
+                 "combine, "
                  "and both backward) x rows that leave their rank x H x 4")
     rows_in = want.sum(0).double()  # rows each rank's experts process
     report.value("busiest_rank_over_mean", (rows_in.max() / rows_in.mean()).item(),
@@ -190,7 +196,7 @@ def layer_vs_one_process(report: Report, grid: Grid, args: argparse.Namespace) -
 
 
 def build_pair(args: argparse.Namespace, grid: Grid) -> tuple[MoETransformer, MoETransformer]:
-    """The one-process model and its EP copy: this rank keeps only its E/ep experts, the rest is replicated."""
+    """The one-process model and its EP copy: this rank keeps only its E/ep experts, the rest replicated."""
     set_seed(args.seed)
     moe = MoE(args.hidden, args.experts, args.top_k, args.capacity_factor)
     full = MoETransformer(args.hidden, args.heads, moe)
@@ -256,13 +262,15 @@ def train(report: Report, grid: Grid, args: argparse.Namespace, tag: str, steps:
                  "  max |parameter - one-process parameter| after training = {value:.1e}")
     with torch.no_grad():
         test_after = next_token_loss(split, test).item()
-    report.claim(f"{tag}_test_loss_falls", test_after / test_before, "<=", 0.9, f"  held-out next-pixel loss of "
-                 f"the EP model {test_before:.3f} -> {test_after:.3f}: ratio {{value:.2f}}")
+    report.claim(f"{tag}_test_loss_falls", test_after / test_before, "<=", 0.9,
+                 f"  held-out next-pixel loss of the EP model {test_before:.3f} -> {test_after:.3f}: "
+                 "ratio {value:.2f}")
     expected = {("all_reduce", tuple(grid.ranks_in("dp"))): int(dp > 1),
                 ("all_reduce", tuple(range(world))): int(world > 1)}
     expected = {k: v for k, v in expected.items() if v}
     report.claim(f"{tag}_gradient_reductions", int(reduced.groups == expected), "==", 1,
-                 f"  gradient all-reduces per step: experts in dp {grid.ranks_in('dp')} {int(dp > 1)}, the rest in "
+                 f"  gradient all-reduces per step: experts in dp {grid.ranks_in('dp')} {int(dp > 1)}, "
+                 "the rest in "
                  f"the world {int(world > 1)}, in the ep group 0: {{value}}")
     return full, split
 
@@ -279,7 +287,7 @@ def imbalance(model: MoETransformer, test: torch.Tensor) -> tuple[float, list]:
 
 
 def balance(report: Report) -> None:
-    """Section 5 (one process, fixed settings: no option changes it): the Switch balance loss and the histogram."""
+    """Section 5 (one process, fixed settings: no option changes them): the Switch balance loss."""
     b, tokens, test = BALANCE, digit_tokens(), digit_tokens(train=False)[:64]
     ratios, hists = {0.0: [], b["weight"]: []}, {}
     for seed in b["seeds"]:
@@ -299,12 +307,14 @@ def balance(report: Report) -> None:
             ratio, hists[seed][f"after, balance weight {weight}"] = imbalance(model, test)
             ratios[weight].append(ratio)
     report.record("balance_histograms", {str(k): v for k, v in hists.items()})
-    report.value("balance_imbalance", {str(k): [round(r, 3) for r in v] for k, v in ratios.items()}, "balance loss, "
+    rounded = {str(k): [round(r, 3) for r in v] for k, v in ratios.items()}
+    report.value("balance_imbalance", rounded, "balance loss, "
                  f"{b['steps']} steps x {len(b['seeds'])} seeds: busiest expert / mean on held-out digits "
                  f"{{value}} (before training, seed 0: {hists[b['seeds'][0]]['before']})")
     better = sum(with_ < without for with_, without in zip(ratios[b["weight"]], ratios[0.0]))
     report.claim("balance_loss_evens_the_histogram", better, "==", len(b["seeds"]),
-                 f"  seeds where the balance loss (weight {b['weight']}) left the busiest expert closer to the mean: "
+                 f"  seeds where the balance loss (weight {b['weight']}) left the busiest expert closer to "
+                 "the mean: "
                  "{value}")
 
 
