@@ -136,7 +136,7 @@ def _all_to_all(x: torch.Tensor, out_splits: list, in_splits: list, group, what:
     out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
     if _TRAFFIC is not None:
-        me, row = dist.get_rank(group), x[0].numel() * x.element_size() if x.dim() > 1 else x.element_size()
+        me, row = dist.get_rank(group), math.prod(x.shape[1:]) * x.element_size()  # bytes per row
         _TRAFFIC.append((what, sum(in_splits), (sum(in_splits) - in_splits[me]) * row, sum(in_splits) * row))
     return out
 
@@ -203,7 +203,9 @@ class ExpertParallelMoE(MoE):
         send_l, recv_l = send.tolist(), recv.tolist()
         rows = self._exchange(x[tok], recv_l, send_l, "dispatch")             # 2. (sum(recv), H)
         local_e = self._exchange(idx[tok, slot] % self.local, recv_l, send_l, "expert ids")
-        out = torch.zeros_like(rows)
+        # zeros that stay in the graph: every rank must run the backward all-to-alls, also one that received
+        # no row (zeros_like would cut the graph there and leave the other ranks waiting for its call)
+        out = rows * 0
         for e, expert in enumerate(self.experts):                          # 3. the local experts
             where = (local_e == e).nonzero(as_tuple=True)[0]
             if len(where):
