@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from common.differences import nan_max
 from common.env import DistInfo
 from common.sync_batchnorm import convert_sync_batchnorm
 
@@ -60,7 +61,7 @@ def spread(stats: torch.Tensor, channels: list[int]) -> tuple[float, float]:
     0.0 means the R copies are bit-identical.
     """
     parts = (stats.max(0).values - stats.min(0).values).split([n for c in channels for n in (c, c)])
-    return max(p.max().item() for p in parts[0::2]), max(p.max().item() for p in parts[1::2])
+    return nan_max(p.max().item() for p in parts[0::2]), nan_max(p.max().item() for p in parts[1::2])
 
 
 @contextmanager

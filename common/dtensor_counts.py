@@ -16,6 +16,7 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
@@ -74,7 +75,12 @@ def saved_local_bytes(exclude=()) -> Iterator[SavedBytes]:
 
     def key(t: torch.Tensor) -> tuple:
         t = t._local_tensor if isinstance(t, DTensor) else t
-        return t.untyped_storage().data_ptr(), str(t.device), t.untyped_storage().nbytes()
+        if isinstance(t, AsyncCollectiveTensor):  # a functional collective's result, not yet waited for
+            t = t.elem
+        try:
+            return t.untyped_storage().data_ptr(), str(t.device), t.untyped_storage().nbytes()
+        except RuntimeError:  # no real storage behind it (seen at batch size 1): count the tensor itself
+            return id(t), str(t.device), t.numel() * t.element_size()
 
     skip = {key(t) for t in exclude}
 

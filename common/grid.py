@@ -9,8 +9,10 @@ Every lesson that splits work more than one way asks the grid instead of computi
 
 Layout: the global ranks, 0 .. world_size-1, laid out row-major as `torch.arange(world_size).view(*sizes)` in the
 order the sizes are given, the last dimension innermost (as picotron's `process_group_manager.py` does with
-(dp, pp, tp) and torchtitan's `ParallelDims` with its mesh). Consecutive ranks share the innermost group, so
-put the dimension that talks most (tp) last: on a GPU node its ranks are neighbours on the fast links.
+(dp, pp, tp) and torchtitan's `ParallelDims` with (pp, dp, ..., tp)). Consecutive ranks share the innermost group,
+so put the dimension that talks most (tp) last: on a GPU node its ranks are neighbours on the fast links; and
+the one that talks least (pp: activations at stage boundaries) first, so that its groups span nodes
+(torchtitan's and Megatron-LM's order, lesson 11's).
 
 It is built on `torch.distributed.device_mesh.init_device_mesh`
 (https://pytorch.org/docs/stable/distributed.html#torch.distributed.device_mesh.init_device_mesh), which creates

@@ -5,12 +5,13 @@
     report.claim("ddp_equals_one_process", diff, "<=", 1e-5,
                  "DDP vs one process on the global batch: max |parameter difference| = {value:.1e}")
     report.perf("samples_per_s", rate, "{value:.0f} samples/s")               # timing: a [perf] line
-    report.write(args.results)
+    report.finish(args.results)       # the last line: write the JSON, say how many checks hold, set the exit status
 
 A claim is a sentence the lesson states together with the number that proves it and the bound it is held to.
 It is recorded as `results["claims"][name] = {"value", "bound", "relation", "holds", "text"}`; tests assert
 the claims they expect by name and that every recorded claim holds (`tests/_lessons.assert_claims`). A claim
-that does not hold is printed and recorded as such, never hidden: the lesson still finishes, the test fails.
+that does not hold is printed and recorded as such, never hidden: the lesson still finishes, then `finish` names
+it on the last line ("1 of 12 checks do not hold: ddp_equals_one_process") and every rank exits with status 1.
 
 Output discipline: the line of a claim or a value is deterministic (nbval compares it); numbers that vary from
 run to run (times, throughput, memory of a process) go through `perf`, whose lines start with `[perf]` and
@@ -23,9 +24,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from common.checkpoint import atomic_write
 from common.env import DistInfo
 from common.launch import PERF_PREFIX
+from common.session import set_exit_status
 
 __all__ = ["RELATIONS", "Report", "holds"]
 
@@ -61,6 +66,7 @@ class Report:
     """
 
     def __init__(self, info: DistInfo | None = None):
+        self.info = info
         self.master = info is None or info.master_process
         self.results: dict[str, Any] = {"claims": {}}
 
@@ -114,3 +120,31 @@ class Report:
             return
         text = json.dumps(self.results, indent=2, sort_keys=True, default=_plain) + "\n"
         atomic_write(path, lambda f: f.write(text.encode()))
+
+    def failing(self) -> list[str]:
+        """The names of the recorded claims that do not hold, in the order they were claimed."""
+        return [name for name, c in self.results["claims"].items() if not c["holds"]]
+
+    def finish(self, path: str | Path | None) -> int:
+        """A lesson's last call: `write` the results, print the tally on rank 0, and set the exit status.
+
+        The last line says "12 checks hold", or "2 of 12 checks do not hold: name1, name2". When a claim does
+        not hold, `common.session.run_main` ends every rank with status 1 (torchrun then reports a failure too);
+        the process group is destroyed first, on the normal path out of `distributed_session`. Rank 0's claims
+        decide, for every rank: they are the ones printed and written (a claim that only rank 0 can measure, an
+        error message it caught, is recorded on the other ranks with a placeholder). With a process group this
+        is a collective (every rank calls it). Returns the status, 0 or 1.
+        """
+        self.write(path)
+        failing, total = self.failing(), len(self.results["claims"])
+        if failing:
+            self._say(f"{len(failing)} of {total} checks do not hold: {', '.join(failing)}")
+        else:
+            self._say(f"{total} checks hold")
+        status = 1 if failing else 0
+        if self.info is not None and self.info.distributed and dist.is_available() and dist.is_initialized():
+            t = torch.tensor([status], dtype=torch.int64, device=self.info.device)
+            dist.broadcast(t, src=0)  # rank 0's verdict, on every rank
+            status = int(t.item())
+        set_exit_status(status)
+        return status

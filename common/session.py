@@ -30,8 +30,11 @@ from common.rendezvous import attempt_if_known, rendezvous_store
 __all__ = [
     "LessonError", "DistInfo", "add_distributed_args", "add_legacy_launcher_args", "read_torchrun_env",
     "choose_backend_and_device", "setup", "cleanup", "distributed_session", "legacy_launcher_note", "run_main",
-    "exit_process", "rank0_only", "barrier", "set_seed", "deterministic_cuda", "rendezvous_store",
+    "exit_process", "set_exit_status", "rank0_only", "barrier", "set_seed", "deterministic_cuda",
+    "rendezvous_store",
 ]
+
+_exit_status = 0  # what run_main ends the process with when main returns: 1 after a claim that does not hold
 
 
 def add_legacy_launcher_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -148,8 +151,16 @@ def rank0_only(info: DistInfo, phase: str) -> Iterator[bool]:
         dist.destroy_process_group(waiting_room)
 
 
+def set_exit_status(code: int) -> None:
+    """The status `run_main` ends the process with when `main` returns normally (`Report.finish` sets 1 when a
+    claim does not hold): main still returns, so `distributed_session` destroys the process group first."""
+    global _exit_status
+    _exit_status = code
+
+
 def run_main(main: Callable[[], object]) -> None:
-    """Run a lesson's `main`; turn a `LessonError` into one line on stderr and exit status 2.
+    """Run a lesson's `main`; turn a `LessonError` into one line on stderr and exit status 2; exit with the
+    status `set_exit_status` left (1 when `Report.finish` found a claim that does not hold), else 0.
 
     Every rank validates the same arguments, so on bad input every rank prints the same line and exits
     non-zero before any collective can wait for a rank that already left.
@@ -167,6 +178,7 @@ def run_main(main: Callable[[], object]) -> None:
     code = 0
     try:
         main()
+        code = _exit_status
     except LessonError as e:
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank is not None else ""

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import torch
 
+from common.differences import relative_difference  # re-exported: it lives with the other differences
 from common.memory import storage_bytes
 
 
@@ -71,24 +72,3 @@ def activation_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
             sizes[storage.data_ptr()] = storage.nbytes()
     del out
     return sum(sizes.values())
-
-
-
-def relative_difference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor],
-                        start: Sequence[torch.Tensor]) -> float:
-    """||a - b|| / ||b - start||, L2 over all elements: how far apart two runs ended, as a fraction of how far
-    training moved the parameters from `start`. NaN or inf anywhere makes it NaN or inf (a claim fails).
-
-    Why not max |a - b|: Adam turns a gradient that is pure float32 noise (a sum that cancels) into a full step
-    of either sign, so single elements of two correct runs can differ by up to ~lr per step (lesson 13 saw 0.26
-    lr x steps at N = 8). Over all elements the real updates dominate: lesson 13's correct runs stayed at 0 to
-    4.3e-6 of the movement (N = 2, 4, 8; 5 steps at lr 1e-3 and 50 at 1e-2), while an error in the algorithm
-    (a wrong slice, a stale shard) is of the order of the movement itself.
-    """
-    def flat(ts):
-        return torch.cat([t.detach().float().reshape(-1).cpu() for t in ts])
-    a, b, start = flat(a), flat(b), flat(start)
-    apart, moved = (a - b).norm().item(), (b - start).norm().item()
-    if moved == 0.0:  # nothing moved (a tiny lr): equal or not at all
-        return 0.0 if apart == 0.0 else math.inf
-    return apart / moved

@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from common.differences import max_abs_diff, max_over_ranks, nan_max
 from common.env import LessonError
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear", "MLP", "SelfAttention",
@@ -220,23 +221,14 @@ def check_tp_degree(tp: int, hidden: int, heads: int = 0) -> None:
 def max_shard_diff(full: nn.Module, split: nn.Module, tp_rank: int, grads: bool = False) -> float:
     """Largest |split - full| over parameters of the same name (or their .grad with grads=True): a hand-built
     shard is compared with rank `tp_rank`'s chunk of the full tensor along the dimension where their shapes
-    differ; a DTensor (parallelize_module, fully_shard) is gathered whole first (a collective: call on every rank)."""
-    full_params, worst = dict(full.named_parameters()), 0.0
+    differ; a DTensor (parallelize_module, fully_shard) is gathered whole first (a collective: call on every rank).
+    NaN or inf anywhere in either model gives NaN or inf (`common.differences`)."""
+    full_params, diffs = dict(full.named_parameters()), []
     for name, p in split.named_parameters():
         mine, ref = (p.grad, full_params[name].grad) if grads else (p, full_params[name])
         mine = mine.full_tensor() if isinstance(mine, DTensor) else mine
         for dim, (a, b) in enumerate(zip(mine.shape, ref.shape)):
             if a != b:
                 ref = ref.chunk(b // a, dim)[tp_rank]
-        worst = max(worst, (mine.detach() - ref.detach()).abs().max().item())
-    return worst
-
-
-def max_over_ranks(value: float, group=None) -> float:
-    """The largest `value` over the ranks of `group` (the world by default); `value` itself without a process group."""
-    if not dist.is_initialized():
-        return value
-    on_gpu = dist.get_backend(group) == "nccl"  # NCCL reduces CUDA tensors only
-    t = torch.tensor([float(value)], dtype=torch.float64, device="cuda" if on_gpu else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.item()
+        diffs.append(max_abs_diff(mine, ref))
+    return nan_max(diffs)

@@ -28,6 +28,7 @@ import torch.nn as nn
 from torch.utils.data import DistributedSampler
 
 from common.checkpoint import atomic_write, load_checkpoint
+from common.differences import max_abs_diff_all, max_over_ranks
 from common.env import DistInfo, LessonError
 from common.session import rank0_only
 
@@ -237,14 +238,5 @@ def roundtrip(state: dict) -> dict:
 
 
 def max_diff_over_ranks(model: nn.Module, params, info: DistInfo) -> float:
-    """max |p - q| over the model's parameters and `params` (same order), maximised over ranks; NaN when any
-    difference is NaN or inf on any rank (Python's max, and a MAX all-reduce, may drop a NaN: it must fail an
-    equality claim)."""
-    diffs = torch.stack([(p.detach() - q.to(p.device)).abs().max() for p, q in zip(model.parameters(), params)])
-    finite = bool(torch.isfinite(diffs).all())
-    t = torch.tensor([diffs.max().item() if finite else 0.0, 0.0 if finite else 1.0], dtype=torch.float64,
-                     device=info.device)
-    if info.distributed:
-        import torch.distributed as dist
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float("nan") if t[1].item() else t[0].item()
+    """max |p - q| over the model's parameters and `params` (same order), maximised over ranks; NaN if any is."""
+    return max_over_ranks(max_abs_diff_all(model.parameters(), params))  # no process group: this rank's

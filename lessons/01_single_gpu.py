@@ -182,7 +182,7 @@ def main() -> None:
         report.claim("resume_reproduces_uninterrupted", diff, "==", 0.0,
                      f"stopped after epoch {args.epochs // 2}, resumed from the checkpoint: max |difference| "
                      "to the uninterrupted run over parameters and buffers = {value:.1e}")
-    report.write(args.results)
+    report.finish(args.results)
 
 
 def report_claims(report: Report, args, test: dict, before: dict, test_images: int, samples_per_s) -> None:

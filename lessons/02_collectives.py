@@ -368,7 +368,7 @@ def main() -> None:
         check_ring(info, args, report)
         ring_vs_server(info, report)
         no_parameter_server(info, args, report)
-        report.write(args.results)
+        report.finish(args.results)
         barrier(info)  # every message received before teardown: 1 in 30 4-rank gloo runs aborted without it
 
 

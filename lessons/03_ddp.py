@@ -71,6 +71,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from common.checkpoint import load_checkpoint, save_checkpoint
 from common.data import digits_split, synthetic_split
+from common.differences import max_abs_diff_all, relative_difference
 from common.metrics import evaluate
 from common.models import DigitsCNN
 from common.ranks import (gather_to_rank0, global_mean, max_param_diff_across_ranks, peak_rss_mb, print0,
@@ -254,7 +255,7 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
     compare_with_dataparallel(report, info, raw_model, test_set)
     if args.check_equivalence:
         check_equivalence(report, args, info, raw_model, train_set)
-    report.write(args.results)
+    report.finish(args.results)
 
 
 def report_claims(report: Report, args, info: DistInfo, raw_model: nn.Module, mine: dict, test: dict,
@@ -270,9 +271,13 @@ def report_claims(report: Report, args, info: DistInfo, raw_model: nn.Module, mi
     if info.distributed:  # no rank sent parameters since the wrap, yet: same start, same gradients, same step
         report.claim("replicas_identical", max_param_diff_across_ranks(raw_model, info), "==", 0.0,
                      "max parameter difference across ranks: {value:.1e} (no parameter server)")
-    report.claim("loss_falls", test["loss"] / before["loss"], "<=", 0.5,  # test: the last epoch's evaluation
-                 f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: "
-                 "ratio {value:.3f}")
+    ratio = test["loss"] / before["loss"]  # test: the last epoch's evaluation
+    sentence = (f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: "
+                "ratio {value:.3f}")
+    if mine["steps"] >= 40:  # a run of this length halves the test loss; a shorter one need not:
+        report.claim("loss_falls", ratio, "<=", 0.5, sentence)
+    else:  # 4 ranks x 1 epoch = 12 steps end at 0.83; a resumed run starts trained
+        report.value("loss_ratio", ratio, sentence + f" (no claim: {mine['steps']} steps, it needs 40)")
     if args.epochs >= 4:  # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
         report.claim("test_accuracy", test["accuracy"], ">=", 0.95, "final test accuracy {value:.4f}")
     report.claim("each_test_image_counted_once", test["count"], "==", test_images,
@@ -303,10 +308,20 @@ def check_equivalence(report: Report, args, info: DistInfo, raw_model: nn.Module
             t0 = time.perf_counter()
             reference, _ = replay_on_one_process(train_set, info.world_size, args, info.device)
             report.perf("replay_s", time.perf_counter() - t0, "one-process replay: {value:.2f} s")
-            diff = max((p - q).abs().max().item() for p, q in zip(raw_model.parameters(),
-                                                                  reference.parameters()))
-            report.claim("ddp_equals_one_process", diff, "<=", 1e-5, f"DDP on {info.world_size} ranks vs "
-                         "one process on the global batch: max |parameter difference| = {value:.1e}")
+            ddp, replay = list(raw_model.parameters()), list(reference.parameters())
+            report.value("ddp_vs_one_process_max", max_abs_diff_all(ddp, replay), f"DDP on {info.world_size} "
+                         "ranks vs one process on the global batch: max |parameter difference| = {value:.1e}")
+            set_seed(args.seed)  # the initial weights, rebuilt as the replay built them
+            start = DigitsCNN(image_size=train_set.tensors[0].shape[-1]).parameters()
+            # Relative, not max |difference|: DDP sums the ranks' gradients in the backend's order (gloo's
+            # ring on 3+ ranks) and the replay in autograd's, so float32 rounding differs in the last bits.
+            # Training amplifies it, by jumps once a max-pool or ReLU decision flips: on 4 ranks at lr 0.08
+            # the relative difference was 1.7e-7, 2.7e-7, 4.3e-7 after epochs 1-3 and 1.7e-4 after epoch 4
+            # (max |difference| 2.4e-4), on 2 ranks 1e-8. A real error (a missing average, a rank's data
+            # twice) is of the order of the movement itself; NaN or inf anywhere makes the ratio NaN or inf
+            # and the claim fail.
+            report.claim("ddp_equals_one_process", relative_difference(ddp, replay, list(start)), "<=", 1e-3,
+                         "  ||DDP - one process|| / ||how far training moved the parameters|| = {value:.1e}")
 
 
 def spawn_worker(rank: int, world_size: int, args: argparse.Namespace) -> None:

@@ -323,7 +323,7 @@ def main() -> None:
         len_per_rank(info, args, report)
         weighted_sampling(info, args, report)
         bucketing(info, args, report)
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

@@ -345,7 +345,7 @@ def main() -> None:
         uneven_shards(model, raw_model, train_set, info, args, report)
         timeouts(report)
         seeding(info, args, report)
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

@@ -207,7 +207,7 @@ def main() -> None:
         # ---- 3. DDP's default, forward_sync_buffers=True: when it broadcasts, and what it hides ------------
         if info.distributed:
             default_buffer_sync(args, info, loader, steps, test_set, channels, report, rank0["batchnorm"])
-        report.write(args.results)
+        report.finish(args.results)
 
 
 def report_setup(report: Report, args, info, grid: Grid, groups: list, steps: int) -> None:

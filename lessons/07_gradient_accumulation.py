@@ -357,7 +357,7 @@ def main() -> None:
                              TOL if args.precision == "fp32" else 1e-2, "training loop vs a one-process "
                              "replay of its global batches: {value:.1e} (bound 1e-5 in fp32, 1e-2 under "
                              "autocast)")
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

@@ -314,7 +314,7 @@ def main() -> None:
         bf16_vs_fp32(model, raw_model, init_state, train_set, args, info, report)
         opt = fp16_with_grad_scaler(model, raw_model, init_state, x, y, args, info, report)
         double_unscale(model, opt, x, y, info, report)
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

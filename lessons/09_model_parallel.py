@@ -393,7 +393,7 @@ def main() -> None:
         pipelines_section(args, info, grid, x, y, report)
         uneven_section(args, info, grid, report)
         report_accumulation(args, info, grid, x, y, report)
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

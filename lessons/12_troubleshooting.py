@@ -105,7 +105,7 @@ def main(argv=None) -> None:
             t0 = time.perf_counter()
             run_exhibit(ex, info, report, args.timeout_s)
             report.perf(f"{ex.name}_s", time.perf_counter() - t0, f"{ex.name}: {{value:.1f}} s")
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

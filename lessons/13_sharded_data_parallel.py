@@ -392,7 +392,7 @@ def main() -> None:
         if info.distributed:  # FSDP2, ZeroRedundancyOptimizer and DCP need a process group
             runs = pytorch_versions(s, hand, table)  # adds the FSDP2 row
             sharded_checkpoint(s, runs)
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

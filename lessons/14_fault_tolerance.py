@@ -390,10 +390,10 @@ def lesson(args, info, fault) -> None:  # a function: its DDP objects are freed 
                      lambda f: torch.save([p.detach().cpu() for p in T.raw.parameters()], f))
     if args.sharded:
         new_world_section(args, info, T, report)
-        return report.write(args.results)
+        return report.finish(args.results)
     reference, snapshot = restart_section(args, info, T, train_set, report, steps_per_epoch)
     variants_section(args, info, train_set, report, reference, snapshot)
-    report.write(args.results)
+    report.finish(args.results)
 
 
 if __name__ == "__main__":

@@ -390,7 +390,7 @@ def main() -> None:
             resume_section(init_state, train_set, args, info, report)
         if args.compile_backend != "none":
             compile_section(raw, init_state, batch, args, info, report)
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":

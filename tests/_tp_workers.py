@@ -64,3 +64,44 @@ def dtensor_mlp_counts(rank: int, world_size: int) -> dict:
         y.sum().backward()
     return {"out": (y - full(x)).abs().max().item(), "fwd": (fwd.calls, fwd.bytes, fwd.groups),
             "bwd": (bwd.calls, bwd.bytes, bwd.groups)}
+
+
+def nan_on_one_rank(rank: int, world_size: int) -> dict:
+    """Each rank offers 0.0 except the last, which offers NaN (or inf): what the over-ranks maxima return.
+    gloo's own MAX keeps rank 0's 0.0 here (the NaN is on a later rank)."""
+    import torch.distributed as dist
+
+    from common.differences import max_over_ranks
+    from common.precision import worst_over_ranks
+    from common.session import DistInfo
+    from common.train_state import max_diff_over_ranks
+    info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
+    last = rank == world_size - 1
+    out = {}
+    for name, bad in (("nan", float("nan")), ("inf", float("inf"))):
+        raw = torch.tensor([bad if last else 0.0], dtype=torch.float64)
+        dist.all_reduce(raw, op=dist.ReduceOp.MAX)
+        model = torch.nn.Linear(2, 2)
+        ref = [p.detach().clone() for p in model.parameters()]
+        with torch.no_grad():
+            model.weight[1, 1] = bad if last else model.weight[1, 1]
+        out[name] = {"gloo_max": raw.item(), "max_over_ranks": max_over_ranks(bad if last else 0.0),
+                     "worst_over_ranks": worst_over_ranks([0.0, bad if last else 0.0], info),
+                     "max_diff_over_ranks": max_diff_over_ranks(model, ref, info)}
+    return out
+
+
+def finish_statuses(rank: int, world_size: int) -> dict:
+    """Report.finish on a real world: rank 0's claims decide every rank's exit status (a claim only rank 0
+    measures is recorded on the others with a placeholder that may not hold)."""
+    from common import session
+    from common.results import Report
+    from common.session import DistInfo
+    info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
+    out = {}
+    for case, rank0_value in (("rank0_holds", 0.0), ("rank0_fails", 1.0)):
+        report = Report(info)
+        report.claim("measured_on_rank0", rank0_value if rank == 0 else 1.0, "<=", 1e-5, "{value}")
+        out[case] = report.finish(None)
+        session.set_exit_status(0)
+    return out

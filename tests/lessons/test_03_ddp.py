@@ -69,7 +69,8 @@ def test_no_parameter_server_replicas_stay_identical(ddp2):
 @pytest.mark.timeout(300)
 def test_ddp_equals_one_process_on_the_global_batch(ddp2):
     c = ddp2.results["claims"]["ddp_equals_one_process"]
-    assert c["value"] < 1e-5 and c["bound"] == 1e-5
+    assert c["value"] < 1e-5 and c["bound"] == 1e-3  # relative to how far training moved the parameters
+    assert ddp2.results["ddp_vs_one_process_max"] < 1e-6  # on 2 ranks the sums agree to float32 rounding
     assert "max |parameter difference|" in ddp2.stdout
 
 

@@ -16,6 +16,19 @@ def test_layout_is_row_major_with_the_last_dimension_innermost():
     assert grid_layout({"dp": 2, "pp": 2, "tp": 2})[1, 0].tolist() == [4, 5]
 
 
+def test_pp_outermost_puts_each_pipeline_across_nodes_and_tp_inside_one():
+    """Lesson 11's order (torchtitan's, Megatron-LM's): pp, dp, tp. On 2 nodes of 4 consecutive ranks, every
+    pp group spans both nodes and every tp and dp group stays on one; dp outermost would do the opposite for
+    pp and dp."""
+    node = {r: r // 4 for r in range(8)}
+    grids = {order: Grid(DistInfo(rank=r, world_size=8), **{k: 2 for k in order}) for order, r in
+             ((("pp", "dp", "tp"), 5), (("dp", "pp", "tp"), 5))}
+    for order, grid in grids.items():
+        nodes = {dim: {node[m] for m in grid.ranks_in(dim)} for dim in order}
+        assert nodes["tp"] == {1}
+        assert (nodes["pp"], nodes["dp"]) == (({0, 1}, {1}) if order[0] == "pp" else ({1}, {0, 1}))
+
+
 def test_world_of_one_without_a_process_group():
     grid = Grid(DistInfo(), dp=1, pp=1, tp=1)
     assert grid.coords == {"dp": 0, "pp": 0, "tp": 0}

@@ -60,3 +60,58 @@ def test_only_rank0_prints_and_writes(tmp_path, capsys):
 def test_assert_claims_names_the_missing_claim():
     with pytest.raises(AssertionError, match="not recorded: \\['b'\\]"):
         assert_claims({"claims": {"a": {"value": 1, "bound": 1, "relation": "==", "holds": True}}}, {"a", "b"})
+
+
+@pytest.fixture
+def exit_status():
+    """common.session's pending exit status, restored after the test (finish sets it)."""
+    from common import session
+    yield session
+    session.set_exit_status(0)
+
+
+def test_finish_writes_says_all_checks_hold_and_leaves_status_0(tmp_path, capsys, exit_status):
+    report = Report(DistInfo())
+    report.claim("a", 1e-9, "<=", 1e-5, "a {value}")
+    report.claim("b", 3, "==", 3, "b {value}")
+    assert report.finish(tmp_path / "r.json") == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "2 checks hold"
+    assert json.loads((tmp_path / "r.json").read_text())["claims"]["b"]["holds"]
+    assert exit_status._exit_status == 0
+
+
+def test_finish_names_the_claims_that_do_not_hold_and_sets_status_1(tmp_path, capsys, exit_status):
+    report = Report(DistInfo())
+    report.claim("equals_one_process", float("nan"), "<=", 1e-5, "diff {value}")
+    report.claim("fine", 0.0, "<=", 1e-5, "diff {value}")
+    report.claim("loss_falls", 0.9, "<=", 0.8, "ratio {value}")
+    assert report.failing() == ["equals_one_process", "loss_falls"]
+    assert report.finish(tmp_path / "r.json") == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "2 of 3 checks do not hold: equals_one_process, loss_falls"
+    assert exit_status._exit_status == 1
+    assert not json.loads((tmp_path / "r.json").read_text())["claims"]["loss_falls"]["holds"]
+
+
+def test_finish_on_another_rank_prints_nothing_but_sets_the_status(tmp_path, capsys, exit_status):
+    report = Report(DistInfo(rank=1, world_size=2))  # no process group: no collective, this rank's own claims
+    report.claim("x", 2, "==", 1, "x")
+    assert report.finish(tmp_path / "r.json") == 1
+    assert capsys.readouterr().out == "" and not (tmp_path / "r.json").exists()
+
+
+def test_run_main_exits_1_after_finish_finds_a_claim_that_does_not_hold(tmp_path):
+    import subprocess
+    import sys
+    code = ("from common.results import Report\nfrom common.session import run_main\n"
+            "def main():\n    r = Report()\n    r.claim('equal', float('nan'), '<=', 1e-5, 'd {value}')\n"
+            "    r.finish(None)\n    print('main returned')\nrun_main(main)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.splitlines()[-2:] == ["1 of 1 checks do not hold: equal", "main returned"]
+
+
+@pytest.mark.timeout(60)
+def test_rank0s_claims_decide_the_status_of_every_rank(tmp_path):
+    from tests._tp_workers import finish_statuses
+    from tests._workers import run_world
+    assert run_world(finish_statuses, 2, tmp_path) == [{"rank0_holds": 0, "rank0_fails": 1}] * 2

@@ -1,0 +1,89 @@
+"""NaN-safe differences (common/differences.py and every helper built on it): a NaN or an inf at the first, a
+middle or the last position makes the difference one that fails an equality claim (`holds(v, "<=", 1e-5)`)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from common.bn_stats import spread
+from common.differences import max_abs_diff, max_abs_diff_all, max_over_ranks, nan_max
+from common.precision import max_diff, worst_over_ranks
+from common.results import holds
+from common.session import DistInfo
+from common.tensor_parallel import digits_transformer, max_shard_diff, tensor_parallelize
+from common.train_state import max_diff_over_ranks
+from tests._tp_workers import nan_on_one_rank
+from tests._workers import run_world
+
+BAD = [float("nan"), float("inf"), float("-inf")]
+WHERE = ["first", "middle", "last"]
+
+
+def _fails(v) -> bool:
+    return not holds(float(v), "<=", 1e-5)
+
+
+def _tensors(bad: float, where: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Three pairs of equal tensors; one element of the first, a middle or the last tensor of `a` made `bad`."""
+    torch.manual_seed(0)
+    b = [torch.randn(4, 3) for _ in range(3)]
+    a = [t.clone() for t in b]
+    i = {"first": 0, "middle": 1, "last": 2}[where]
+    a[i][{"first": (0, 0), "middle": (2, 1), "last": (3, 2)}[where]] = bad
+    return a, b
+
+
+def test_python_max_and_equal_lists_are_what_we_guard_against():
+    assert max(0.0, math.nan) == 0.0  # why nan_max exists: Python's max keeps the old value
+    a, b = _tensors(0.0, "first")
+    assert max_diff(b, b) == 0.0 and max_abs_diff_all(b, b) == 0.0 and nan_max([]) == 0.0
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("bad", BAD)
+def test_every_difference_helper_fails_on_a_non_finite_element(bad, where):
+    a, b = _tensors(bad, where)
+    i = WHERE.index(where)
+    values = [0.0, 0.0, 0.0]
+    values[i] = bad
+    assert _fails(nan_max(values))
+    assert _fails(max_abs_diff(a[i], b[i])) and _fails(max_abs_diff(b[i], a[i]))
+    assert _fails(max_abs_diff_all(a, b)) and _fails(max_abs_diff_all(b, a))
+    assert _fails(max_diff(a, b)) and _fails(max_diff(b, a))
+    assert _fails(worst_over_ranks(values, DistInfo())[i])
+    assert _fails(max_over_ranks(values[i]))  # no process group: the value itself
+    stats = torch.zeros(2, 6, dtype=torch.float64)  # 2 ranks, one BatchNorm layer of 3 channels
+    stats[1, i] = bad  # a running mean
+    stats[1, 3 + i] = bad  # a running variance
+    assert all(_fails(v) for v in spread(stats, [3]))
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("bad", BAD)
+def test_model_differences_fail_on_a_non_finite_parameter(bad, where):
+    torch.manual_seed(0)
+    model = digits_transformer(8, 2, 2)
+    split = tensor_parallelize(model, 0, 1, None)
+    params = list(split.parameters())
+    p = params[{"first": 0, "middle": len(params) // 2, "last": -1}[where]]
+    with torch.no_grad():
+        p.view(-1)[{"first": 0, "middle": p.numel() // 2, "last": -1}[where]] = bad
+    assert _fails(max_shard_diff(model, split, 0)) and _fails(max_shard_diff(split, model, 0))
+    ref = [q.detach().clone() for q in model.parameters()]
+    assert _fails(max_diff_over_ranks(split, ref, DistInfo()))
+    split(torch.rand(2, 8, 8)).sum().backward()
+    model(torch.rand(2, 8, 8)).sum().backward()
+    assert _fails(max_shard_diff(model, split, 0, grads=True))  # the non-finite weight poisons the gradients
+
+
+@pytest.mark.timeout(60)
+def test_a_nan_on_another_rank_survives_the_maximum_over_ranks(tmp_path):
+    for rank, facts in enumerate(run_world(nan_on_one_rank, 2, tmp_path)):
+        assert facts["nan"]["gloo_max"] == 0.0, "gloo's MAX no longer drops a NaN: update common/differences.py"
+        for name in ("nan", "inf"):
+            f = facts[name]
+            assert _fails(f["max_over_ranks"]) and _fails(f["max_diff_over_ranks"]), (rank, name, f)
+            assert f["worst_over_ranks"][0] == 0.0 and _fails(f["worst_over_ranks"][1]), (rank, name, f)
+        assert math.isnan(facts["nan"]["max_over_ranks"]) and facts["inf"]["max_over_ranks"] == math.inf
