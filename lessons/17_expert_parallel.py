@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from common.counters import count_collectives
+from common.differences import max_abs_diff, max_over_ranks, nan_max
 from common.grid import Grid
 from common.moe import ExpertParallelMoE, MoE, all_to_all_traffic, check_moe_options, route
 from common.moe_model import MoETransformer, digit_tokens, next_token_loss
@@ -81,23 +82,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b|, NaN-safe: inf when either side holds a NaN or an inf (then every <= claim fails)."""
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        return math.inf
-    return (a.detach() - b.detach()).abs().max().item() if a.numel() else 0.0
-
-
-def worst(value: float, group=None) -> float:
-    """The largest value over the ranks of `group`; NaN is taken as inf first (a MAX could drop a NaN)."""
-    value = math.inf if math.isnan(value) else value
-    if not dist.is_initialized():
-        return value
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.item()
-
-
 def total(value: float, group=None) -> float:
     """The sum of value over the ranks of `group` (itself without a process group)."""
     if not dist.is_initialized():
@@ -124,7 +108,7 @@ def routing(report: Report, args: argparse.Namespace) -> None:
         _, weights, idx = route(moe.router(x), args.top_k)
         again = torch.stack([sum((weights[t, j] * moe.experts[idx[t, j]](x[t]) for j in range(args.top_k)
                                   if s["keep"][t, j]), torch.zeros(args.hidden)) for t in range(len(x))])
-        report.claim("dropped_choices_add_nothing", diff(y, again), "<=", TOL,
+        report.claim("dropped_choices_add_nothing", max_abs_diff(y, again), "<=", TOL,
                      f"  {int((~s['keep']).any(-1).sum())} tokens lost a choice; max |layer output - sum "
                      "over the kept choices only| = {value:.1e}: a dropped choice adds 0 (the weights "
                      "are not renormalized)")
@@ -132,7 +116,7 @@ def routing(report: Report, args: argparse.Namespace) -> None:
     report.value("tokens_fully_dropped", int(gone.sum()), "  tokens whose every choice was dropped: {value}")
     if gone.any():
         block_out = x + y  # the block's residual: x + moe(x)
-        report.claim("dropped_token_passes_through", diff(block_out[gone], x[gone]), "==", 0,
+        report.claim("dropped_token_passes_through", max_abs_diff(block_out[gone], x[gone]), "==", 0,
                      "  for those, |x + moe(x) - x| = {value}: the layer gives 0, the residual carries the "
                      "token")
 
@@ -144,11 +128,11 @@ def grad_of(p: torch.Tensor) -> torch.Tensor:
 
 def expert_grads(full: MoE, split: ExpertParallelMoE) -> float:
     """max |gradient difference| over this rank's experts and their one-process copies."""
-    first, out = split.ep_rank * split.local, 0.0
+    first, gaps = split.ep_rank * split.local, []
     for i, expert in enumerate(split.experts):
         for p, q in zip(expert.parameters(), full.experts[first + i].parameters()):
-            out = max(out, diff(grad_of(p), grad_of(q)))  # an expert no token reached has no .grad
-    return out
+            gaps.append(max_abs_diff(grad_of(p), grad_of(q)))  # an expert no token reached has no .grad
+    return nan_max(gaps)
 
 
 def layer_vs_one_process(report: Report, grid: Grid, args: argparse.Namespace) -> None:
@@ -172,9 +156,9 @@ def layer_vs_one_process(report: Report, grid: Grid, args: argparse.Namespace) -
         (y.square().sum() / X.numel()).backward()
     if ep > 1:  # the router is replicated: each rank holds its own tokens' part of the gradient
         dist.all_reduce(split.router.weight.grad, group=group)
-    gaps = [diff(y, ys[ep_rank]), diff(xs.grad, xf.grad[ep_rank]), expert_grads(full, split),
-            diff(split.router.weight.grad, full.router.weight.grad)]
-    report.claim("layer_equals_one_process", worst(max(gaps)), "<=", TOL,
+    gaps = [max_abs_diff(y, ys[ep_rank]), max_abs_diff(xs.grad, xf.grad[ep_rank]), expert_grads(full, split),
+            max_abs_diff(split.router.weight.grad, full.router.weight.grad)]
+    report.claim("layer_equals_one_process", max_over_ranks(nan_max(gaps)), "<=", TOL,
                  f"ep={ep}: max |EP - one process| over output, input, expert and router gradients = "
                  "{value:.1e}")
     sent = [split.stats["send"].clone() for _ in range(ep)]
@@ -182,7 +166,7 @@ def layer_vs_one_process(report: Report, grid: Grid, args: argparse.Namespace) -
         dist.all_gather(sent, split.stats["send"], group=group)
     sent = torch.stack(sent)  # (ep, ep)
     report.value("rows_sent", sent.tolist(), "  rows sent, rank (row) -> rank (column): {value}")
-    report.claim("rows_sent_equal_histogram", diff(sent.double(), want.double()), "==", 0,
+    report.claim("rows_sent_equal_histogram", max_abs_diff(sent.double(), want.double()), "==", 0,
                  "  max |rows sent - routing histogram of the one-process MoE| = {value}")
     counts = (fwd.calls.get("all_to_all_single", 0), bwd.calls.get("all_to_all_single", 0))
     report.claim("all_to_alls_forward_backward", int(counts == ((4, 2) if ep > 1 else (0, 0))), "==", 1,
@@ -213,13 +197,13 @@ def build_pair(args: argparse.Namespace, grid: Grid) -> tuple[MoETransformer, Mo
 
 def param_gap(full: MoETransformer, split: MoETransformer) -> float:
     """max |split parameter - one-process parameter|, expert i of this rank against expert first + i."""
-    first, reference, out = split.moe.ep_rank * split.moe.local, dict(full.named_parameters()), 0.0
+    first, reference, gaps = split.moe.ep_rank * split.moe.local, dict(full.named_parameters()), []
     for name, p in split.named_parameters():
         if name.startswith("moe.experts."):
             i, rest = name[len("moe.experts."):].split(".", 1)
             name = f"moe.experts.{first + int(i)}.{rest}"
-        out = max(out, diff(p, reference[name]))
-    return out
+        gaps.append(max_abs_diff(p, reference[name]))
+    return nan_max(gaps)
 
 
 def reduce_grads(split: MoETransformer, grid: Grid) -> None:
@@ -260,11 +244,10 @@ def train(report: Report, grid: Grid, args: argparse.Namespace, tag: str, steps:
                 with count_collectives() as reduced:
                     reduce_grads(split, grid)
             opt.step()
-        gap = abs(total(loss.item() / world) - ref.item())
-        gaps.append(gap if math.isfinite(gap) else math.inf)  # max() over a list would drop a NaN
-    report.claim(f"{tag}_training_equals_one_process", worst(max(gaps)), "<=", TOL,
+        gaps.append(abs(total(loss.item() / world) - ref.item()))
+    report.claim(f"{tag}_training_equals_one_process", max_over_ranks(nan_max(gaps)), "<=", TOL,
                  f"{tag}: {steps} SGD steps, max |global loss - one-process loss| = {{value:.1e}}")
-    report.claim(f"{tag}_params_equal_one_process", worst(param_gap(full, split)), "<=", TOL,
+    report.claim(f"{tag}_params_equal_one_process", max_over_ranks(param_gap(full, split)), "<=", TOL,
                  "  max |parameter - one-process parameter| after training = {value:.1e}")
     with torch.no_grad():
         test_after = next_token_loss(split, test).item()
@@ -340,7 +323,7 @@ def main(argv=None) -> None:
         else:
             print0("dp x ep: launch 4 processes for the 2 x 2 mesh")
         balance(report)
-        report.write(args.results)
+        report.finish(args.results)
 
 
 if __name__ == "__main__":
