@@ -5,12 +5,12 @@
     ep_moe = ExpertParallelMoE(moe, ep_rank, ep, group)            # this rank keeps experts E/ep * ep_rank ...
     y = ep_moe(x_local)                                            # tokens travel by all-to-all and come back
 
-Routing (Switch Transformer, Fedus et al. 2021, https://arxiv.org/abs/2101.03961; GShard, Lepikhin et al. 2020):
-the router scores each token against the E experts, softmax over E, keeps the top k and renormalizes their
-weights to sum to 1. Each expert takes at most C = ceil(capacity_factor * N * k / E) assignments of a batch
-of N tokens; the rest are dropped in a fixed order (every token's first choice before any second choice, tokens
-in order). A dropped assignment contributes 0, so a token whose every choice is dropped gets a layer output of
-exactly 0 and the block's residual connection carries it through unchanged.
+Routing (Switch Transformer, Fedus et al. 2021, https://arxiv.org/abs/2101.03961; GShard, Lepikhin et al.
+2020): the router scores each token against the E experts, softmax over E, keeps the top k and (for k > 1)
+renormalizes their weights to sum to 1. Each expert takes at most C = ceil(capacity_factor * N * k / E)
+assignments of a batch of N tokens; the rest are dropped in a fixed order (every token's first choice before
+any second choice, tokens in order). A dropped assignment contributes 0, so a token whose every choice is
+dropped gets a layer output of exactly 0 and the block's residual connection carries it through unchanged.
 The auxiliary load-balancing loss is E * sum_e f_e * P_e: f_e the fraction of assignments routed to expert e
 (counted, no gradient), P_e the router's mean probability for e (differentiable); 1.0 when perfectly balanced.
 
@@ -54,10 +54,12 @@ def check_moe_options(experts: int, k: int, capacity_factor: float, ep: int = 1)
 
 
 def route(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logits (N, E) -> probs (N, E) softmax over experts, weights (N, k) renormalized top-k, idx (N, k)."""
+    """logits (N, E) -> probs (N, E) softmax over experts, weights (N, k), idx (N, k). For k > 1 the top-k
+    weights are renormalized to sum to 1 (Mixtral); at k = 1 that would be the constant 1, leaving the router
+    no gradient from the task, so top-1 keeps the probability itself (Switch Transformer)."""
     probs = logits.softmax(-1)
     top, idx = probs.topk(k, dim=-1)  # ties: torch picks the lower index, the same on every rank
-    return probs, top / top.sum(-1, keepdim=True), idx
+    return probs, (top / top.sum(-1, keepdim=True) if k > 1 else top), idx
 
 
 def capacity(tokens: int, experts: int, k: int, factor: float) -> int:

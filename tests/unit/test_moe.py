@@ -15,6 +15,7 @@ def test_route_renormalizes_the_top_k_weights():
     probs, weights, idx = route(logits, 2)
     assert torch.allclose(probs.sum(-1), torch.ones(50))
     assert torch.allclose(weights.sum(-1), torch.ones(50))
+    assert torch.equal(route(logits, 1)[1][:, 0], probs.max(-1).values)  # top-1: the probability itself
     assert (idx[:, 0] == logits.argmax(-1)).all()
     assert (weights[:, 0] >= weights[:, 1]).all()
 
