@@ -26,4 +26,5 @@ EXERCISES: dict[str, tuple[str, str]] = {
     "tensor_parallel_mlp": ("10", "a column- then row-parallel MLP with its two autograd functions"),
     "zero1_optimizer": ("13", "a sharded optimizer (ZeRO-1) around any torch.optim optimizer"),
     "training_state": ("14", "capture and restore the full training state, bit for bit"),
+    "moe_dispatch": ("17", "expert parallelism's dispatch plan: rows per destination rank, their send order"),
 }

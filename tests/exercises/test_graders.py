@@ -24,6 +24,7 @@ WRONG_SAYS = {
     "tensor_parallel_mlp": "f's backward must all-reduce",
     "zero1_optimizer": "broadcast each parameter",
     "training_state": "copy the state_dicts",
+    "moe_dispatch": "e // (E/ep)",
 }
 
 
