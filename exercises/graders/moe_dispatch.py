@@ -41,7 +41,8 @@ def _order_problem(got: list, expert_of: torch.Tensor, experts: int, ep: int) ->
     if sent.tolist() != sorted(sent.tolist()):
         return ("within a destination rank, sort the rows by expert: the receiver runs each expert on a "
                 "contiguous run")
-    return "rows with the same expert must keep their original order: a stable sort (torch.argsort(stable=True))"
+    return ("rows with the same expert must keep their original order: a stable sort "
+            "(torch.argsort(stable=True))")
 
 
 def check(module: str) -> list[str]:
