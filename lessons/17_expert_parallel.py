@@ -165,6 +165,11 @@ def layer_vs_one_process(report: Report, grid: Grid, args: argparse.Namespace) -
     if ep > 1:  # the split sizes each rank really passed to all_to_all_single, gathered
         dist.all_gather(sent, split.stats["send"], group=group)
     sent = torch.stack(sent)  # (ep, ep)
+    dest = torch.where(split.stats["keep"], split.stats["idx"] // split.local, -1)  # (N, k): rank, -1 dropped
+    every = [dest.clone() for _ in range(ep)]
+    if ep > 1:
+        dist.all_gather(every, dest, group=group)
+    report.record("destinations", torch.stack(every).tolist())  # [rank][token][choice]: for the picture
     report.value("rows_sent", sent.tolist(), "  rows sent, rank (row) -> rank (column): {value}")
     report.claim("rows_sent_equal_histogram", max_abs_diff(sent.double(), want.double()), "==", 0,
                  "  max |rows sent - routing histogram of the one-process MoE| = {value}")

@@ -53,6 +53,8 @@ def test_ep2_layer_and_training_equal_one_process_and_rows_follow_the_histogram(
     assert off_diagonal > 0
     assert claims["bytes_equal_formula"]["value"] == 4 * off_diagonal * H * 4
     assert claims["ep_training_equals_one_process"]["value"] <= 1e-5
+    for r, tokens in enumerate(ep2["destinations"]):  # per token and choice: the rank it went to, -1 dropped
+        assert [sum(d == dest for t in tokens for d in t) for dest in range(2)] == sent[r]
 
 
 @pytest.mark.timeout(320)
