@@ -50,6 +50,15 @@ def holds(value: float, relation: str, bound: float) -> bool:
     return {"<=": value <= bound, ">=": value >= bound, "==": value == bound}[relation]
 
 
+def _bound_text(bound: float) -> str:
+    """A bound as a reader reads it: a byte count whole (2182180, not 2.18218e+06), other numbers short."""
+    if isinstance(bound, bool):
+        return str(bound)
+    if float(bound).is_integer() and abs(bound) < 1e15:
+        return str(int(bound))
+    return f"{bound:g}"
+
+
 def _plain(value: Any) -> Any:
     """A tensor or numpy scalar -> a Python number, so that the JSON holds plain numbers."""
     if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
@@ -110,7 +119,7 @@ class Report:
         sentence = text.format(value=value, bound=bound)
         self.results["claims"][name] = {"value": value, "bound": bound, "relation": relation, "holds": ok,
                                         "text": sentence}
-        line = f"{sentence}  [claim {relation} {bound:g}: {'holds' if ok else 'DOES NOT HOLD'}]"
+        line = f"{sentence}  [claim {relation} {_bound_text(bound)}: {'holds' if ok else 'DOES NOT HOLD'}]"
         self._say(f"{PERF_PREFIX} {line}" if perf else line)
         return ok
 

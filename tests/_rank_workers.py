@@ -142,6 +142,7 @@ def save_over_a_finished_checkpoint(rank: int, world_size: int, path: str) -> di
     save_sharded(model, opt, path, info)
     mark_complete(path, info, model=sig, world_size=world_size, step=1)
     first = check_complete(path, sig)["step"]
+    dist.barrier()  # every rank has read the finished marker before rank 0's next save removes it
     save_sharded(model, opt, path, info)  # ... and the job dies here, before mark_complete
     dist.barrier()
     try:

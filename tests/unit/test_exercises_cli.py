@@ -37,3 +37,4 @@ def test_a_reference_solution_passes_from_the_command_line():
 def test_list_names_every_exercise_with_its_lesson():
     r = run("--list")
     assert r.returncode == 0 and all(name in r.stdout for name in EXERCISES)
+

@@ -115,3 +115,11 @@ def test_rank0s_claims_decide_the_status_of_every_rank(tmp_path):
     from tests._tp_workers import finish_statuses
     from tests._workers import run_world
     assert run_world(finish_statuses, 2, tmp_path) == [{"rank0_holds": 0, "rank0_fails": 1}] * 2
+
+
+def test_a_whole_bound_prints_whole_and_a_small_one_short(capsys):
+    report = Report()
+    report.claim("bytes_exact", 2182180, "==", 2182180, "bytes {value}")
+    report.claim("small", 3e-9, "<=", 1e-5, "diff {value:.1e}")
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["bytes 2182180  [claim == 2182180: holds]", "diff 3.0e-09  [claim <= 1e-05: holds]"]
