@@ -16,9 +16,10 @@ What to look for:
 - Expert parallelism by hand: rank r holds experts r*E/ep ... (r+1)*E/ep - 1. Per layer: one all_to_all_single
   of the split sizes (how many rows each rank will receive), one of the token rows (dispatch), one of their
   expert ids, the local experts, one back (combine); backward: the same calls with the splits swapped
-  (common.moe.AllToAll). Output, input gradient, expert and router gradients equal the same MoE in one
-  process; the rows each rank sends to each other rank equal the routing histogram exactly; the bytes counted
-  at the calls equal the formula. A few training steps follow the one-process model.
+  (common.moe.AllToAll: ours rather than torch.distributed.nn.functional.all_to_all_single, deprecated in
+  2.13, which gives the same rows and gradients, checked). Output, input gradient, expert and router gradients
+  equal the same MoE in one process; the rows each rank sends to each other rank equal the routing histogram
+  exactly; the bytes counted at the calls equal the formula. Training steps follow the one-process model.
 - EP x DP (4 ranks: dp 2 x ep 2): the experts' gradients are all-reduced in the dp group only (within an ep
   group every expert lives once, and the backward all-to-all already brought it every token's gradient);
   everything else (router, attention, embeddings) in the whole world.
@@ -34,14 +35,16 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import warnings
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
 
 from common.counters import count_collectives
 from common.differences import max_abs_diff, max_over_ranks, nan_max
 from common.grid import Grid
-from common.moe import ExpertParallelMoE, MoE, all_to_all_traffic, check_moe_options, route
+from common.moe import AllToAll, ExpertParallelMoE, MoE, all_to_all_traffic, check_moe_options, route
 from common.moe_model import MoETransformer, digit_tokens, next_token_loss
 from common.ranks import print0
 from common.results import Report
@@ -189,6 +192,27 @@ def layer_vs_one_process(report: Report, grid: Grid, args: argparse.Namespace) -
                  "  load: the busiest rank's rows / the mean = {value:.3f} (1.0 = balanced)")
 
 
+def against_torch(report: Report, grid: Grid, hidden: int) -> None:
+    """Our AllToAll vs torch.distributed.nn.functional.all_to_all_single: the same rows and gradients."""
+    ep, ep_rank, group = grid.size("ep"), grid.coords["ep"], grid.group("ep")
+    send = [(ep_rank + d) % 3 + 1 for d in range(ep)]  # uneven splits, different on every rank
+    recv = [(s + ep_rank) % 3 + 1 for s in range(ep)]  # what rank s sends me: its send[ep_rank]
+    x = torch.randn(sum(send), hidden)
+    ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y1 = AllToAll.apply(ours, recv, send, group, "check")
+    with warnings.catch_warnings():  # torch 2.13: deprecated, pointing to the private _functional_collectives
+        warnings.simplefilter("ignore", FutureWarning)
+        y2 = dist_nn.all_to_all_single(torch.empty(sum(recv), hidden), theirs, recv, send, group=group)
+    weight = torch.randn(sum(recv), hidden)
+    (y1 * weight).sum().backward()
+    (y2 * weight).sum().backward()
+    gap = nan_max([max_abs_diff(y1, y2), max_abs_diff(ours.grad, theirs.grad)])
+    report.claim("torch_all_to_all_agrees", max_over_ranks(gap), "==", 0,
+                 "  torch.distributed.nn.functional.all_to_all_single: the same rows and input gradients "
+                 "(max |difference| {value}); we keep our 10 lines: it is deprecated in torch 2.13, our "
+                 "backward is in plain sight, and the counters see our calls")
+
+
 def build_pair(args: argparse.Namespace, grid: Grid) -> tuple[MoETransformer, MoETransformer]:
     """The one-process model and its EP copy: this rank keeps only its E/ep experts, the rest replicated."""
     set_seed(args.seed)
@@ -320,6 +344,8 @@ def main(argv=None) -> None:
         report.value("grid", grid.describe(), "\n".join(grid.describe()))
         routing(report, args)
         layer_vs_one_process(report, grid, args)
+        if grid.size("ep") > 1:
+            against_torch(report, grid, args.hidden)
         full, _ = train(report, grid, args, "ep", args.steps)
         if info.world_size == 4:
             mesh = Grid(info, dp=2, ep=2)
