@@ -60,24 +60,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--experts", type=int, default=4, help="E; the number of processes must divide it")
     p.add_argument("--top-k", type=int, default=2, help="experts per token, 1 <= k <= E (default 2)")
     p.add_argument("--capacity-factor", type=float, default=1.0, help="C = ceil(cf * N * k / E), cf > 0")
-    p.add_argument("--hidden", type=int, default=32, help="H, features per token (default 32)")
+    p.add_argument("--hidden", type=int, default=32, help="H, features per token, >= 8 (default 32)")
     p.add_argument("--heads", type=int, default=4, help="attention heads, dividing H (default 4)")
     p.add_argument("--tokens", type=int, default=64, help="N, tokens per rank in the layer test (default 64)")
     p.add_argument("--batch-size", type=int, default=8, help="digit sequences PER RANK per training step")
     p.add_argument("--steps", type=int, default=30, help="training steps (default %(default)s)")
-    p.add_argument("--aux-weight", type=float, default=0.01, help="weight of the balance loss (default 0.01)")
+    p.add_argument("--aux-weight", type=float, default=0.01, help="balance loss weight, in [0, 1]")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate in [0.01, 0.1], momentum 0.9")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
     add_distributed_args(p)
     args = p.parse_args(argv)
     # validated before any process group: every rank fails alike, none waits
-    if min(args.hidden, args.heads, args.tokens, args.batch_size) < 1 or args.steps < 10:
-        raise LessonError("--hidden, --heads, --tokens and --batch-size must be >= 1 and --steps >= 10")
+    if min(args.heads, args.tokens, args.batch_size) < 1 or args.steps < 10 or args.hidden < 8:
+        raise LessonError("--heads, --tokens and --batch-size must be >= 1, --hidden >= 8 and --steps >= 10")
     if not 0.01 <= args.lr <= 0.1:  # measured: this tiny model's test loss falls >= 20% in 10 steps at 0.01
         raise LessonError(f"--lr must be in [0.01, 0.1], where this model trains, got {args.lr}")
-    if args.hidden % args.heads or not 0 <= args.aux_weight < math.inf:
-        raise LessonError("--heads must divide --hidden and --aux-weight must be finite and >= 0")
+    if args.hidden % args.heads or not 0 <= args.aux_weight <= 1:  # 1e6 at lr 0.1 diverged to NaN
+        raise LessonError("--heads must divide --hidden and --aux-weight must be in [0, 1]")
     try:
         check_moe_options(args.experts, args.top_k, args.capacity_factor, ep=read_torchrun_env()[2])
     except ValueError as e:
@@ -280,9 +280,12 @@ def train(report: Report, grid: Grid, args: argparse.Namespace, tag: str, steps:
                  "  max |parameter - one-process parameter| after training = {value:.1e}")
     with torch.no_grad():
         test_after = next_token_loss(split, test).item()
-    report.claim(f"{tag}_test_loss_falls", test_after / test_before, "<=", 0.9,
-                 f"  held-out next-pixel loss of the EP model {test_before:.3f} -> {test_after:.3f}: "
-                 "ratio {value:.2f}")
+    text = (f"  held-out next-pixel loss of the EP model {test_before:.3f} -> {test_after:.3f}: "
+            "ratio {value:.2f}")
+    if steps >= 30:  # measured: 0.65-0.77 at the smallest settings (H = 8, lr 0.01, B = 1), 0.93 at 10 steps
+        report.claim(f"{tag}_test_loss_falls", test_after / test_before, "<=", 0.9, text)
+    else:
+        report.value(f"{tag}_test_loss_ratio", test_after / test_before, text)
     expected = {("all_reduce", tuple(grid.ranks_in("dp"))): int(dp > 1),
                 ("all_reduce", tuple(range(world))): int(world > 1)}
     expected = {k: v for k, v in expected.items() if v}

@@ -45,7 +45,8 @@ def test_a_token_with_every_choice_dropped_gets_exactly_zero():
 def test_balance_loss_is_one_when_balanced_and_larger_when_skewed():
     e = 4
     uniform = torch.full((8, e), 1 / e)
-    assert math.isclose(balance_loss(uniform, torch.arange(8).remainder(e)[:, None]).item(), 1.0, rel_tol=1e-6)
+    balanced = torch.arange(8).remainder(e)[:, None]  # every expert twice
+    assert math.isclose(balance_loss(uniform, balanced).item(), 1.0, rel_tol=1e-6)
     skewed = torch.tensor([[0.7, 0.1, 0.1, 0.1]]).repeat(8, 1)
     assert balance_loss(skewed, torch.zeros(8, 1, dtype=torch.long)).item() == pytest.approx(2.8)
 
@@ -71,7 +72,10 @@ def test_expert_parallel_at_ep1_equals_the_moe_forward_and_backward():
         assert torch.allclose(p.grad, q.grad, atol=1e-6)
 
 
-@pytest.mark.parametrize("bad", [dict(experts=4, k=5, capacity_factor=1.0), dict(experts=4, k=1, capacity_factor=0),
+@pytest.mark.parametrize("bad", [dict(experts=4, k=5, capacity_factor=1.0),
+                                 dict(experts=4, k=1, capacity_factor=0),
+                                 dict(experts=4, k=1, capacity_factor=1e30),
+                                 dict(experts=4, k=1, capacity_factor=math.nan),
                                  dict(experts=3, k=1, capacity_factor=1.0, ep=2)])
 def test_bad_options_are_refused(bad):
     with pytest.raises(ValueError):
