@@ -1,6 +1,6 @@
 """Lesson 17: expert parallelism at ep = 1 (one process), 2 and 4 (then dp 2 x ep 2): the MoE layer and
-training equal one process, the rows sent equal the routing histogram, all-to-all calls and bytes, drops counted, the
-gradient reductions per group, the balance loss; bad input fails on every rank."""
+training equal one process, the rows sent equal the routing histogram, all-to-all calls and bytes, drops
+counted, the gradient reductions per group, the balance loss; bad input fails on every rank."""
 from __future__ import annotations
 
 import pytest
