@@ -15,12 +15,14 @@ from torch.utils.data import TensorDataset
 
 from common.session import LessonError
 
-__all__ = ["DIGITS_PATH", "DIGITS_SHA256", "load_digits", "digits_split", "synthetic_images", "synthetic_split"]
+__all__ = ["DIGITS_PATH", "DIGITS_SHA256", "load_digits", "digits_split", "synthetic_images", "synthetic_split",
+           "digit_sequences", "next_token_targets", "PIXEL_VOCAB"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DIGITS_PATH = REPO_ROOT / "data" / "digits.npz"
 DIGITS_SHA256 = "78e5a74b029974419349896fa823a199cbb032ab175f49da25f1f4ca672be40c"
 NUM_CLASSES = 10
+PIXEL_VOCAB = 17  # a digit pixel is an integer count 0..16
 
 
 def load_digits(path: str | Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,3 +117,24 @@ def synthetic_split(num_samples: int, image_size: int = 32, test_fraction: float
     x, y = synthetic_images(num_samples, image_size=image_size, seed=seed).tensors
     n_test = max(1, round(test_fraction * num_samples))
     return TensorDataset(x[n_test:], y[n_test:]), TensorDataset(x[:n_test], y[:n_test])
+
+
+def digit_sequences(test_fraction: float = 0.2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The digits as token sequences for a causal language model (lessons 16-18): each 8x8 image read row by
+    row as 64 pixel tokens, integers 0..16 (`PIXEL_VOCAB` = 17), split as `digits_split` splits the images.
+
+    Returns:
+        train (1438, 64) and test (359, 64) int64 tensors, the same on every call and every rank.
+    """
+    train, test = digits_split(test_fraction, seed)
+    return tuple((ds.tensors[0] * 16).round().long().flatten(1) for ds in (train, test))
+
+
+def next_token_targets(tokens: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Targets for next-token prediction, aligned with the inputs: target[:, t] = tokens[:, t + 1]; the last
+    position has no next token and gets `ignore_index` (so a sequence of S tokens has S - 1 targets).
+
+    Shapes: tokens (B, S) -> targets (B, S).
+    """
+    last = torch.full_like(tokens[:, :1], ignore_index)
+    return torch.cat([tokens[:, 1:], last], dim=1)

@@ -1,10 +1,13 @@
-"""Small models shared by the lessons (introduced in lesson 01)."""
+"""Small models shared by the lessons: a CNN (lesson 01), an MLP stack, and a small causal transformer
+(lessons 16-18)."""
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-__all__ = ["DigitsCNN", "mlp"]
+__all__ = ["DigitsCNN", "mlp",
+           "CausalSelfAttention", "causal_sdpa", "TransformerBlock", "CausalTransformer"]
 
 
 class DigitsCNN(nn.Module):
@@ -63,3 +66,89 @@ def mlp(widths: list[int], activation: type[nn.Module] = nn.ReLU) -> nn.Sequenti
         if i < len(widths) - 2:
             layers.append(activation())
     return nn.Sequential(*layers)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention whose attention function is an attribute, so a lesson can swap it.
+
+    `attend(q, k, v) -> out`, all (B, heads, S, head_dim): by default `F.scaled_dot_product_attention` with
+    is_causal=True on the whole sequence. Lesson 16 sets it to ring attention (each rank holds S/cp tokens and
+    the function knows which); the projections around it do not change.
+    """
+
+    def __init__(self, d_model: int, heads: int):
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"heads ({heads}) must divide d_model ({d_model})")
+        self.heads = heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.attend = causal_sdpa
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, S, d_model)
+        B, S, C = x.shape
+        qkv = self.qkv(x).view(B, S, 3, self.heads, C // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, nh, S, hs)
+        y = self.attend(q, k, v)  # (B, nh, S, hs)
+        return self.proj(y.transpose(1, 2).reshape(B, S, C))
+
+
+def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """PyTorch's attention with a causal mask, on a sequence one process holds whole."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attn(ln1(x)), then x + mlp(ln2(x)). `mlp` is a slot: any module (B, S, C) ->
+    (B, S, C) fits (lesson 17 puts a mixture of experts there)."""
+
+    def __init__(self, d_model: int, heads: int, mlp: nn.Module | None = None):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, heads)
+        self.mlp = mlp if mlp is not None else nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class CausalTransformer(nn.Module):
+    """A small GPT: token embedding + learned positions, `n_layers` TransformerBlocks, LayerNorm, head.
+
+    Made for the digits read as 64 pixel tokens (values 0..16, `vocab` 17; `common.data.digit_sequences`),
+    trained to predict each next pixel. Shapes: tokens (B, S) int64 -> logits (B, S, vocab).
+
+    Args:
+        mlp_factory: builds each block's MLP (None: Linear-GELU-Linear with 4 x d_model hidden features).
+
+    forward(tokens, positions): `positions` (S,) are the tokens' places in the whole sequence (default
+    0..S-1). A context-parallel rank holds only some tokens (lesson 16's zig-zag: two chunks) and passes
+    their positions; every other layer works token by token, and attention is `set_attention`'s function.
+    """
+
+    def __init__(self, vocab: int = 17, d_model: int = 32, heads: int = 4, n_layers: int = 2,
+                 max_len: int = 64, mlp_factory=None):
+        super().__init__()
+        self.max_len = max_len
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(max_len, d_model)
+        self.blocks = nn.ModuleList(TransformerBlock(d_model, heads, mlp_factory() if mlp_factory else None)
+                                    for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+
+    def set_attention(self, attend) -> "CausalTransformer":
+        """Use `attend(q, k, v) -> out` in every block (e.g. ring attention); returns self."""
+        for block in self.blocks:
+            block.attn.attend = attend
+        return self
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if positions is None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok(tokens) + self.pos(positions)  # (B, S, d_model)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))  # (B, S, vocab)

@@ -24,6 +24,7 @@ WRONG_SAYS = {
     "tensor_parallel_mlp": "f's backward must all-reduce",
     "zero1_optimizer": "broadcast each parameter",
     "training_state": "copy the state_dicts",
+    "ring_attention_merge": "you averaged the two outputs",
     "moe_dispatch": "e // (E/ep)",
 }
 

@@ -11,6 +11,7 @@ What the tests read (plain markdown, no markers):
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import shutil
 import sys
@@ -212,10 +213,12 @@ def test_every_docs_page_linked_from_the_readme_exists():
 
 
 def test_every_page_under_docs_is_linked_from_the_readme_or_the_docs_index():
-    linked = {t for page in ("README.md", "docs/README.md") for t, _ in local_links(ROOT / page)}
+    """docs/zh/README.md indexes the Chinese pages (the lesson guides under docs/zh/lessons/ included)."""
+    indexes = ("README.md", "docs/README.md", "README.zh-CN.md", "docs/zh/README.md")
+    linked = {t for page in indexes if (ROOT / page).is_file() for t, _ in local_links(ROOT / page)}
     pages = {rel(p) for p in (ROOT / "docs").rglob("*.md")} - {"docs/README.md"}
     unlinked = sorted(pages - linked)
-    assert unlinked == [], f"pages under docs/ that neither README.md nor docs/README.md links: {unlinked}"
+    assert unlinked == [], f"pages under docs/ that no README or docs index links: {unlinked}"
 
 
 def test_every_relative_link_resolves():
@@ -295,9 +298,99 @@ def test_chinese_glossary_has_a_row_for_every_english_term():
     assert missing == [], f"docs/zh/glossary.md has no row for: {missing}"
 
 
+def symptom_rows(text: str) -> list[tuple[list[str], list[str]]]:
+    """Each symptom-table row (both tables) as (its backticked texts in the first column, the lesson numbers
+    it names: "lesson 05" in English, "第 05 课" in Chinese)."""
+    rows = [c for c in table_rows(text) if len(c) >= 4 and "`" in c[0]]
+    lesson = re.compile(r"(?:lesson |第 )(\d\d)")
+    return [(re.findall(r"`([^`]+)`", c[0]), lesson.findall(" ".join(c[1:]))) for c in rows]
+
+
+def test_chinese_symptom_rows_quote_the_same_error_texts_and_point_at_the_same_lessons():
+    en, zh = symptom_rows(read("docs/symptoms.md")), symptom_rows(read("docs/zh/symptoms.md"))
+    assert len(zh) == len(en), "docs/zh/symptoms.md: one row per row of docs/symptoms.md"
+    for (en_texts, en_lessons), (zh_texts, zh_lessons) in zip(en, zh):
+        lacking = sorted(set(en_texts) - set(zh_texts))
+        assert lacking == [], f"docs/zh/symptoms.md lacks the English text {lacking}"
+        assert zh_lessons == en_lessons, f"docs/zh/symptoms.md: row of {en_texts[0][:50]!r} names lessons " \
+                                         f"{zh_lessons}, the English {en_lessons}"
+
+
+# --- The Chinese reading guide of each lesson (issue 21): docs/zh/lessons/NN_x.md ---
+
+NOTEBOOKS = ROOT / "notebooks"  # the checkout's, also when a drift test points ROOT at a copy of the pages
+GUIDE_SECTIONS = ("## 这一课讲什么", "## 术语", "## 命令", "## 输出里看什么", "## 纠正的误区", "## 练习与最小脚本")
+
+
+def flat(text: str) -> str:
+    """One line, single spaces: a docstring's command continued with a backslash reads as the guide's."""
+    return re.sub(r"\s+", " ", text.replace("\\\n", " "))
+
+
+def notebook_output(stem: str) -> str:
+    path = NOTEBOOKS / f"{stem}.ipynb"
+    if not path.is_file():
+        return ""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    outputs = [o for c in cells if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    return flat("\n".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+                          for o in outputs))
+
+
+def quoted_output_lines(guide: str) -> list[str]:
+    """The output lines a guide quotes: the backticked first column of the table under its output heading."""
+    rows = table_rows(section(guide, "## 输出里看什么"))[1:]
+    return [m.replace("\\|", "|") for c in rows for m in re.findall(r"^`(.+)`$", c[0])]
+
+
+def test_every_lesson_has_a_chinese_guide_linked_from_the_chinese_index():
+    lessons = sorted(p.stem for p in (ROOT / "lessons").glob("[0-9][0-9]_*.py"))
+    guides = sorted(p.stem for p in (ROOT / "docs" / "zh" / "lessons").glob("*.md"))
+    assert guides == lessons, "one guide docs/zh/lessons/NN_x.md per lessons/NN_x.py, and no other"
+    linked = {t for t, _ in local_links(ROOT / "docs" / "zh" / "README.md")}
+    assert sorted(f"docs/zh/lessons/{s}.md" for s in lessons if f"docs/zh/lessons/{s}.md" not in linked) == []
+
+
+def test_each_chinese_guide_has_its_sections_commands_exercise_and_minimal_script():
+    exercises = importlib.import_module("exercises").EXERCISES
+    readme = lesson_map(read("README.md"))
+    for path in sorted((ROOT / "docs" / "zh" / "lessons").glob("*.md")):
+        guide, stem, name = path.read_text("utf-8"), path.stem, rel(path)
+        assert guide.startswith(f"# 第 {stem[:2]} 课导读："), f"{name}: title '# 第 {stem[:2]} 课导读：...'"
+        for heading in GUIDE_SECTIONS:
+            section(guide, heading)  # fails naming the heading
+        docstring = flat(importlib.import_module(f"lessons.{stem}").__doc__ or "")
+        block = section(guide, "## 命令")
+        for command in sorted(code_lines(block)):
+            assert flat(command) in docstring, f"{name}: {command!r} is not a command of lessons/{stem}.py"
+        for command in readme.get(stem[:2], []):
+            assert command in code_lines(block), f"{name}: lacks the README's command {command!r}"
+        runs = [c for c in code_lines(block) if f"lessons/{stem}.py" in c]
+        assert runs, f"{name}: no command runs the lesson"
+        for exercise, (lesson, _) in exercises.items():
+            if lesson == stem[:2]:
+                assert f"python -m exercises {exercise}" in guide, f"{name}: lacks its exercise {exercise}"
+        if (ROOT / "minimal" / f"{stem}.py").is_file():
+            assert f"minimal/{stem}.py" in guide, f"{name}: lacks its minimal script"
+
+
+def test_each_chinese_guide_quotes_output_lines_the_lessons_notebook_printed():
+    """A guide's output lines are the committed notebook's, numbers included: a lesson whose output changes
+    (its notebook re-executed) makes its guide fail until the lines are updated."""
+    for path in sorted((ROOT / "docs" / "zh" / "lessons").glob("*.md")):
+        quoted, printed = quoted_output_lines(path.read_text("utf-8")), notebook_output(path.stem)
+        assert len(quoted) >= 3, f"{rel(path)}: quote at least 3 lines of the lesson's output"
+        missing = [line for line in quoted if flat(line) not in printed]
+        assert missing == [], f"{rel(path)}: lines that notebooks/{path.stem}.ipynb never printed: {missing}"
+
+
 PARITY = test_chinese_pages_keep_every_section_command_and_number_of_the_english_ones
 MIRROR = test_docs_and_docs_zh_mirror_each_other
 LINKED = test_every_page_under_docs_is_linked_from_the_readme_or_the_docs_index
+SYMPTOM_ROWS = test_chinese_symptom_rows_quote_the_same_error_texts_and_point_at_the_same_lessons
+GUIDES = test_every_lesson_has_a_chinese_guide_linked_from_the_chinese_index
+GUIDE_CONTENT = test_each_chinese_guide_has_its_sections_commands_exercise_and_minimal_script
+GUIDE_OUTPUT = test_each_chinese_guide_quotes_output_lines_the_lessons_notebook_printed
 # name: (page of the copy, text or regex to replace (None: delete or create the page), by what, check)
 DRIFTS = {
     "myths deleted from the Chinese": ("docs/zh/myths.md", r"(?s)\n1\. .*", "\n", PARITY),
@@ -310,6 +403,19 @@ DRIFTS = {
                                test_chinese_glossary_has_a_row_for_every_english_term),
     "a page no index links": ("docs/orphan.md", None, "# Orphan\n", LINKED),
     "a link to a moved page": ("README.md", "docs/myths.md", "docs/m.md", test_every_relative_link_resolves),
+    "a symptom row pointing at the wrong lesson": ("docs/zh/symptoms.md", "| `rank_skips_step` | 第 05 课",
+                                                   "| `rank_skips_step` | 第 03 课", SYMPTOM_ROWS),
+    "an error text lost from a Chinese symptom row": ("docs/zh/symptoms.md", "Received data size doesn't",
+                                                      "Received data size does not", SYMPTOM_ROWS),
+    "a lesson guide deleted": ("docs/zh/lessons/07_gradient_accumulation.md", None, None, GUIDES),
+    "a guide's command changed": ("docs/zh/lessons/03_ddp.md", "--spawn 2", "--spawn 3", GUIDE_CONTENT),
+    "a guide's section deleted": ("docs/zh/lessons/09_model_parallel.md", "## 纠正的误区", "纠正的误区",
+                                  GUIDE_CONTENT),
+    "a guide's exercise dropped": ("docs/zh/lessons/02_collectives.md", "python -m exercises ring_allreduce",
+                                   "python -m exercises", GUIDE_CONTENT),
+    "a guide's output number changed": ("docs/zh/lessons/01_single_gpu.md", "final test accuracy 0.9916",
+                                        "final test accuracy 0.9961", GUIDE_OUTPUT),
+    "a guide no index links": ("docs/zh/README.md", "(lessons/05_uneven_data.md)", "(lessons.md)", GUIDES),
     "a README too long": ("README.md", r"\Z", " word" * 200, test_readme_is_a_map_of_at_most_1500_words),
 }
 
@@ -320,7 +426,8 @@ def test_the_checks_catch_each_drift(drift, tmp_path, monkeypatch):
     for page in markdown_pages():
         (tmp_path / rel(page)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(page, tmp_path / rel(page))
-    shutil.copytree(ROOT / "lessons", tmp_path / "lessons")
+    for folder in ("lessons", "minimal", "exercises"):  # the guides link them
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "notebooks").mkdir()
     for notebook in (ROOT / "notebooks").glob("*.ipynb"):  # links need the names only
         (tmp_path / "notebooks" / notebook.name).touch()

@@ -10,7 +10,8 @@ import pytest
 from common.launch import lesson_path
 
 UNPACKED = ["01_single_gpu", "02_collectives", "03_ddp", "04_custom_sampler", "05_uneven_data",
-            "06_sync_batchnorm", "07_gradient_accumulation", "08_memory", "09_model_parallel"]
+            "06_sync_batchnorm", "07_gradient_accumulation", "08_memory", "09_model_parallel",
+            "16_context_parallel"]
 SIDE_EFFECTS = {"append", "extend", "update", "setdefault", "add", "__setitem__"}
 
 

@@ -1,0 +1,33 @@
+"""Worker functions for tests/unit/test_ring_attention.py (spawned by tests._workers.run_world)."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def whole_and_mine(split, rank: int, shape=(2, 4, 16, 8)):
+    """q, k, v of the whole sequence (the same on every rank) and this rank's tokens of each, as leaves."""
+    torch.manual_seed(0)
+    whole = [torch.randn(shape, dtype=torch.float64).requires_grad_() for _ in range(3)]
+    mine = [split.take(t.detach(), rank, 2).requires_grad_() for t in whole]
+    return whole, mine
+
+
+def ring_vs_sdpa(rank: int, world_size: int, kind: str, ulysses: bool = False) -> dict:
+    """Ring (or Ulysses) attention on this rank's tokens vs SDPA on the whole sequence: output and q, k, v
+    gradients (this rank's rows), and the RingStats."""
+    from common.ring_attention import RingStats, Split, ring_attention
+    from common.ulysses import ulysses_attention
+    split = Split(kind, world_size)
+    whole, mine = whole_and_mine(split, rank)
+    ref = F.scaled_dot_product_attention(*whole, is_causal=True)
+    dout = torch.randn_like(ref)  # the same upstream gradient everywhere (same seed)
+    ref.backward(dout)
+    stats = RingStats()
+    group = dist.group.WORLD
+    out = ulysses_attention(*mine, group=group) if ulysses else ring_attention(*mine, split, group, stats)
+    out.backward(split.take(dout, rank, 2))
+    diffs = [(out - split.take(ref.detach(), rank, 2)).abs().max().item()]
+    diffs += [(m.grad - split.take(w.grad, rank, 2)).abs().max().item() for m, w in zip(mine, whole)]
+    return {"diffs": diffs, "pairs": stats.pairs, "sent": dict(stats.sent), "held": stats.held}

@@ -1,0 +1,26 @@
+"""minimal/16_context_parallel.py held to PyTorch's own attention: its ring attention forward (isend/irecv
+and the log-sum-exp merge) equals F.scaled_dot_product_attention(is_causal=True) on the whole sequence, and
+each rank sends cp - 1 key/value blocks, the numbers lesson 16 claims (ring_zigzag_equals_sdpa,
+ring_forward_bytes_sent). The script checks the equality itself and exits non-zero otherwise."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.launch import REPO_ROOT, run_lesson
+
+CPU = {"CUDA_VISIBLE_DEVICES": ""}
+SCRIPT = REPO_ROOT / "minimal" / "16_context_parallel.py"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nproc", [2, 4, None])
+def test_16_ring_attention_equals_sdpa_and_sends_cp_minus_1_blocks(nproc):
+    run = run_lesson(SCRIPT, nproc, [], 240, env=CPU, results=False).check()
+    (got,) = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    cp = nproc or 1
+    assert got["cp"] == cp
+    assert got["max_diff"] <= 1e-5  # lesson 16's bound (float32; measured ~1e-7)
+    assert got["sent_bytes"] == (cp - 1) * got["kv_block_bytes"]
+    assert got["kv_block_bytes"] == 2 * 2 * 4 * (64 // cp) * 8 * 4  # k and v: (B, H, S/cp, D) float32
