@@ -6,8 +6,9 @@ Run it:
     torchrun --standalone --nproc_per_node=2 lessons/17_expert_parallel.py    # ep = 2
     torchrun --standalone --nproc_per_node=4 lessons/17_expert_parallel.py    # ep = 4, then dp 2 x ep 2
 
-The model: a tiny causal transformer on the digits read as 64 pixel tokens (values 0-16), predicting the next
-pixel, whose MLP is a mixture of E experts (common/moe.py, common/moe_model.py). Each rank has its own tokens.
+The model: lessons 16-18's small causal transformer (common/models.py, one block) on the digits read as 64
+pixel tokens (values 0-16), predicting the next pixel, with a mixture of E experts in its MLP slot
+(common/moe.py, common/moe_model.py). Each rank has its own tokens.
 
 What to look for:
 - Routing, counted: the router's top-k choice per token, the histogram of tokens per expert, the capacity
@@ -45,7 +46,8 @@ from common.counters import count_collectives
 from common.differences import max_abs_diff, max_over_ranks, nan_max
 from common.grid import Grid
 from common.moe import AllToAll, ExpertParallelMoE, MoE, all_to_all_traffic, check_moe_options, route
-from common.moe_model import MoETransformer, digit_tokens, next_token_loss
+from common.models import CausalTransformer
+from common.moe_model import EXPERTS, digit_tokens, moe_of, moe_transformer, next_token_loss, set_moe
 from common.ranks import print0
 from common.results import Report
 from common.session import (LessonError, add_distributed_args, distributed_session, read_torchrun_env,
@@ -213,33 +215,34 @@ def against_torch(report: Report, grid: Grid, hidden: int) -> None:
                  "backward is in plain sight, and the counters see our calls")
 
 
-def build_pair(args: argparse.Namespace, grid: Grid) -> tuple[MoETransformer, MoETransformer]:
+def build_pair(args: argparse.Namespace, grid: Grid) -> tuple[CausalTransformer, CausalTransformer]:
     """The one-process model and its EP copy: this rank keeps only its E/ep experts, the rest replicated."""
     set_seed(args.seed)
     moe = MoE(args.hidden, args.experts, args.top_k, args.capacity_factor)
-    full = MoETransformer(args.hidden, args.heads, moe)
+    full = moe_transformer(args.hidden, args.heads, moe)  # common.models' transformer, the MoE in its slot
     split = copy.deepcopy(full)
     ep = grid.size("ep")
-    split.moe = ExpertParallelMoE(moe, grid.coords["ep"], ep, grid.group("ep") if ep > 1 else None)
+    set_moe(split, ExpertParallelMoE(moe, grid.coords["ep"], ep, grid.group("ep") if ep > 1 else None))
     return full, split
 
 
-def param_gap(full: MoETransformer, split: MoETransformer) -> float:
+def param_gap(full: CausalTransformer, split: CausalTransformer) -> float:
     """max |split parameter - one-process parameter|, expert i of this rank against expert first + i."""
-    first, reference, gaps = split.moe.ep_rank * split.moe.local, dict(full.named_parameters()), []
+    first, reference, gaps = moe_of(split).ep_rank * moe_of(split).local, dict(full.named_parameters()), []
     for name, p in split.named_parameters():
-        if name.startswith("moe.experts."):
-            i, rest = name[len("moe.experts."):].split(".", 1)
-            name = f"moe.experts.{first + int(i)}.{rest}"
+        if EXPERTS in name:  # "blocks.0.mlp.moe.experts.1.fc1.weight": local expert 1 = expert first + 1
+            head, tail = name.split(EXPERTS)
+            i, rest = tail.split(".", 1)
+            name = f"{head}{EXPERTS}{first + int(i)}.{rest}"
         gaps.append(max_abs_diff(p, reference[name]))
     return nan_max(gaps)
 
 
-def reduce_grads(split: MoETransformer, grid: Grid) -> None:
+def reduce_grads(split: CausalTransformer, grid: Grid) -> None:
     """Sum the gradients where copies live: experts over dp (one flat all-reduce), the rest over the world."""
     world = grid.size("dp") * grid.size("ep")
-    experts = [p for n, p in split.named_parameters() if n.startswith("moe.experts.")]
-    rest = [p for n, p in split.named_parameters() if not n.startswith("moe.experts.")]
+    experts = [p for n, p in split.named_parameters() if EXPERTS in n]
+    rest = [p for n, p in split.named_parameters() if EXPERTS not in n]
     for params, group, size in ((experts, grid.group("dp"), grid.size("dp")), (rest, None, world)):
         if size == 1:
             continue  # nobody else holds a copy
@@ -264,8 +267,9 @@ def train(report: Report, grid: Grid, args: argparse.Namespace, tag: str, steps:
     for step in range(steps):
         batch = tokens[torch.randint(len(tokens), (world * args.batch_size,), generator=g)]
         batch = batch.view(world, args.batch_size, -1)  # (world, B, 64): rank r trains on batch[r]
-        ref = sum(next_token_loss(full, b) + args.aux_weight * full.moe.stats["aux"] for b in batch) / world
-        loss = next_token_loss(split, batch[me]) + args.aux_weight * split.moe.stats["aux"]
+        ref = sum(next_token_loss(full, b) + args.aux_weight * moe_of(full).stats["aux"]
+                  for b in batch) / world
+        loss = next_token_loss(split, batch[me]) + args.aux_weight * moe_of(split).stats["aux"]
         for model, opt, objective in ((full, opts[0], ref), (split, opts[1], loss / world)):
             opt.zero_grad()
             objective.backward()  # the EP loss is divided by world: the all-reduced sum is the global mean
@@ -299,11 +303,11 @@ def train(report: Report, grid: Grid, args: argparse.Namespace, tag: str, steps:
 BALANCE = dict(seeds=(0, 1, 2), weight=0.1, steps=30, experts=4, k=2, capacity_factor=1.0, hidden=32, heads=4)
 
 
-def imbalance(model: MoETransformer, test: torch.Tensor) -> tuple[float, list]:
+def imbalance(model: CausalTransformer, test: torch.Tensor) -> tuple[float, list]:
     """The busiest expert's assignments / the mean, and the histogram, on the held-out sequences."""
     with torch.no_grad():
         next_token_loss(model, test)
-    counts = model.moe.stats["counts"]
+    counts = moe_of(model).stats["counts"]
     return (counts.max() / counts.double().mean()).item(), counts.tolist()
 
 
@@ -314,14 +318,14 @@ def balance(report: Report) -> None:
     for seed in b["seeds"]:
         for weight in ratios:
             set_seed(seed)
-            model = MoETransformer(b["hidden"], b["heads"], MoE(b["hidden"], b["experts"], b["k"],
+            model = moe_transformer(b["hidden"], b["heads"], MoE(b["hidden"], b["experts"], b["k"],
                                                                 b["capacity_factor"]))
             opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
             g = torch.Generator().manual_seed(seed)
             hists.setdefault(seed, {"before": imbalance(model, test)[1]})
             for _ in range(b["steps"]):
                 batch = tokens[torch.randint(len(tokens), (8,), generator=g)]
-                loss = next_token_loss(model, batch) + weight * model.moe.stats["aux"]
+                loss = next_token_loss(model, batch) + weight * moe_of(model).stats["aux"]
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
