@@ -20,7 +20,7 @@ EXPERTS = ".moe.experts."  # in a parameter's name: an expert's (sharded over ep
 
 
 class TokenMoE(nn.Module):
-    """The MLP slot (B, S, H) -> (B, S, H) around an MoE that routes rows (N, H): the B*S tokens as one batch."""
+    """The MLP slot (B, S, H) -> (B, S, H) around an MoE that routes rows (N, H): B*S tokens, one batch."""
 
     def __init__(self, moe: nn.Module):
         super().__init__()
@@ -47,7 +47,7 @@ def set_moe(model: CausalTransformer, moe: nn.Module) -> None:
 
 
 def digit_tokens(train: bool = True) -> torch.Tensor:
-    """The digits as token sequences (N, 64) int64, values 0-16: common.data.digit_sequences' train or test."""
+    """The digits as token sequences (N, 64) int64, values 0-16 (common.data.digit_sequences)."""
     return digit_sequences()[0 if train else 1]
 
 
