@@ -112,3 +112,14 @@ def stream_summary(per_rank: list[dict]) -> dict:
             for j, lib in enumerate(("torch", "numpy", "random"))}
     return {"streams": streams, "num_streams": len(names), "num_distinct": len({str(v) for v in streams.values()}),
             "identical_pairs": identical, "distinct_per_library": libs}
+
+
+def describe_pairs(summary: dict) -> str:
+    """A `stream_summary`'s identical pairs in words: "r0w-1=r1w-1" -> "rank 0 main process = rank 1 main
+    process" (worker id -1 is the main process, the only one with 0 workers), "r0w1=r1w1" -> "rank 0 worker 1
+    = rank 1 worker 1"."""
+    def name(key: str) -> str:
+        rank, worker = key[1:].split("w")
+        return f"rank {rank} " + ("main process" if worker == "-1" else f"worker {worker}")
+    pairs = [" = ".join(name(k) for k in pair.split("=")) for pair in summary["identical_pairs"]]
+    return "; ".join(pairs) or "none"

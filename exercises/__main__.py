@@ -2,11 +2,24 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
+from pathlib import Path
 
 from exercises import EXERCISES
 from exercises._grading import grade, module_for
+
+
+def _file_of(module: str) -> str:
+    """The file that was graded, relative to the current folder when it lies below it: `python -m` puts the
+    current folder first on sys.path, so a copy of exercises/ elsewhere is graded only when you run from there."""
+    spec = importlib.util.find_spec(module)
+    path = Path(spec.origin) if spec and spec.origin else Path(module)
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         problems = grade(name, module_for(name, args.reference))
         mark = "pass" if not problems else "FAIL"
-        print(f"{mark}  {name} (lesson {EXERCISES[name][0]})  [{time.perf_counter() - t0:.1f} s]", flush=True)
+        where = _file_of(module_for(name, args.reference))
+        print(f"{mark}  {name} (lesson {EXERCISES[name][0]}): {where}  [{time.perf_counter() - t0:.1f} s]",
+              flush=True)
         for p in problems:
             print(f"      - {p}", flush=True)
         if problems:

@@ -264,10 +264,13 @@ def report_claims(report: Report, args, info: DistInfo, raw_model: nn.Module, mi
     """Every rank's facts (printed by rank 0 in rank order), then the run's claims."""
     facts = gather_to_rank0({"rank": info.rank, "local_rank": info.local_rank, "device": str(info.device),
                              **mine, "peak_rss_mb": peak_rss_mb()}, info)
-    print0(f"{'rank':>4} {'local_rank':>10} {'device':>8} {'steps':>5}  wrote_checkpoint")
+    print0(f"{'rank':>4} {'local_rank':>10} {'device':>8} {'steps':>5}"
+           + ("  wrote the checkpoint" if args.checkpoint else ""))
     for f in facts or []:  # rank 0 prints every rank's facts, in rank order
-        print0(f"{f['rank']:>4} {f['local_rank']:>10} {f['device']:>8} {f['steps']:>5}  "
-               f"{f['wrote_checkpoint']}")
+        print0(f"{f['rank']:>4} {f['local_rank']:>10} {f['device']:>8} {f['steps']:>5}"
+               + (f"  {'yes' if f['wrote_checkpoint'] else 'no'}" if args.checkpoint else ""))
+    if not args.checkpoint:
+        print0("(no --checkpoint given: no rank wrote one; with --checkpoint PATH only global rank 0 writes)")
     report.record("ranks", facts)
     if info.distributed:  # no rank sent parameters since the wrap, yet: same start, same gradients, same step
         report.claim("replicas_identical", max_param_diff_across_ranks(raw_model, info), "==", 0.0,

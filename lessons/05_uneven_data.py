@@ -57,8 +57,8 @@ from common.models import DigitsCNN
 from common.ranks import all_gather_objects, all_reduce_sum, max_param_diff_across_ranks, print0
 from common.results import Report
 from common.samplers import UnpaddedDistributedSampler
-from common.seeding import (augmentation_streams, generator_draws, loader_generator, seed_data_rngs,
-                            stream_summary)
+from common.seeding import (augmentation_streams, describe_pairs, generator_draws, loader_generator,
+                            seed_data_rngs, stream_summary)
 from common.session import (LessonError, add_distributed_args, barrier, distributed_session, rank0_only,
                             run_main, set_seed)
 
@@ -211,8 +211,10 @@ def evaluation(raw_model, test_set, info, args, report: Report) -> None:
         logits = raw_model(xs.to(info.device)).cpu()  # (359, 10)
     single = {"loss": F.cross_entropy(logits, ys).item(),
               "accuracy": (logits.argmax(1) == ys).double().mean()}
+    # evaluated BEFORE training: loss about ln 10 = 2.303 and accuracy about 0.1 are chance on 10 digits
     report.value("eval_unpadded", {k: ev[k] for k in ("loss", "accuracy", "count")},
-                 "  loss {value[loss]:.6f}  accuracy {value[accuracy]:.6f}")
+                 "  the untrained model (no step yet, 10 classes): loss {value[loss]:.6f} (ln 10 = 2.3026)"
+                 "  accuracy {value[accuracy]:.6f} (chance: 0.1)")
     for name, other in (("one_process", single), ("metrics_evaluate", evaluate(raw_model, test_set, info))):
         report.claim(f"unpadded_equals_{name}_loss", abs(ev["loss"] - other["loss"]), "<=", 1e-5,
                      f"  |loss - {name} loss| = {{value:.1e}}")
@@ -309,7 +311,7 @@ def seeding(info, args, report: Report) -> None:
     same = stream_summary(all_gather_objects(augmentation_streams(n, k, None), info))
     report.claim("same_seed_duplicates_across_ranks", len(same["identical_pairs"]), "==",
                  k * W * (W - 1) // 2,
-                 f"  same seed, {k} workers: identical streams {same['identical_pairs']}: {{value}} pair(s)")
+                 f"  same seed, {k} workers: identical streams {describe_pairs(same)}: {{value}} pair(s)")
     report.claim("workers_of_a_rank_differ", min(distinct_streams(same)), "==", k, f"  ... though PyTorch "
                  f"seeds each worker: distinct torch/numpy/random streams {distinct_streams(same)}")
     # ... and loader_generator(seed, rank) alone with 0 workers: it never reaches the main process
@@ -318,7 +320,7 @@ def seeding(info, args, report: Report) -> None:
     gen_only = stream_summary(all_gather_objects(streams, info))
     report.claim("zero_workers_generator_only_duplicates", len(gen_only["identical_pairs"]), "==",
                  W * (W - 1) // 2,
-                 f"  0 workers, loader_generator only: identical {gen_only['identical_pairs']}")
+                 f"  0 workers, loader_generator only: identical {describe_pairs(gen_only)}")
     report.record("seeding", {"same_seed": same, "rank_seed": fixed[k], "zero_workers": fixed[0]})
     for persistent in (False, True):
         g = loader_generator(seed, rank)

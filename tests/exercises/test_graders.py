@@ -26,6 +26,7 @@ WRONG_SAYS = {
     "training_state": "copy the state_dicts",
     "ring_attention_merge": "you averaged the two outputs",
     "moe_dispatch": "e // (E/ep)",
+    "predict_memory": "ZeRO-1 shards only the optimizer state",
 }
 
 

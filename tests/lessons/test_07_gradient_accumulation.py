@@ -110,6 +110,7 @@ def test_training_loop_equals_one_process_replay(which, request):
     (["--grad-accum-steps", "0"], "--grad-accum-steps must be a positive integer, got 0"),
     (["--global-batch", "10", "--micro-batch", "2"], "--global-batch 10 is not divisible by --micro-batch x "
                                                      "world_size = 2 x 2 = 4"),
+    (["--micro-batch", "1", "--global-batch", "8"], "need --micro-batch >= 2 (got 1)"),  # no uneven split
 ])
 def test_bad_input_fails_on_every_rank(args, message):
     assert_fails_on_every_rank(run_lesson(LESSON, nproc=2, args=args, timeout_s=90), 2, message)

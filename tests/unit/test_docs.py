@@ -170,7 +170,8 @@ def test_readme_is_a_map_of_at_most_1500_words():
 def test_readmes_have_start_here_with_the_routes_by_goal():
     for name, heading in (("README.md", "## Start here"), ("README.zh-CN.md", "## 从这里开始")):
         routes = re.findall(r"\d\d(?: -> \d\d)+", section(read(name), heading))
-        assert "01 -> 02 -> 03 -> 05 -> 07" in routes and "08 -> 13 -> 10 -> 11 -> 09" in routes, name
+        for route in ("01 -> 02 -> 03 -> 05 -> 07", "08 -> 13 -> 10 -> 11 -> 09"):
+            assert any(r.startswith(route) for r in routes), f"{name}: no route {route}"
 
 
 def test_lesson_table_has_one_row_per_lesson_running_that_lesson():

@@ -11,7 +11,7 @@ from common.launch import lesson_path
 
 UNPACKED = ["01_single_gpu", "02_collectives", "03_ddp", "04_custom_sampler", "05_uneven_data",
             "06_sync_batchnorm", "07_gradient_accumulation", "08_memory", "09_model_parallel",
-            "16_context_parallel"]
+            "16_context_parallel", "18_planning"]
 SIDE_EFFECTS = {"append", "extend", "update", "setdefault", "add", "__setitem__"}
 
 

@@ -1,0 +1,119 @@
+"""Minimal 18: the bytes a data-parallel rank holds, by formula, checked against torch's tensors.
+
+    torchrun --standalone --nproc_per_node=2 minimal/18_planning.py
+    python minimal/18_planning.py                                 # plain python: a world of one
+
+DDP with Adam, fp32: parameters 4P, gradients 4P, Adam 8P + 4 bytes of `step` per tensor. ZeRO
+cuts each unit (stem, blocks, head) into N shards of s = ceil(n / N) elements: stage 1 shards
+Adam's state, stage 2 also the gradients, stage 3 also the parameters. Mixed precision: 2 + 2 + 12
+bytes per parameter (bf16 weights and gradients; fp32 master copy, momentum, variance).
+The measured lesson (lessons/18_planning.py) checks these with lessons 08 and 13's instruments.
+"""
+import json
+import math
+import os
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def make_units(w=33, depth=2):
+    """Lesson 08's ResidualMLP as ZeRO units: stem Linear(64, w), blocks, head (the same
+    parameters; the residual additions, which hold no bytes counted here, are left out)."""
+    block = [nn.Sequential(nn.Linear(w, w), nn.GELU(), nn.Linear(w, w)) for _ in range(depth)]
+    return [nn.Linear(64, w), *block, nn.Sequential(nn.GELU(), nn.Linear(w, 10))]
+
+
+def nbytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def formula(numels, tensors, N, stage):
+    """Bytes per rank (fp32, Adam) by formula: predicted before anything is built."""
+    P, shard = sum(numels), sum(math.ceil(n / N) for n in numels)
+    if stage == 0:
+        return {"parameters": 4 * P, "gradients": 4 * P, "optimizer_state": 8 * P + 4 * tensors}
+    return {"parameters": 4 * (shard if stage == 3 else N * shard),
+            "gradients": 4 * (P if stage == 1 else shard),
+            "optimizer_state": 8 * shard + 4 * len(numels)}
+
+
+def measured(units, stage, rank, N, x, y):
+    """One step; the tensors this rank keeps, counted by torch (numel x element size)."""
+    model = nn.Sequential(*units)
+    F.cross_entropy(model(x), y).backward()  # every gradient, whole
+    params = list(model.parameters())
+    if stage == 0:  # DDP: everything whole on every rank
+        return {"parameters": nbytes(params), "gradients": nbytes(p.grad for p in params),
+                "optimizer_state": adam_state_bytes(params)}
+    flats, shards = [], []
+    for u in units:
+        ps = list(u.parameters())
+        n = sum(p.numel() for p in ps)
+        s = math.ceil(n / N)
+        flat, full_grad = torch.zeros(N * s), torch.zeros(N * s)  # padded to N x s
+        flat[:n] = torch.cat([p.detach().reshape(-1) for p in ps])
+        full_grad[:n] = torch.cat([p.grad.reshape(-1) for p in ps])
+        shard = nn.Parameter(flat[rank * s:(rank + 1) * s].clone())
+        shard.grad = torch.empty(s)
+        dist.reduce_scatter_single(shard.grad, full_grad)  # this rank: the sum of its slice
+        flats, shards = flats + [flat], shards + [shard]
+    held_params = shards if stage == 3 else flats  # stage 3 frees the flat buffers between uses
+    gradients = nbytes(p.grad for p in (params if stage == 1 else shards))  # stage 1: all, whole
+    return {"parameters": nbytes(held_params), "gradients": gradients,
+            "optimizer_state": adam_state_bytes(shards)}
+
+
+def adam_state_bytes(params):
+    opt = torch.optim.Adam(params, lr=1e-3)
+    opt.step()
+    return nbytes(t for s in opt.state.values() for t in s.values())
+
+
+def mixed_precision_bytes(units, x, y):
+    """bf16 model + fp32 master copy + Adam: torch's bytes per parameter (no step counters)."""
+    model = nn.Sequential(*units).to(torch.bfloat16)
+    F.cross_entropy(model(x.to(torch.bfloat16)).float(), y).backward()
+    master = [p.detach().float().requires_grad_() for p in model.parameters()]
+    for m, p in zip(master, model.parameters()):
+        m.grad = p.grad.float()
+    adam = adam_state_bytes(master) - 4 * len(master)  # less the 4-byte step counters
+    n = sum(p.numel() for p in model.parameters())
+    bf16 = nbytes(model.parameters()) + nbytes(p.grad for p in model.parameters())
+    return (bf16 + nbytes(master) + adam) / n
+
+
+def check(rank, N):
+    rng = np.random.default_rng(rank)  # this rank's batch: x (16, 64), y (16,)
+    x = torch.from_numpy(rng.standard_normal((16, 64)).astype(np.float32))
+    y = torch.from_numpy(rng.integers(0, 10, 16))
+    torch.manual_seed(0)
+    numels = [sum(p.numel() for p in u.parameters()) for u in make_units()]
+    tensors = sum(len(list(u.parameters())) for u in make_units())  # Adam: a `step` per tensor
+    out = {"world_size": N, "formula": {s: formula(numels, tensors, N, s) for s in range(4)},
+           "measured": {s: measured(make_units(), s, rank, N, x, y) for s in range(4)}}
+    out["mixed_precision_bytes_per_param"] = mixed_precision_bytes(make_units(), x, y)
+    ok = out["formula"] == out["measured"] and out["mixed_precision_bytes_per_param"] == 16.0
+    if rank == 0:
+        print(json.dumps(out))
+        print("formula == torch's bytes (DDP, ZeRO 1-3) and 2 + 2 + 12 bytes per parameter:", ok)
+    return ok
+
+
+def main():
+    rank, N = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    # CPU tensors, so gloo; on GPUs, LOCAL_RANK (os.environ["LOCAL_RANK"]) would pick the device
+    store = None if "RANK" in os.environ else dist.HashStore()  # plain python: a world of one
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=N)
+    try:
+        ok = check(rank, N)
+    finally:
+        dist.destroy_process_group()
+    raise SystemExit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Lesson 18: the cost model's predicted bytes equal lessons 08 and 13's measured bytes on 1, 2 and 4 ranks (DDP,
+ZeRO 1-3, activations with and without checkpointing), the ZeRO paper's numbers, FLOPs equal FlopCounterMode, the
+meta device; the planner plans a 70B model on 64 GPUs in seconds; bad input exits 2 with one line."""
+from __future__ import annotations
+
+import pytest
+
+from common.launch import run_lesson
+from tests._lessons import assert_claims, assert_fails_on_every_rank
+
+LESSON = "18_planning"
+BYTES = {"ddp_bytes_predicted_exactly", "zero1_bytes_predicted_exactly", "zero2_bytes_predicted_exactly",
+         "zero3_bytes_predicted_exactly", "tp_bytes_predicted_exactly"}
+PAPER = {f"zero_paper_7_5b_stage{s}" for s in range(4)} | {"zero_paper_gpt2_model_states",
+                                                           "zero_paper_gpt2_activations"}
+COMPUTE = {"gpt_flops_equal_counter", "mlp_flops_equal_counter", "shape_count_equals_measured_activations",
+           "meta_params_equal_formula", "meta_init_equals_eager"}
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    return run_lesson(LESSON, nproc=None, timeout_s=120).check()
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    return run_lesson(LESSON, nproc=2, timeout_s=180).check()
+
+
+@pytest.fixture(scope="module")
+def four_ranks():
+    return run_lesson(LESSON, nproc=4, timeout_s=240).check()
+
+
+@pytest.mark.timeout(150)
+def test_one_process_every_claim(one_process):
+    r = one_process.results
+    assert_claims(r, BYTES | PAPER | COMPUTE)
+    assert r["world_size"] == 1 and r["predicted_bytes"]["ZeRO-3"]["sent"] == 0  # nothing to send alone
+    assert one_process.stdout.rstrip().endswith(f"{len(r['claims'])} checks hold")
+
+
+@pytest.mark.timeout(200)
+def test_bytes_predicted_exactly_on_2_ranks(two_ranks):
+    r = two_ranks.results
+    assert_claims(r, BYTES | PAPER | COMPUTE)
+    assert "[perf] fitted alpha" in two_ranks.stdout and "all-reduce  4194304 bytes" in two_ranks.stdout
+
+
+@pytest.mark.timeout(260)
+def test_bytes_predicted_exactly_on_4_ranks_with_padding(four_ranks):
+    r = four_ranks.results
+    assert_claims(r, BYTES | PAPER | COMPUTE)
+    zero3, ddp = r["predicted_bytes"]["ZeRO-3"], r["predicted_bytes"]["DDP"]
+    # 6973 parameters: the stem's 2145 pads to 2148 on 4 ranks; stage 3 keeps 1744 of them, 4 bytes each
+    assert zero3["parameters"] == 4 * 1744 and ddp["parameters"] == 4 * 6973
+    assert zero3["sent"] == 1.5 * r["predicted_bytes"]["ZeRO-2"]["sent"]
+    assert r["tp_predicted"]["all_reduce_calls"] == 8  # 2 layers x (attention, MLP) x (forward g, backward f)
+    for name in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"):  # the recorded measurement, rank 0's, equals the table
+        for row, v in r["predicted_bytes"][name].items():
+            assert r["measured_bytes"][name][row] == v, (name, row)
+
+
+@pytest.mark.timeout(120)
+def test_planner_70b_on_64_gpus_in_seconds_without_a_model():
+    run = run_lesson(LESSON, nproc=None, args=["--params", "70e9", "--gpus", "64", "--gpu-memory-gb", "80"],
+                     timeout_s=60).check()
+    r = run.results
+    assert run.wall_s < 45, run.wall_s
+    assert r["claims"] == {} and r["fitting"] >= 1
+    best = r["configurations"][0]
+    assert best["dp"] * best["tp"] * best["pp"] * best["cp"] == 64
+    assert best["memory"]["total"] <= 80e9 * 0.9 and 0 < best["mfu"] < 1
+    assert "69.55e9 parameters" in run.stdout and "assumed: mixed-precision Adam" in run.stdout
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, message", [
+    (["--params", "-5"], "give at least 1e8"),
+    (["--model", "70b", "--pp", "32"], "does not divide the model's 80 layers"),
+    (["--model", "70b", "--tp", "3"], "does not divide --gpus 64"),
+    (["--model", "70b", "--gpus", "8", "--gpu-memory-gb", "1"], "nothing fits"),
+])
+def test_planner_bad_input_one_line_exit_2(args, message):
+    run = run_lesson(LESSON, nproc=None, args=args, timeout_s=60, results=False)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stdout == "" and run.stderr.strip().count("\n") == 0 and message in run.stderr, run.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_world_that_cannot_split_a_unit_fails_on_every_rank():
+    # width 1: a block is a unit of 4 elements; 3 ranks take shards of 2 and leave the third only padding
+    run = run_lesson(LESSON, nproc=3, args=["--width", "1", "--depth", "1"], timeout_s=60, results=False)
+    assert_fails_on_every_rank(run, 3, "cannot split unit")

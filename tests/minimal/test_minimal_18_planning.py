@@ -1,0 +1,33 @@
+"""minimal/18_planning.py held to lesson 18: its formula bytes (DDP and ZeRO 1-3, fp32 Adam) equal the bytes the
+lesson predicts and measures on the same model and world size, and equal torch's own tensor bytes (the script
+checks that, and 2 + 2 + 12 bytes per parameter in mixed precision, itself and exits 1 otherwise)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.launch import REPO_ROOT, run_lesson
+
+CPU = {"CUDA_VISIBLE_DEVICES": ""}
+STAGES = {"0": "DDP", "1": "ZeRO-1", "2": "ZeRO-2", "3": "ZeRO-3"}
+
+
+def minimal(nproc: int | None) -> dict:
+    run = run_lesson(REPO_ROOT / "minimal" / "18_planning.py", nproc, [], 120, env=CPU, results=False).check()
+    (line,) = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    return line
+
+
+@pytest.mark.timeout(400)
+def test_18_minimal_bytes_are_lesson_18s_on_2_ranks_and_1():
+    lesson = run_lesson("18_planning", 2, [], 180, env=CPU).check().results
+    for nproc in (2, None):
+        got = minimal(nproc)
+        assert got["world_size"] == (nproc or 1) and got["mixed_precision_bytes_per_param"] == 16.0
+        assert got["formula"] == got["measured"]
+        if nproc == 2:  # the lesson's world: its predicted (and, by its claims, measured) bytes
+            for stage, name in STAGES.items():
+                for row, v in got["formula"][stage].items():
+                    assert lesson["predicted_bytes"][name][row] == v, (name, row)
+                    assert lesson["measured_bytes"][name][row] == v, (name, row)
