@@ -27,5 +27,6 @@ EXERCISES: dict[str, tuple[str, str]] = {
     "zero1_optimizer": ("13", "a sharded optimizer (ZeRO-1) around any torch.optim optimizer"),
     "training_state": ("14", "capture and restore the full training state, bit for bit"),
     "ring_attention_merge": ("16", "the log-sum-exp merge of two partial attentions (ring attention's core)"),
+    "moe_dispatch": ("17", "expert parallelism's dispatch plan: rows per destination rank, their send order"),
     "predict_memory": ("18", "predict the bytes a rank holds under DDP and ZeRO 1-3"),
 }

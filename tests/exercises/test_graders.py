@@ -25,6 +25,7 @@ WRONG_SAYS = {
     "zero1_optimizer": "broadcast each parameter",
     "training_state": "copy the state_dicts",
     "ring_attention_merge": "you averaged the two outputs",
+    "moe_dispatch": "e // (E/ep)",
     "predict_memory": "ZeRO-1 shards only the optimizer state",
 }
 

@@ -1,0 +1,86 @@
+"""Lesson 17: expert parallelism at ep = 1 (one process), 2 and 4 (then dp 2 x ep 2): the MoE layer and
+training equal one process, the rows sent equal the routing histogram, all-to-all calls and bytes, drops
+counted, the gradient reductions per group, the balance loss; bad input fails on every rank."""
+from __future__ import annotations
+
+import pytest
+
+from common.launch import run_lesson
+from tests._lessons import assert_claims, assert_fails_on_every_rank
+
+LESSON = "17_expert_parallel"
+H = 32  # the lesson's --hidden
+ROUTING = {"dropped_counted_exactly", "dropped_choices_add_nothing"}
+LAYER = {"layer_equals_one_process", "rows_sent_equal_histogram", "all_to_alls_forward_backward",
+         "bytes_equal_formula"}
+EP = {f"ep_{c}" for c in ("training_equals_one_process", "params_equal_one_process", "test_loss_falls",
+                          "gradient_reductions")}
+EP_DP = {f"ep_dp_{c}" for c in ("training_equals_one_process", "params_equal_one_process",
+                                "gradient_reductions")}  # 10 steps: the loss ratio is a value
+BALANCE = {"balance_loss_evens_the_histogram"}
+TORCH = {"torch_all_to_all_agrees"}  # needs a process group
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    return run_lesson(LESSON, nproc=None, timeout_s=120).check().results
+
+
+@pytest.fixture(scope="module")
+def ep2():
+    return run_lesson(LESSON, nproc=2, timeout_s=180).check().results
+
+
+@pytest.fixture(scope="module")
+def ep4():
+    return run_lesson(LESSON, nproc=4, timeout_s=300).check().results
+
+
+@pytest.mark.timeout(150)
+def test_one_process_is_the_reference_itself(one_process):
+    claims = assert_claims(one_process, ROUTING | LAYER | EP | BALANCE)
+    assert not (EP_DP | TORCH) & set(claims)
+    assert claims["layer_equals_one_process"]["value"] == 0.0
+    assert claims["bytes_equal_formula"]["value"] == 0  # nothing leaves a world of one
+    assert 0 < one_process["rows_sent"][0][0] <= 64 * 2  # kept assignments of N = 64 tokens, top-2
+
+
+@pytest.mark.timeout(200)
+def test_ep2_layer_and_training_equal_one_process_and_rows_follow_the_histogram(ep2):
+    claims = assert_claims(ep2, ROUTING | LAYER | EP | BALANCE | TORCH)
+    sent = ep2["rows_sent"]
+    assert len(sent) == 2 and all(len(row) == 2 for row in sent)
+    off_diagonal = sent[0][1] + sent[1][0]
+    assert off_diagonal > 0
+    assert claims["bytes_equal_formula"]["value"] == 4 * off_diagonal * H * 4
+    assert claims["ep_training_equals_one_process"]["value"] <= 1e-5
+    for r, tokens in enumerate(ep2["destinations"]):  # per token and choice: the rank it went to, -1 dropped
+        assert [sum(d == dest for t in tokens for d in t) for dest in range(2)] == sent[r]
+
+
+@pytest.mark.timeout(320)
+def test_ep4_and_dp2_x_ep2_equal_one_process_with_expert_gradients_reduced_over_dp_only(ep4):
+    claims = assert_claims(ep4, ROUTING | LAYER | EP | EP_DP | BALANCE | TORCH)
+    assert ep4["grid_2d"] == ["dp=2 x ep=2 = 4 ranks", "dp groups: [0, 2] [1, 3]", "ep groups: [0, 1] [2, 3]"]
+    assert len(ep4["rows_sent"]) == 4
+    assert claims["all_to_alls_forward_backward"]["value"] == 1
+    assert ep4["busiest_rank_over_mean"] >= 1.0
+    assert ep4["ep_dp_test_loss_ratio"] < 1.0  # 10 steps: it falls, by less than the claim's 10% guarantee
+
+
+@pytest.mark.timeout(150)
+def test_the_balance_loss_evens_the_histogram_on_every_seed(one_process):
+    ratios = one_process["balance_imbalance"]
+    assert all(a < b for a, b in zip(ratios["0.1"], ratios["0.0"]))
+    assert one_process["claims"]["balance_loss_evens_the_histogram"]["value"] == 3
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, message", [
+    (["--experts", "3"], "--experts 3 must be divisible by ep = 2"),
+    (["--top-k", "5"], "--top-k 5 must be between 1"),
+    (["--capacity-factor", "0"], "--capacity-factor must be in (0, 1000]")])
+def test_bad_input_fails_on_every_rank(args, message):
+    run = run_lesson(LESSON, nproc=2, args=args, timeout_s=90)
+    assert run.returncode != 0
+    assert_fails_on_every_rank(run, 2, message)
