@@ -16,7 +16,7 @@ What to look for (ResidualMLP of lessons 07 and 08: 545,546 fp32 parameters, 2.2
    bucket, rebuilt after it, and static_graph rebuilds one step later ([1, 1, 2, 2]); with
    find_unused_parameters=True alone DDP starts with the capped buckets and never rebuilds them (reducer.hpp);
    gradient_as_bucket_view saves one gradient copy; no_sync sends one round per optimizer step (lesson 07);
-   fp16/bf16 hooks halve the bytes exactly, PowerSGD rank 1 cuts them ~78x; test accuracy after a short training for each hook, bounded over seeds 0-11.
+   fp16/bf16 hooks halve the bytes exactly, PowerSGD rank 1 cuts them ~78x; accuracy per hook over seeds 0-11.
    A PowerSGD hook's state is training state: `save_powersgd` / `resume_powersgd` resume a run exactly
    (0.0 from the uninterrupted one), model + optimizer alone or the docs' pickled state do not (measured).
 3. torch.compile of the DDP model: DDPOptimizer cuts the graph where DDP's buckets end, always with a 1 MiB
