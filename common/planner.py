@@ -78,12 +78,14 @@ def _check(c: GPT, a: Assumptions) -> None:
                "--micro-batch": a.micro_batch, "--peak-tflops": a.peak_tflops, "--network-gbps": a.network_gbps,
                "--nvlink-gbps": a.nvlink_gbps, "--efficiency": a.efficiency, "--gpus-per-node": a.gpus_per_node}
     bad = [k for k, v in numbers.items() if not v > 0 or math.isinf(v)]
-    if bad or a.alpha_us < 0 or not 0 <= a.reserve < 1 or a.efficiency > 1:
+    if bad or not 0 <= a.alpha_us < math.inf or not 0 <= a.reserve < 1 or a.efficiency > 1:  # NaN fails too
         raise PlanError(f"sizes must be positive and finite ({', '.join(bad) or '--alpha-us, --reserve'}), "
                         "--efficiency at most 1, --reserve in [0, 1)")
     for name, d in (("--tp", a.tp), ("--pp", a.pp), ("--cp", a.cp)):
         if d is not None and (d < 1 or a.gpus % d):
             raise PlanError(f"{name} {d} does not divide --gpus {a.gpus}")
+    if a.cp is not None and c.seq % a.cp:
+        raise PlanError(f"--cp {a.cp} does not divide the sequence length {c.seq}")
     if a.pp is not None and c.layers % a.pp:
         raise PlanError(f"--pp {a.pp} does not divide the model's {c.layers} layers")
     if a.tp is not None and (c.heads % a.tp or a.tp > a.gpus_per_node):

@@ -89,6 +89,8 @@ def test_planner_70b_fits_and_bad_degrees_are_refused():
     assert fit and all(r["dp"] * r["tp"] * r["pp"] * r["cp"] == 64 for r in rows)
     assert all(r["memory"]["total"] <= 72e9 for r in fit)
     assert fit[0]["step_s"] == min(r["step_s"] for r in fit)
-    for bad in (dict(pp=32), dict(tp=3), dict(gpus=-1), dict(efficiency=float("nan"))):
+    bad_ones = (dict(pp=32), dict(tp=3), dict(gpus=-1), dict(efficiency=float("nan")),
+                dict(alpha_us=float("nan")), dict(gpus=48, cp=3))  # cp 3 does not divide 4096 tokens
+    for bad in bad_ones:
         with pytest.raises(PlanError):
             plan(NAMED["70b"], Assumptions(**{"gpus": 64, **bad}))
