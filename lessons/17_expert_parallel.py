@@ -72,7 +72,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
     add_distributed_args(p)
+    # This lesson's tensors live on the CPU (tiny experts: the all-to-all's routing is the point), so it runs
+    # with gloo on the CPU even where GPUs are (NCCL would need every tensor on cuda:LOCAL_RANK).
+    p.set_defaults(backend="gloo", device="cpu")
     args = p.parse_args(argv)
+    if args.backend != "gloo" or args.device != "cpu":
+        raise LessonError("lesson 17 runs on the CPU with gloo (--backend gloo --device cpu, the defaults)")
     # validated before any process group: every rank fails alike, none waits
     if min(args.heads, args.tokens, args.batch_size) < 1 or args.steps < 10 or args.hidden < 8:
         raise LessonError("--heads, --tokens and --batch-size must be >= 1, --hidden >= 8 and --steps >= 10")
