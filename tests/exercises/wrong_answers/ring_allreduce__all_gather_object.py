@@ -1,0 +1,5 @@
+import torch, torch.distributed as dist
+def ring_all_reduce(tensor):
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, tensor.clone())
+    tensor.copy_(sum(out))
