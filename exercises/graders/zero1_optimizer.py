@@ -107,8 +107,8 @@ def judge(answers: list) -> list[str]:
         if sum(states) != full_state or max(states) >= full_state:
             return [f"{name}: the ranks hold {states} optimizer-state elements (over every optimizer the "
                     f"object keeps), the unsharded optimizer {full_state}: each rank must hold state for its "
-                    f"own parameters only, split over dist.get_world_size() ranks ({len(answers)} here), not a "
-                    f"fixed number"]
+                    f"own parameters only, split over dist.get_world_size() ranks ({len(answers)} here), "
+                    f"not a fixed number"]
         if min(states) == 0:
             return [f"{name}: the ranks hold {states} optimizer-state elements: rank {states.index(0)} holds "
                     f"no shard; split the parameters over dist.get_world_size() ranks ({len(answers)} here), "
