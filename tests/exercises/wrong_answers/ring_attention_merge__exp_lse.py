@@ -1,0 +1,5 @@
+import torch
+def merge(out_a, lse_a, out_b, lse_b):
+    ea, eb = torch.exp(lse_a), torch.exp(lse_b)
+    lse = torch.log(ea + eb)
+    return (ea / (ea + eb)).unsqueeze(-1) * out_a + (eb / (ea + eb)).unsqueeze(-1) * out_b, lse
