@@ -1,3 +1,5 @@
+"""Wrong: each bucket all-reduced again in finish_gradient_sync (through distributed_c10d, bound at import)
+and divided by 2W: right only at W == 2."""
 import torch, torch.distributed as dist
 from torch.distributed.distributed_c10d import all_reduce as sync_all_reduce
 from exercises.solutions.ddp_by_hand import DataParallelByHand as _Ref

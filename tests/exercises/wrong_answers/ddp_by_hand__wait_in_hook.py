@@ -1,3 +1,5 @@
+"""Wrong: async_op=True, but waited on at once inside the hook: no all-reduce overlaps the rest of
+backward."""
 import torch, torch.distributed as dist
 from exercises.solutions.ddp_by_hand import DataParallelByHand as _Ref
 class DataParallelByHand(_Ref):

@@ -1,8 +1,11 @@
+"""Wrong: shuffles by reseeding torch's GLOBAL generator: the right order, but every other random draw
+of the program (dropout, augmentation) changes."""
 import math, torch
 class MyDistributedSampler:
     """Shuffles with torch's GLOBAL generator, reseeded: clobbers every other random draw in the program."""
     def __init__(self, n, replicas, rank, shuffle=True, seed=0, drop_last=False):
-        self.n, self.r, self.rank, self.shuffle, self.seed, self.drop = n, replicas, rank, shuffle, seed, drop_last
+        self.n, self.r, self.rank, self.shuffle = n, replicas, rank, shuffle
+        self.seed, self.drop = seed, drop_last
         self.epoch = 0
         self.num = n // replicas if drop_last else math.ceil(n / replicas)
     def set_epoch(self, e): self.epoch = e

@@ -1,3 +1,5 @@
+"""Wrong: the WHOLE tensor passed around the ring n - 1 times: the right sum, but (n-1) x N bytes sent
+per rank instead of 2(n-1)/n x N."""
 import torch, torch.distributed as dist
 def ring_all_reduce(tensor):
     """'Ring': pass the WHOLE tensor around n-1 times (n-1 x N bytes per rank, not 2(n-1)/n x N)."""

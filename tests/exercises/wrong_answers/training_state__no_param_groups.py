@@ -1,3 +1,4 @@
+"""Wrong: restores the optimizer's state (moments) but not its param_groups: a scheduled lr is lost."""
 import copy, torch
 def capture(model, optimizer, gen, step):
     return copy.deepcopy({"model": model.state_dict(), "opt_state": optimizer.state_dict()["state"],

@@ -1,3 +1,4 @@
+"""Wrong: a full optimizer (state for every parameter) kept beside `local`, which only holds copies."""
 import torch, torch.distributed as dist
 class Zero1Optimizer:
     """Every rank keeps a full optimizer (state for all parameters); `local` is only for show."""
