@@ -30,9 +30,11 @@ WRONG_SAYS = {
 }
 
 # More wrong answers (tests/exercises/wrong_answers/NAME__what.py), each a mistake a grader once passed, and
-# what its problems must say. They are graded in the same launch, before NAME.py (which may kill its processes).
+# what its problems must say. They are graded in the same launch, before NAME.py (which may kill its
+# processes).
 MORE_WRONG_SAYS = {
-    "ring_allreduce": {"alias": "dist.all_reduce called", "all_gather_object": "dist.all_gather_object called",
+    "ring_allreduce": {"alias": "dist.all_reduce called",
+                       "all_gather_object": "dist.all_gather_object called",
                        "whole_tensor": "not the whole tensor"},
     "ddp_by_hand": {"reduced_twice": "each gradient all-reduced once", "half": "never by a fixed number",
                     "wait_in_hook": "waited on each all-reduce before the next gradient hook"},
