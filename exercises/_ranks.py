@@ -58,7 +58,7 @@ def resolve(path: str):
 def _where(exc: BaseException) -> str:
     """The last frame of the traceback that lies in the learner's (or a reference) exercise file."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/exercises/" in f.filename
-              and not Path(f.filename).name.startswith("_")]
+              and "/exercises/graders/" not in f.filename and not Path(f.filename).name.startswith("_")]
     if not frames:
         return ""
     f = frames[-1]

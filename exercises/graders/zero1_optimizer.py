@@ -78,7 +78,8 @@ def on_rank(module: str) -> dict:
         model, opt = run(lambda m: zero_class(m.parameters(), cls, **kwargs))
         local = getattr(opt, "local", None)
         out[name] = {"params": [p.detach().tolist() for p in model.parameters()],
-                     "state": held_state_elements(opt) if isinstance(local, torch.optim.Optimizer) else None}
+                     "state": held_state_elements(opt) if isinstance(local, torch.optim.Optimizer) else None,
+                     "local_params": sum(len(g["params"]) for g in getattr(local, "param_groups", []))}
     return out
 
 
@@ -109,6 +110,13 @@ def judge(answers: list) -> list[str]:
                     f"object keeps), the unsharded optimizer {full_state}: each rank must hold state for its "
                     f"own parameters only, split over dist.get_world_size() ranks ({len(answers)} here), "
                     f"not a fixed number"]
+        local_params = [a[name]["local_params"] for a in answers]
+        trainable = sum(p.requires_grad for p in want_model.parameters())
+        if sum(local_params) != trainable:
+            return [f"{name}: the ranks' self.local optimizers hold {local_params} parameters, {trainable} "
+                    f"are trainable: build self.local over this rank's shard only (an optimizer over every "
+                    f"parameter, stepped after deleting the others' .grad, destroys gradients the caller "
+                    f"may still read)"]
         if min(states) == 0:
             return [f"{name}: the ranks hold {states} optimizer-state elements: rank {states.index(0)} holds "
                     f"no shard; split the parameters over dist.get_world_size() ranks ({len(answers)} here), "
