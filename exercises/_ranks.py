@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import multiprocessing as mp
 import os
-import queue
+from multiprocessing.connection import wait
 import tempfile
 import time
 import traceback
@@ -58,7 +58,7 @@ def resolve(path: str):
 def _where(exc: BaseException) -> str:
     """The last frame of the traceback that lies in the learner's (or a reference) exercise file."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/exercises/" in f.filename
-              and not Path(f.filename).name.startswith("_")]
+              and "/exercises/graders/" not in f.filename and not Path(f.filename).name.startswith("_")]
     if not frames:
         return ""
     f = frames[-1]
@@ -88,11 +88,13 @@ def _child(rank: int, world_size: int, tmp: str, fn_path: str, kwargs: dict, ans
     try:
         dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-        for index, answer in enumerate(resolve(fn_path)(**kwargs)):  # each answer leaves as soon as it exists
-            answers.put((rank, index, answer))
+        # Each answer leaves as soon as it exists, through this rank's own pipe: send() has written it when
+        # it returns, so an answer survives a later abort of the process (a queue's feeder thread may not).
+        for index, answer in enumerate(resolve(fn_path)(**kwargs)):
+            answers.send((index, answer))
     except Exception as e:  # the learner's code may raise anything: report it, do not crash the grader
-        answers.put((rank, index, describe(e)))
-    answers.put((rank, None, None))  # this rank is done
+        answers.send((index, describe(e)))
+    answers.send((None, None))  # this rank is done
     try:
         # Leave without waiting on the other ranks: a rank that waits in destroy_process_group for a peer
         # that is stuck would turn one learner's mistake into a hang of the grader.
@@ -121,26 +123,30 @@ def run_on_ranks(fn_path: str, world_size: int, count: int, limit_s: float = 3 *
     still running is then killed).
     """
     ctx = mp.get_context("spawn")
-    queue_ = ctx.Queue()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (reader, writer) per rank
     got: list[dict[int, object]] = [{} for _ in range(world_size)]
     with tempfile.TemporaryDirectory(prefix="exercise-") as tmp:
-        procs = [ctx.Process(target=_child, args=(r, world_size, tmp, fn_path, kwargs, queue_), daemon=True)
-                 for r in range(world_size)]
+        procs = [ctx.Process(target=_child, args=(r, world_size, tmp, fn_path, kwargs, writer), daemon=True)
+                 for r, (_, writer) in enumerate(pipes)]
         for p in procs:
             p.start()
+        for _, writer in pipes:
+            writer.close()  # the child holds its own copy: its death closes the pipe
+        open_ = {reader: rank for rank, (reader, _) in enumerate(pipes)}
         done: set[int] = set()
         deadline = time.monotonic() + limit_s
-        while len(done) < world_size and time.monotonic() < deadline:
-            try:
-                rank, index, answer = queue_.get(timeout=0.5)
-            except queue.Empty:
-                if all(not p.is_alive() for p in procs) and queue_.empty():
-                    break  # every rank ended; the missing ones died without answering
-                continue
-            if index is None:
-                done.add(rank)
-            else:
-                got[rank].setdefault(index, answer)
+        while open_ and len(done) < world_size and time.monotonic() < deadline:
+            for reader in wait(list(open_), timeout=0.5):
+                rank = open_[reader]
+                try:
+                    index, answer = reader.recv()
+                except (EOFError, OSError):
+                    del open_[reader]  # the rank ended (or died) and everything it sent was read
+                    continue
+                if index is None:
+                    done.add(rank)
+                else:
+                    got[rank].setdefault(index, answer)
         timed_out = len(done) < world_size and time.monotonic() >= deadline
         for p in procs:
             p.join(timeout=5)
@@ -148,6 +154,8 @@ def run_on_ranks(fn_path: str, world_size: int, count: int, limit_s: float = 3 *
                 p.kill()
                 p.join()
         last = [_last_words(tmp, r) for r in range(world_size)]
+        for reader, _ in pipes:
+            reader.close()
     out = []
     for rank in range(world_size):
         died = RankError(f"the process died{': ' + last[rank] if last[rank] else ''}")

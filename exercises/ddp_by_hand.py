@@ -1,7 +1,7 @@
 """Exercise (lesson 03): data parallelism by hand, the way DistributedDataParallel works inside.
 
 Fill in the class, then grade it:  python -m exercises ddp_by_hand
-(2 gloo processes with different initial weights and different data; a model with a frozen layer and a tied
+(3 gloo processes with different initial weights and different data; a model with a frozen layer and a tied
 weight; your wrapper must end equal to torch's DDP, start its all-reduces while backward is still running, and
 make the number of all-reduces the bucket rule below gives).
 """

@@ -1,7 +1,7 @@
 """Exercise (lesson 13): a sharded optimizer (ZeRO stage 1) around any torch.optim optimizer.
 
 Fill in the class, then grade it:  python -m exercises zero1_optimizer
-(2 gloo processes; after 3 steps with AdamW and with SGD + momentum, the parameters must equal the unsharded
+(3 gloo processes; after 3 steps with AdamW and with SGD + momentum, the parameters must equal the unsharded
 optimizer's, and each rank must hold optimizer state for its own parameters only).
 """
 import torch

@@ -91,7 +91,7 @@ def main() -> None:
         dist.all_reduce(diff, op=dist.ReduceOp.MAX)  # the worst rank (gloo's MAX may drop a NaN:
         ok = torch.tensor(float(torch.isfinite(diff) and diff <= 1e-5), device=device)
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # ... so every rank also votes)
-        if rank == 0:  # one JSON line: lesson 16's ring_zigzag_equals_sdpa, bytes and bound
+        if rank == 0:  # one JSON line: lesson 16's ring_contiguous_equals_sdpa, bytes and bound
             block = 2 * mine[1].numel() * mine[1].element_size()  # k and v of one rank
             print(json.dumps({"cp": cp, "max_diff": diff.item(), "sent_bytes": sent[0],
                               "kv_block_bytes": block}))

@@ -7,11 +7,15 @@ from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from exercises._ranks import RankError, RankHung
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "reduce", "broadcast", "all_to_all", "all_to_all_single")
+               "reduce_scatter_tensor", "reduce", "broadcast", "all_to_all", "all_to_all_single", "gather",
+               "scatter", "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base",
+               "_reduce_scatter_base", "all_gather_object", "broadcast_object_list", "gather_object",
+               "scatter_object_list", "send_object_list", "recv_object_list")
 
 
 def rank_failures(answers: Sequence) -> list[str]:
@@ -48,19 +52,34 @@ def close(a, b, tol: float) -> bool:
 
 
 @contextlib.contextmanager
-def collectives_forbidden(reason: str) -> Iterator[None]:
-    """Inside the block every collective of torch.distributed raises, naming `reason`."""
-    saved = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+def functions_replaced(replacements: dict, modules: Sequence = ()) -> Iterator[None]:
+    """Inside the block every name bound to a function in `replacements` (by identity) is bound to its
+    replacement: in torch.distributed, in torch.distributed.distributed_c10d and in each of `modules` (a
+    learner's module that did `from torch.distributed import all_reduce` holds its own binding)."""
+    by_id = {id(old): new for old, new in replacements.items()}
+    saved = []
+    for module in [dist, c10d, *modules]:
+        for name, value in list(vars(module).items()):
+            if id(value) in by_id and callable(value):
+                saved.append((module, name, value))
+                setattr(module, name, by_id[id(value)])
+    try:
+        yield
+    finally:
+        for module, name, value in reversed(saved):
+            setattr(module, name, value)
 
+
+@contextlib.contextmanager
+def collectives_forbidden(reason: str, modules: Sequence = ()) -> Iterator[None]:
+    """Inside the block every collective of torch.distributed (and its *_object functions) raises, naming
+    `reason`, however it is reached: dist.NAME, distributed_c10d.NAME, or a name a learner's module bound at
+    import."""
     def refuse(name: str):
         def call(*args, **kwargs):
             raise RuntimeError(f"dist.{name} called: {reason}")
         return call
 
-    for name in saved:
-        setattr(dist, name, refuse(name))
-    try:
+    refused = {getattr(c10d, name): refuse(name) for name in COLLECTIVES if hasattr(c10d, name)}
+    with functions_replaced(refused, modules):
         yield
-    finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)

@@ -1,10 +1,12 @@
 """Grader of exercises/distributed_sampler.py: the same indices as torch's DistributedSampler, graded in one
-process."""
+process; each sampler is iterated once before set_epoch (the order must follow the epoch), and torch's global
+random state must not change."""
 from __future__ import annotations
 
 import importlib
 import itertools
 
+import torch
 from torch.utils.data import DistributedSampler
 
 WORLD_SIZE = 0
@@ -32,11 +34,17 @@ def check(module: str) -> list[str]:
             mine = sampler_class(n, replicas, rank, shuffle=shuffle, seed=5, drop_last=drop_last)
             theirs = DistributedSampler(range(n), replicas, rank, shuffle=shuffle, seed=5,
                                         drop_last=drop_last)
+            rng = torch.get_rng_state()
+            before = list(mine)  # an epoch at the default epoch first: set_epoch must still change the order
             mine.set_epoch(epoch)
             theirs.set_epoch(epoch)
             got, want = list(mine), list(theirs)
             case = (f"dataset_len={n}, num_replicas={replicas}, rank={rank}, shuffle={shuffle}, "
                     f"drop_last={drop_last}, epoch {epoch}")
+            if got != want and shuffle and epoch != 0 and got == before:
+                return [f"{case}: after set_epoch({epoch}) yours still yields the order of the epoch "
+                        f"before, {got}; DistributedSampler's {want}: compute the order in __iter__, every "
+                        f"time, from seed + the current epoch"]
             if got != want:
                 return [f"{case}: yours {got}, DistributedSampler's {want}: "
                         f"{_hint(n, replicas, drop_last, got, want)}"]
@@ -44,4 +52,9 @@ def check(module: str) -> list[str]:
                 return [f"{case}: len(sampler) is {len(mine)} but it yields {len(want)}: len is what "
                         f"THIS rank "
                         f"yields (DataLoader sizes its epoch from it)"]
+            if not torch.equal(torch.get_rng_state(), rng):
+                return [f"{case}: iterating your sampler changed torch's global random state: draw the "
+                        f"permutation from your own torch.Generator seeded with seed + epoch (reseeding or "
+                        f"drawing from the global one changes every other random draw: dropout, "
+                        f"augmentation)"]
     return []

@@ -28,6 +28,8 @@ def train_step(model, optimizer, generator) -> float:
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
+    for group in optimizer.param_groups:  # a learning-rate schedule (as a scheduler's step() does): the lr
+        group["lr"] *= 0.7                # at capture is not the one a fresh optimizer starts with
     return loss.item()
 
 
@@ -36,6 +38,7 @@ def check(module: str) -> list[str]:
     model, optimizer, gen = fresh()
     losses = [train_step(model, optimizer, gen) for _ in range(STOP)]
     state = mod.capture(model, optimizer, gen, STOP)
+    lr_at_capture = [group["lr"] for group in optimizer.param_groups]
     buffer = io.BytesIO()
     torch.save(state, buffer)  # the state must be something a checkpoint can hold
     losses += [train_step(model, optimizer, gen) for _ in range(STOP, STEPS)]  # the run goes on after capture
@@ -46,6 +49,11 @@ def check(module: str) -> list[str]:
     start = mod.restore(state, model2, optimizer2, gen2)
     if start != STOP:
         return [f"restore returned step {start}, expected {STOP}"]
+    lr_restored = [group["lr"] for group in optimizer2.param_groups]
+    if lr_restored != lr_at_capture:
+        return [f"after restore the optimizer's lr is {lr_restored[0]:.6g}, at capture it was "
+                f"{lr_at_capture[0]:.6g} (a schedule changed it): capture and restore the optimizer's whole "
+                f"state_dict: its param_groups hold the lr, its state AdamW's moments"]
     resumed = [train_step(model2, optimizer2, gen2) for _ in range(STOP, STEPS)]
     if resumed != losses[STOP:]:
         return [f"resumed losses {[f'{v:.6f}' for v in resumed]} differ from the uninterrupted run's "

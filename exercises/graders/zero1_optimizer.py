@@ -1,4 +1,4 @@
-"""Grader of exercises/zero1_optimizer.py: 2 ranks, AdamW and SGD with momentum, against the unsharded
+"""Grader of exercises/zero1_optimizer.py: 3 ranks, AdamW and SGD with momentum, against the unsharded
 optimizer; the state each rank holds is counted."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import nn
 
 from exercises.graders._common import max_abs_diff, rank_failures
 
-WORLD_SIZE = 2
+WORLD_SIZE = 3  # 3, not 2: a split hard-coded for 2 ranks shows
 FUNCTIONS = ["Zero1Optimizer"]
 STEPS = 3
 OPTIMIZERS = {"AdamW": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}),
@@ -48,6 +48,29 @@ def state_elements(optimizer: torch.optim.Optimizer) -> int:
                if torch.is_tensor(v) and v.dim() > 0)
 
 
+def optimizers_of(obj) -> list[torch.optim.Optimizer]:
+    """Every torch.optim.Optimizer the object holds in an attribute (or a list, tuple or dict of them)."""
+    found = []
+    for value in vars(obj).values():
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) \
+            else [value]
+        found += [v for v in items if isinstance(v, torch.optim.Optimizer) and all(v is not f for f in found)]
+    return found
+
+
+def held_state_elements(obj) -> int:
+    """The optimizer-state elements this rank holds over all its optimizers (a tensor shared by two counts
+    once)."""
+    seen, total = set(), 0
+    for optimizer in optimizers_of(obj):
+        for s in optimizer.state.values():
+            for v in s.values():
+                if torch.is_tensor(v) and v.dim() > 0 and v.data_ptr() not in seen:
+                    seen.add(v.data_ptr())
+                    total += v.numel()
+    return total
+
+
 def on_rank(module: str) -> dict:
     zero_class = importlib.import_module(module).Zero1Optimizer
     out = {}
@@ -55,7 +78,8 @@ def on_rank(module: str) -> dict:
         model, opt = run(lambda m: zero_class(m.parameters(), cls, **kwargs))
         local = getattr(opt, "local", None)
         out[name] = {"params": [p.detach().tolist() for p in model.parameters()],
-                     "state": state_elements(local) if isinstance(local, torch.optim.Optimizer) else None}
+                     "state": held_state_elements(opt) if isinstance(local, torch.optim.Optimizer) else None,
+                     "local_params": sum(len(g["params"]) for g in getattr(local, "param_groups", []))}
     return out
 
 
@@ -82,6 +106,19 @@ def judge(answers: list) -> list[str]:
         if any(s is None for s in states):
             return [f"{name}: keep the optimizer this rank steps in self.local (a torch.optim.Optimizer)"]
         if sum(states) != full_state or max(states) >= full_state:
-            return [f"{name}: the ranks hold {states} optimizer-state elements, the unsharded optimizer "
-                    f"{full_state}: each rank must hold state for its own parameters only"]
+            return [f"{name}: the ranks hold {states} optimizer-state elements (over every optimizer the "
+                    f"object keeps), the unsharded optimizer {full_state}: each rank must hold state for its "
+                    f"own parameters only, split over dist.get_world_size() ranks ({len(answers)} here), "
+                    f"not a fixed number"]
+        local_params = [a[name]["local_params"] for a in answers]
+        trainable = sum(p.requires_grad for p in want_model.parameters())
+        if sum(local_params) != trainable:
+            return [f"{name}: the ranks' self.local optimizers hold {local_params} parameters, {trainable} "
+                    f"are trainable: build self.local over this rank's shard only (an optimizer over every "
+                    f"parameter, stepped after deleting the others' .grad, destroys gradients the caller "
+                    f"may still read)"]
+        if min(states) == 0:
+            return [f"{name}: the ranks hold {states} optimizer-state elements: rank {states.index(0)} holds "
+                    f"no shard; split the parameters over dist.get_world_size() ranks ({len(answers)} here), "
+                    f"not a fixed number"]
     return []

@@ -1,6 +1,6 @@
 """minimal/16_context_parallel.py held to PyTorch's own attention: its ring attention forward (isend/irecv
 and the log-sum-exp merge) equals F.scaled_dot_product_attention(is_causal=True) on the whole sequence, and
-each rank sends cp - 1 key/value blocks, the numbers lesson 16 claims (ring_zigzag_equals_sdpa,
+each rank sends cp - 1 key/value blocks, the numbers lesson 16 claims (ring_contiguous_equals_sdpa,
 ring_forward_bytes_sent). The script checks the equality itself and exits non-zero otherwise."""
 from __future__ import annotations
 
