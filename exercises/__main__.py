@@ -13,7 +13,8 @@ from exercises._grading import grade, module_for
 
 def _file_of(module: str) -> str:
     """The file that was graded, relative to the current folder when it lies below it: `python -m` puts the
-    current folder first on sys.path, so a copy of exercises/ elsewhere is graded only when you run from there."""
+    current folder first on sys.path, so a copy of exercises/ elsewhere is graded only when you run from
+    there."""
     spec = importlib.util.find_spec(module)
     path = Path(spec.origin) if spec and spec.origin else Path(module)
     try:
