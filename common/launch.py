@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from common.launch_cache import cache_dir, config_key, log_launch, shareable, shared_launch
+
 __all__ = ["REPO_ROOT", "PERF_PREFIX", "LessonRun", "LessonTimeout", "lesson_path", "torchrun_command",
            "run_lesson", "run_command"]
 
@@ -52,6 +54,7 @@ class LessonRun:
         stderr: everything printed to stderr (per-rank errors, torchrun's own messages).
         results: the JSON the lesson wrote with --results, or None.
         wall_s: wall-clock seconds of the whole launch.
+        cpu_s: CPU seconds it used, every process of it together (Linux; 0.0 where unknown).
     """
 
     command: list[str]
@@ -60,6 +63,7 @@ class LessonRun:
     stderr: str
     results: dict | None = None
     wall_s: float = 0.0
+    cpu_s: float = 0.0
 
     def lines(self, perf: bool = False) -> list[str]:
         """stdout lines without the [perf] lines (default), or only the [perf] lines."""
@@ -143,7 +147,8 @@ def _descendants(pid: int) -> list[int]:
 
 def run_command(cmd: Sequence[str], timeout_s: float = 120, env: dict | None = None,
                 cwd: str | Path | None = None) -> subprocess.CompletedProcess:
-    """Run `cmd` in its own process group; on timeout kill it and every process below it, raise LessonTimeout."""
+    """Run `cmd` in its own process group; on timeout kill it and every process below it, and raise
+    LessonTimeout."""
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(env), cwd=cwd or REPO_ROOT, start_new_session=True)
     try:
@@ -172,15 +177,54 @@ def run_lesson(lesson: str | Path, nproc: int | None = 2, args: Sequence[str] = 
         env: extra environment variables (a value of None removes the variable).
         results: append `--results TMP.json` and parse it into `LessonRun.results`.
 
+    In a test session (common/launch_cache.py) a configuration launched before -- the same sources, file,
+    processes, arguments and environment, no path among the arguments -- is not launched again: the call
+    returns that launch.
+
     Raises:
         LessonTimeout: the launch took longer than `timeout_s`.
     """
+    path = lesson_path(lesson)
+    directory = cache_dir()
+    label = {"file": _relative(path), "nproc": nproc, "args": [str(a) for a in args], "timeout_s": timeout_s}
+    if directory is None or not shareable(args):
+        run = _launch(path, nproc, args, timeout_s, env, results)
+        if directory is not None:  # counted, never shared: a path among the arguments
+            log_launch(directory, {**label, "key": None, "shared": False, "wall_s": run["wall_s"],
+                                    "cpu_s": run["cpu_s"]})
+        return LessonRun(**run)
+    key = config_key(REPO_ROOT, path, nproc, args, env, results)
+    return LessonRun(**shared_launch(directory, key, label, timeout_s,
+                                     lambda: _launch(path, nproc, args, timeout_s, env, results)))
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _launch(path: Path, nproc: int | None, args: Sequence[str], timeout_s: float, env: dict | None,
+            results: bool) -> dict:
+    """One launch, as the fields of a LessonRun."""
     with tempfile.TemporaryDirectory() as tmp:
         res_path = Path(tmp) / "results.json"
         full_args = [*args, "--results", str(res_path)] if results else list(args)
-        cmd = torchrun_command(lesson, nproc, full_args)
-        t0 = time.perf_counter()
+        cmd = torchrun_command(path, nproc, full_args)
+        t0, cpu0 = time.perf_counter(), _children_cpu_s()
         proc = run_command(cmd, timeout_s, env)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, _children_cpu_s() - cpu0
         parsed = json.loads(res_path.read_text()) if results and res_path.is_file() else None
-    return LessonRun(cmd, proc.returncode, proc.stdout, proc.stderr, parsed, wall)
+    return {"command": cmd, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
+            "results": parsed, "wall_s": wall, "cpu_s": cpu}
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's finished children and theirs: torchrun and its ranks."""
+    try:
+        import resource  # Unix only
+    except ImportError:
+        return 0.0
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime

@@ -102,6 +102,11 @@ def _degrees(c: GPT, a: Assumptions):
                     yield a.gpus // (tp * pp * cp), tp, pp, cp
 
 
+def _ring_total(ops: list[tuple[str, float, int]], n: int, alpha: float, beta: float) -> float:
+    """Alpha-beta time (beta = 1: bytes sent) of `count` ring collectives of each (op, buffer bytes, count)."""
+    return sum(count * ring_time(op, x, n, alpha, beta) for op, x, count in ops)
+
+
 def evaluate(c: GPT, a: Assumptions, dp: int, tp: int, pp: int, cp: int, stage: int, ckpt: bool) -> dict | None:
     """One configuration: memory per rank (bytes), bytes sent per rank per step, time and MFU; None if the
     global batch does not split into micro-batches over dp."""
@@ -119,21 +124,21 @@ def evaluate(c: GPT, a: Assumptions, dp: int, tp: int, pp: int, cp: int, stage: 
     net, nvl, alpha = a.network_gbps / 8 * 1e9, a.nvlink_gbps / 8 * 1e9, a.alpha_us * 1e-6
     grads = 2 * rank_params(c, tp, pp)  # bf16 gradient bytes of this rank's model part
     n = dp * cp
-    dp_ops = [("all_reduce", grads)] if stage < 3 else [("all_gather", grads)] * 2 + [("reduce_scatter", grads)]
+    # each collective kind once with its count (op, buffer bytes, calls per step): tp and cp run one per layer
+    # and micro-batch, up to 10^5 calls a step, each costing the same
+    dp_ops = [("all_reduce", grads, 1)] if stage < 3 else [("all_gather", grads, 2), ("reduce_scatter", grads, 1)]
     boundary = 2 * s * b * h / tp  # bf16 activations crossing a pipeline or tensor boundary (sequence parallel)
     # tp: 2 all-reduce-sized collectives per layer forward, 2 backward, 2 more in a recomputed forward
-    tp_ops = [("all_reduce", 2 * s * b * h)] * ((6 if ckpt else 4) * m * c.layers // pp) if tp > 1 else []
+    tp_ops = [("all_reduce", 2 * s * b * h, (6 if ckpt else 4) * m * c.layers // pp)] if tp > 1 else []
     # ring attention passes this rank's K and V (2 x boundary) around the cp ring: once forward, twice backward
-    cp_ops = [("all_gather", 2 * boundary * cp)] * (3 * m * c.layers // pp) if cp > 1 else []
-    sent = {"dp": sum(ring_time(op, x, n, 0, 1) for op, x in dp_ops),
-            "tp": sum(ring_time(op, x, tp, 0, 1) for op, x in tp_ops),
-            "pp": 2 * m * boundary if pp > 1 else 0.0, "cp": sum(ring_time(op, x, cp, 0, 1) for op, x in cp_ops)}
+    cp_ops = [("all_gather", 2 * boundary * cp, 3 * m * c.layers // pp)] if cp > 1 else []
+    sent = {"dp": _ring_total(dp_ops, n, 0, 1), "tp": _ring_total(tp_ops, tp, 0, 1),
+            "pp": 2 * m * boundary if pp > 1 else 0.0, "cp": _ring_total(cp_ops, cp, 0, 1)}
     flops = gpt_flops(c, a.global_batch)["total"]
     hardware = flops * (4 / 3 if ckpt else 1)  # checkpointing runs each forward twice: 8 instead of 6 per weight
     compute = hardware / (a.gpus * a.peak_tflops * 1e12 * a.efficiency) * (1 + (pp - 1) / m)
-    comm = (sum(ring_time(op, x, n, alpha, 1 / net) for op, x in dp_ops) if n > 1 else 0.0)
-    comm += sum(ring_time(op, x, tp, alpha, 1 / nvl) for op, x in tp_ops)
-    comm += sum(ring_time(op, x, cp, alpha, 1 / nvl) for op, x in cp_ops)
+    comm = _ring_total(dp_ops, n, alpha, 1 / net) if n > 1 else 0.0
+    comm += _ring_total(tp_ops, tp, alpha, 1 / nvl) + _ring_total(cp_ops, cp, alpha, 1 / nvl)
     comm += (2 * m * (alpha + boundary / net)) if pp > 1 else 0.0
     step = compute + comm
     return {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "zero": stage, "ckpt": ckpt, "micro_batches": m,

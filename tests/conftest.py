@@ -6,10 +6,14 @@
   `python -m pytest -m "not slow"` therefore runs the unit tests alone (tests/unit/, under a minute).
 """
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+from common import launch_cache
 
 settings.register_profile("ci", deadline=None, max_examples=60, derandomize=True)
 settings.register_profile("dev", deadline=None, max_examples=60)
@@ -24,3 +28,34 @@ def pytest_collection_modifyitems(config, items):
         path = Path(str(item.fspath)).resolve()
         if path.suffix == ".ipynb" or LESSON_TESTS in path.parents or MINIMAL_TESTS in path.parents:
             item.add_marker(pytest.mark.slow)
+
+
+# ---- one launch per lesson configuration (common/launch_cache.py) ---------------------------------------
+# The controller makes the session's directory before xdist starts its workers, so that the workers and the
+# notebook kernels they start inherit LESSONS_LAUNCH_CACHE; it is removed when the session ends. Set
+# LESSONS_LAUNCH_CACHE=off to launch every call.
+_MADE_CACHE: list[str] = []
+
+
+def pytest_configure(config):
+    if os.environ.get(launch_cache.CACHE_ENV) is None:
+        directory = tempfile.mkdtemp(prefix="lesson-launches-")
+        os.environ[launch_cache.CACHE_ENV] = directory
+        _MADE_CACHE.append(directory)
+
+
+def pytest_unconfigure(config):
+    for directory in _MADE_CACHE:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    directory = launch_cache.cache_dir()
+    records = launch_cache.read_log(directory) if directory and _MADE_CACHE else []
+    if records:
+        shared = [r for r in records if r["shared"]]
+        launched_s = sum(r["wall_s"] for r in records if not r["shared"])
+        saved_s = sum(r["wall_s"] for r in shared)
+        terminalreporter.write_line(
+            f"lesson launches: {len(records) - len(shared)} made ({launched_s:.0f} s), {len(shared)} shared "
+            f"with an earlier identical launch ({saved_s:.0f} s not spent again)")

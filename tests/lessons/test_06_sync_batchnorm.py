@@ -22,9 +22,10 @@ TOL = 1e-5  # float32
 
 def _spawn(world_size: int, tmp_path, device_type: str = "cpu", timeout_s: float = 150) -> list[dict]:
     from tests._06_workers import proof_worker
+    from tests._workers import START_METHOD  # forkserver: torch imported once, not once per rank
     init_file = tmp_path / "store"
     ctx = mp.start_processes(proof_worker, args=(world_size, str(init_file), str(tmp_path), device_type),
-                             nprocs=world_size, join=False, start_method="spawn")
+                             nprocs=world_size, join=False, start_method=START_METHOD)
     deadline = time.monotonic() + timeout_s
     while not ctx.join(timeout=1):
         if time.monotonic() > deadline:
@@ -36,7 +37,7 @@ def _spawn(world_size: int, tmp_path, device_type: str = "cpu", timeout_s: float
 
 # ---------------------------------------------------------------- proofs on several ranks (gloo, CPU)
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_matches_batchnorm_on_global_batch(world_size, tmp_path):
     per_rank = _spawn(world_size, tmp_path)
@@ -57,7 +58,7 @@ def test_matches_batchnorm_on_global_batch(world_size, tmp_path):
             assert not c["eval_changed_running_mean"]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="nn.SyncBatchNorm needs an accelerator (CUDA here)")
 def test_matches_torch_syncbatchnorm_on_cuda(tmp_path):
     for rank, cases in enumerate(_spawn(2, tmp_path, "cuda")):
@@ -70,13 +71,13 @@ def test_matches_torch_syncbatchnorm_on_cuda(tmp_path):
 @pytest.fixture(scope="module")
 def four_ranks_two_groups():
     args = ["--max-steps", "30", "--group-size", "2", "--device", "cpu"]
-    return run_lesson("06_sync_batchnorm", nproc=4, args=args, timeout_s=240).check()
+    return run_lesson("06_sync_batchnorm", nproc=4, args=args, timeout_s=480).check()
 
 
 @pytest.fixture(scope="module")
 def two_ranks():
     args = ["--max-steps", "10", "--batch-size", "2", "--device", "cpu"]
-    return run_lesson("06_sync_batchnorm", nproc=2, args=args, timeout_s=120).check()
+    return run_lesson("06_sync_batchnorm", nproc=2, args=args, timeout_s=240).check()
 
 
 BUFFER_RULE = {"broadcasts_per_training_step", "broadcasts_per_evaluation", "broadcasts_first_step_after_eval",
@@ -88,7 +89,7 @@ PER_VARIANT = {f"{v}_{c}" for v in ("syncbn", "batchnorm") for c in (
     "no_forward_broadcasts")}
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_lesson_four_ranks_in_two_groups(four_ranks_two_groups):
     run, r = four_ranks_two_groups, four_ranks_two_groups.results
     claims = assert_claims(r, PER_VARIANT | BUFFER_RULE | {
@@ -118,7 +119,7 @@ def test_lesson_four_ranks_in_two_groups(four_ranks_two_groups):
     assert "replay_equals_ddp_syncbn" not in claims  # groups of 2: the replay stands for one group of all ranks
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 def test_lesson_whole_world_syncbn_identical_on_all_ranks(two_ranks):
     """Default grouping (the whole world), 2 ranks: the SyncBatchNorm running statistics are bit-identical."""
     r = two_ranks.results
@@ -132,12 +133,12 @@ def test_lesson_whole_world_syncbn_identical_on_all_ranks(two_ranks):
     assert r["bn_groups"] == [[0, 1]] and "syncbn_stats_differ_between_groups" not in claims
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("nproc", [None, 1], ids=["python", "torchrun_1"])
 def test_lesson_one_process(nproc):
     """Plain python (no process group) and torchrun with 1 process (DDP over a world of one): SyncBatchNorm is
     BatchNorm, the replay matches, DDP makes its one bucket all-reduce only when it exists."""
-    run = run_lesson("06_sync_batchnorm", nproc=nproc, args=["--max-steps", "20"], timeout_s=90).check()
+    run = run_lesson("06_sync_batchnorm", nproc=nproc, args=["--max-steps", "20"], timeout_s=180).check()
     claims = assert_claims(run.results, PER_VARIANT | {"replay_equals_ddp_syncbn", "replay_equals_ddp_batchnorm"})
     assert claims["syncbn_forward_collectives"]["value"] == 0  # a group of one communicates nothing
     assert claims["syncbn_ddp_bucket_allreduces"]["value"] == (0 if nproc is None else 1)
@@ -146,10 +147,10 @@ def test_lesson_one_process(nproc):
     assert run.results["syncbn_test_accuracy"] == run.results["batchnorm_test_accuracy"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_lesson_bad_input():
-    run = run_lesson("06_sync_batchnorm", nproc=2, args=["--group-size", "3"], timeout_s=90)
+    run = run_lesson("06_sync_batchnorm", nproc=2, args=["--group-size", "3"], timeout_s=180)
     assert_fails_on_every_rank(run, 2, "--group-size 3 must be 0 or divide the world size 2")
     run = run_lesson("06_sync_batchnorm", nproc=None, args=["--sync-impl", "torch", "--device", "cpu"],
-                     timeout_s=60)
+                     timeout_s=120)
     assert run.returncode == 2 and "error: --sync-impl torch: nn.SyncBatchNorm runs on accelerators only" in run.stderr

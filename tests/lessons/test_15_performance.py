@@ -30,26 +30,26 @@ def traces(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def two_ranks(traces):
-    run = run_lesson(LESSON, nproc=2, args=["--trace-dir", str(traces)], timeout_s=240).check()
+    run = run_lesson(LESSON, nproc=2, args=["--trace-dir", str(traces)], timeout_s=480).check()
     return run.results
 
 
 @pytest.fixture(scope="module")
 def one_process():
-    return run_lesson(LESSON, nproc=None, timeout_s=180).check().results
+    return run_lesson(LESSON, nproc=None, timeout_s=360).check().results
 
 
 def _claims(r):
     return {name: c["value"] for name, c in r["claims"].items()}
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_two_ranks_claims_hold(two_ranks):
     assert_claims(two_ranks, TWO_RANK_CLAIMS)
     assert two_ranks["world_size"] == 2 and two_ranks["param_bytes"] == PARAM_BYTES
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_profile_counts_one_allreduce_per_bucket_on_every_rank(two_ranks, traces):
     """The trace files are written per rank, and re-read here they show 3 all-reduces per profiled step with
     bucket_cap_mb 1 and 1 with one bucket; the recorded timeline says the same and is well formed."""
@@ -75,7 +75,7 @@ def test_profile_counts_one_allreduce_per_bucket_on_every_rank(two_ranks, traces
     assert two_ranks["trace_files"] == ["trace_rank0_bucket_cap_100mb.json", "trace_rank0_bucket_cap_1mb.json"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_bucket_cap_static_graph_and_no_sync_counts(two_ranks):
     r = two_ranks
     # first backward: one bucket; then DDP's rule (the default None has a 1 MiB first bucket, explicit 25 not)
@@ -90,7 +90,7 @@ def test_bucket_cap_static_graph_and_no_sync_counts(two_ranks):
     assert [row["calls"] for row in caps] == [2, 9, 3, 1, 1] and {row["bytes"] for row in caps} == {PARAM_BYTES}
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_comm_hooks_bytes_and_accuracy(two_ranks):
     rows = {row["hook"]: row for row in two_ranks["knobs"] if row["knob"].startswith("comm_hook")}
     assert list(rows) == ["allreduce", "fp16", "bf16", "powersgd1", "powersgd2", "powersgd4"]
@@ -105,7 +105,7 @@ def test_comm_hooks_bytes_and_accuracy(two_ranks):
     assert abs(rows["bf16"]["accuracy"] - rows["allreduce"]["accuracy"]) <= 0.02
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_a_powersgd_run_resumes_exactly_only_with_its_hook_state_and_rebuilt_buckets(two_ranks):
     """The exact resume ends 0.0 from the uninterrupted run; model + optimizer alone, or the pickled hook state
     added to a bucket laid out in parameter order (a new DDP's first backward), do not."""
@@ -114,7 +114,7 @@ def test_a_powersgd_run_resumes_exactly_only_with_its_hook_state_and_rebuilt_buc
     assert two_ranks["powersgd_resume_pickled_hook_state"] > 1e-3
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_compile_splits_at_buckets(two_ranks):
     c = _claims(two_ranks)
     assert c["compiled_graphs_equal_buckets"] == 3 and c["compile_without_ddp_optimizer_one_graph"] == 1
@@ -123,12 +123,12 @@ def test_compile_splits_at_buckets(two_ranks):
     assert c["compile_refuses_bucket_cap_below_1mb"] == 1
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(400)
 def test_options_outside_what_a_claim_needs_drop_the_claim_not_its_truth():
     """--bucket-cap-mb 25 gives this 2.2 MB model one bucket: no several-bucket claim; --steps 20 is not the
     setting the accuracy bounds were measured at: accuracies recorded, not claimed; every claim made holds."""
     run = run_lesson(LESSON, nproc=2, args=["--bucket-cap-mb", "25", "--compile-backend", "none", "--steps", "20"],
-                     timeout_s=180).check()
+                     timeout_s=360).check()
     claims = assert_claims(run.results, {"profile_allreduces_equal_buckets_cap_25mb",
                                          "one_bucket_issued_after_last_node", "powersgd_resume_exact"})
     assert not {"backward_nodes_after_first_bucket_issued", "default_hook_learns",
@@ -137,7 +137,7 @@ def test_options_outside_what_a_claim_needs_drop_the_claim_not_its_truth():
     assert "here recorded, not claimed" in run.stdout and "accuracy_powersgd1" in run.results
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(400)
 def test_one_process_runs_without_communication(one_process):
     r = one_process
     claims = assert_claims(r, {"default_hook_learns", "compiled_graphs_equal_buckets"})
@@ -148,7 +148,7 @@ def test_one_process_runs_without_communication(one_process):
     assert [row["bytes_per_step"] for row in r["knobs"]] == [0]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_bad_input_fails_on_every_rank():
-    run = run_lesson(LESSON, nproc=2, args=["--steps", "2"], timeout_s=90)
+    run = run_lesson(LESSON, nproc=2, args=["--steps", "2"], timeout_s=180)
     assert_fails_on_every_rank(run, 2, "--steps >= 3 (PowerSGD compresses from step 3 on); got --steps 2")

@@ -30,7 +30,7 @@ def reference(world_size: int, seed: int = 0) -> tuple[list, float]:
     return rows, loss
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 @pytest.mark.parametrize("nproc", [2, None])
 def test_minimal_17_routes_like_the_lessons_moe_and_equals_one_process(nproc):
     run = run_lesson(REPO_ROOT / "minimal" / "17_expert_parallel.py", nproc, [], 180, env=CPU,

@@ -1,0 +1,93 @@
+"""common.launch_cache: a configuration is launched once per session, a path or a timeout is never shared,
+and a changed source file, argument or environment variable launches afresh."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from common import launch_cache
+from common.launch import REPO_ROOT, LessonTimeout
+
+LESSON = REPO_ROOT / "lessons" / "04_custom_sampler.py"
+
+
+def fake_launch(calls: list, wall_s: float = 0.0):
+    def launch():
+        calls.append(1)
+        time.sleep(wall_s)
+        return {"command": ["x"], "returncode": 0, "stdout": f"run {len(calls)}", "stderr": "",
+                "results": None, "wall_s": wall_s, "cpu_s": 0.0}
+    return launch
+
+
+def key(args=(), env=None, nproc=2, results=True, root=REPO_ROOT):
+    return launch_cache.config_key(root, LESSON, nproc, list(args), env, results)
+
+
+def test_the_key_follows_every_part_of_the_configuration():
+    base = key(["--device", "cpu"])
+    assert base == key(["--device", "cpu"])
+    cpu = ["--device", "cpu"]
+    others = [key([*cpu, "--epochs", "1"]), key(["cpu", "--device"]), key(cpu, nproc=4), key(cpu, nproc=None),
+              key(cpu, env={"CUDA_VISIBLE_DEVICES": ""}), key(cpu, results=False)]
+    assert len({base, *others}) == 1 + len(others)
+
+
+def test_a_changed_source_line_changes_the_key(tmp_path):
+    for d in launch_cache.SOURCE_DIRS:
+        (tmp_path / d).mkdir()
+    module = tmp_path / "common" / "m.py"
+    module.write_text("x = 1\n")
+    before = launch_cache.config_key(tmp_path, LESSON, 2, [], None, True)
+    module.write_text("x = 2\n")
+    launch_cache._sources_digest.cache_clear()  # a new process reads the sources afresh
+    assert launch_cache.config_key(tmp_path, LESSON, 2, [], None, True) != before
+
+
+def test_arguments_that_name_a_path_are_never_shared():
+    assert launch_cache.shareable(["--device", "cpu", "--steps", "20", "--show", "collectives"])
+    assert not launch_cache.shareable(["--checkpoint", "/tmp/x/ckpt.pt"])
+    assert not launch_cache.shareable(["--data", "data/mnist"])
+
+
+def test_one_launch_then_shared_and_logged(tmp_path):
+    calls = []
+    first = launch_cache.shared_launch(tmp_path, "k", {"file": "f"}, 10, fake_launch(calls))
+    second = launch_cache.shared_launch(tmp_path, "k", {"file": "f"}, 10, fake_launch(calls))
+    other = launch_cache.shared_launch(tmp_path, "k2", {"file": "f"}, 10, fake_launch(calls))
+    assert len(calls) == 2 and first == second and other["stdout"] == "run 2"
+    assert [r["shared"] for r in launch_cache.read_log(tmp_path)] == [False, True, False]
+
+
+def test_a_timed_out_launch_is_not_stored(tmp_path):
+    def times_out():
+        raise LessonTimeout("did not finish", "")
+    with pytest.raises(LessonTimeout):
+        launch_cache.shared_launch(tmp_path, "k", {}, 10, times_out)
+    calls = []
+    launch_cache.shared_launch(tmp_path, "k", {}, 10, fake_launch(calls))
+    assert calls == [1]  # launched again
+
+
+@pytest.mark.timeout(60)
+def test_a_second_caller_waits_for_the_first_and_reads_its_run(tmp_path):
+    calls, got = [], []
+    threads = [threading.Thread(target=lambda: got.append(
+        launch_cache.shared_launch(tmp_path, "k", {}, 30, fake_launch(calls, wall_s=0.5)))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and got[0] == got[1]
+
+
+def test_the_variable_unset_or_off_launches_every_call(monkeypatch, tmp_path):
+    monkeypatch.delenv(launch_cache.CACHE_ENV, raising=False)
+    assert launch_cache.cache_dir() is None
+    monkeypatch.setenv(launch_cache.CACHE_ENV, "off")
+    assert launch_cache.cache_dir() is None
+    monkeypatch.setenv(launch_cache.CACHE_ENV, str(tmp_path))
+    assert launch_cache.cache_dir() == Path(tmp_path)
