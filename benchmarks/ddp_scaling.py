@@ -36,8 +36,9 @@ def main() -> None:
         rss = []
         for _ in range(args.rounds):
             for nproc in (1, 2):
-                run = run_lesson("03_ddp", nproc=nproc, args=["--epochs", str(args.epochs), "--batch-size", str(bs),
-                                                               "--device", "cpu", "--dataset", dataset], timeout_s=600).check()
+                run = run_lesson("03_ddp", nproc=nproc, share=False,  # each round a launch of its own
+                                 args=["--epochs", str(args.epochs), "--batch-size", str(bs), "--device", "cpu",
+                                       "--dataset", dataset], timeout_s=600).check()
                 thr[nproc].append(statistics.mean(run.results["samples_per_s"][1:]))
                 if nproc == 2:
                     rss += [f["peak_rss_mb"] for f in run.results["ranks"]]

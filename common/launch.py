@@ -166,7 +166,7 @@ def run_command(cmd: Sequence[str], timeout_s: float = 120, env: dict | None = N
 
 
 def run_lesson(lesson: str | Path, nproc: int | None = 2, args: Sequence[str] = (), timeout_s: float = 120,
-               env: dict | None = None, results: bool = True) -> LessonRun:
+               env: dict | None = None, results: bool = True, share: bool = True) -> LessonRun:
     """Launch a lesson under torchrun with `nproc` processes (None: plain python) and wait for it.
 
     Args:
@@ -176,6 +176,7 @@ def run_lesson(lesson: str | Path, nproc: int | None = 2, args: Sequence[str] = 
         timeout_s: wall-clock limit; the process tree is killed after it.
         env: extra environment variables (a value of None removes the variable).
         results: append `--results TMP.json` and parse it into `LessonRun.results`.
+        share: in a test session, reuse an identical earlier launch (False: always launch, e.g. to time it).
 
     In a test session (common/launch_cache.py) a configuration launched before -- the same sources, file,
     processes, arguments and environment, no path among the arguments -- is not launched again: the call
@@ -187,15 +188,19 @@ def run_lesson(lesson: str | Path, nproc: int | None = 2, args: Sequence[str] = 
     path = lesson_path(lesson)
     directory = cache_dir()
     label = {"file": _relative(path), "nproc": nproc, "args": [str(a) for a in args], "timeout_s": timeout_s}
-    if directory is None or not shareable(args):
+    if directory is None or not share or not shareable(args):
         run = _launch(path, nproc, args, timeout_s, env, results)
         if directory is not None:  # counted, never shared: a path among the arguments
             log_launch(directory, {**label, "key": None, "shared": False, "wall_s": run["wall_s"],
                                     "cpu_s": run["cpu_s"]})
         return LessonRun(**run)
     key = config_key(REPO_ROOT, path, nproc, args, env, results)
-    return LessonRun(**shared_launch(directory, key, label, timeout_s,
-                                     lambda: _launch(path, nproc, args, timeout_s, env, results)))
+    run = shared_launch(directory, key, label, timeout_s,
+                        lambda: _launch(path, nproc, args, timeout_s, env, results))
+    if run["wall_s"] > timeout_s:  # launched for a caller that allowed longer: past this caller's bound
+        raise LessonTimeout(f"{' '.join(run['command'])} took {run['wall_s']:.0f} s, more than {timeout_s} s",
+                            run["stdout"] + run["stderr"])
+    return LessonRun(**run)
 
 
 def _relative(path: Path) -> str:

@@ -1,17 +1,20 @@
-"""One launch per lesson configuration in a test session: the suite's runs shared between tests and notebooks.
+"""One launch per lesson configuration in a test session: the suite's runs shared by tests and notebooks.
 
-A lesson test, the notebook that explains the lesson and the minimal script's test often launch the very same
-command (`torchrun --nproc_per_node=2 lessons/04_custom_sampler.py --device cpu`). When the environment
-variable `LESSONS_LAUNCH_CACHE` names a directory (tests/conftest.py makes one per `pytest` session and
-removes it at the end), `common.launch.run_lesson` launches each configuration once and gives every later caller that
-launch's exit code, output and results. Outside a test session (a reader running a notebook) the variable is
-unset and every call launches.
+A lesson test, the notebook that explains the lesson and the minimal script's test often launch the very
+same command (`torchrun --nproc_per_node=2 lessons/04_custom_sampler.py --device cpu`). In a `pytest`
+session, tests/conftest.py makes a directory (marked as its own) and names it in `LESSONS_LAUNCH_CACHE`;
+`common.launch.run_lesson` then launches each configuration once and gives every later caller that launch's
+exit code, output and results. Outside a test session (a reader running a notebook) nothing is shared.
 
 A configuration is the key: the content of every .py file under common/, lessons/, minimal/ and benchmarks/
-(a changed line launches afresh), the file launched, the number of processes, the arguments, the environment
-overrides and whether --results is asked for. A launch whose arguments name a file or directory (a checkpoint
-to write, then resume) is never shared: a second run may find what the first left. Nor is one that timed out.
-Two callers asking at once: the second waits for the first (a lock per key), then reads its run.
+and of data/ (a changed line launches afresh), the interpreter and torch version, the file launched, the
+number of processes, the arguments, the environment overrides, the inherited variables that can change a
+launch (CUDA_*, PET_*, TORCH*, NCCL_*, OMP_*, ...), and whether --results is asked for. A launch whose
+arguments name a file or directory (a checkpoint to write, then resume) is never shared: a second run may
+find what the first left. Nor is one that timed out. Two callers asking at once: the second waits for the
+first (a lock per key), then reads its run; a run that took longer than a caller's own timeout is that
+caller's timeout (common/launch.py). `run_lesson(..., share=False)` always launches (a benchmark that
+repeats a command to time it).
 
 Every call is logged to `launches.jsonl` in the directory (key, file, processes, arguments, seconds, shared or
 not): tests/conftest.py prints how many launches the session made and how many it shared.
@@ -21,24 +24,43 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-__all__ = ["CACHE_ENV", "cache_dir", "shareable", "config_key", "shared_launch", "log_launch", "read_log"]
+__all__ = ["CACHE_ENV", "cache_dir", "make_session_dir", "shareable", "config_key", "shared_launch",
+           "log_launch", "read_log"]
 
 CACHE_ENV = "LESSONS_LAUNCH_CACHE"
 SOURCE_DIRS = ("common", "lessons", "minimal", "benchmarks")
 
 
+MARKER = "made-by-a-pytest-session"  # written by tests/conftest.py: a directory set by hand is not used
+# environment variables a launch inherits that can change what it does (the rest, such as PYTEST_CURRENT_TEST
+# or a notebook kernel's own, cannot): part of the key
+ENV_PREFIXES = ("CUDA_", "HIP_", "ROCR_", "PET_", "TORCH", "NCCL_", "GLOO_", "OMP_", "MKL_", "KMP_",
+                "MASTER_", "PYTHON", "LD_")
+ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "PATH")
+
+
 def cache_dir() -> Path | None:
-    """The session's directory of shared launches, or None (the variable unset, "off", or not a directory)."""
+    """The session's directory of shared launches, or None (unset, "off", or not made by a test session)."""
     value = os.environ.get(CACHE_ENV, "")
-    if value in ("", "0", "off") or not Path(value).is_dir():
+    if value in ("", "0", "off") or not (Path(value) / MARKER).is_file():
         return None
     return Path(value)
+
+
+def make_session_dir() -> str:
+    """A fresh directory for one test session's launches (tests/conftest.py), marked as such."""
+    directory = tempfile.mkdtemp(prefix="lesson-launches-")
+    (Path(directory) / MARKER).write_text("one pytest session's shared lesson launches\n")
+    return directory
 
 
 def shareable(args: Sequence[str]) -> bool:
@@ -48,19 +70,33 @@ def shareable(args: Sequence[str]) -> bool:
 
 @functools.lru_cache(maxsize=4)
 def _sources_digest(root: str) -> str:
-    """One digest of every .py file the lessons can import or launch (read once per process)."""
-    h = hashlib.sha256()
-    for d in SOURCE_DIRS:
-        for f in sorted((Path(root) / d).rglob("*.py")):
+    """One digest of every .py file the lessons can import or launch and of the data they read (read once per
+    process), with the interpreter and the torch installed."""
+    h = hashlib.sha256(f"{sys.executable}\0{_torch_version()}\0".encode())
+    files = [f for d in SOURCE_DIRS for f in sorted((Path(root) / d).rglob("*.py"))]
+    for f in files + sorted((Path(root) / "data").glob("*")):
+        if f.is_file():
             h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+def _torch_version() -> str:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def _inherited_env() -> list:
+    return sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES)
 
 
 def config_key(root: Path, path: Path, nproc: int | None, args: Sequence[str], env: dict | None,
                results: bool) -> str:
     """The configuration's key: sources, launched file, processes, arguments, environment, --results."""
     config = {"sources": _sources_digest(str(root)), "file": str(Path(path).resolve()), "nproc": nproc,
-              "args": [str(a) for a in args], "env": sorted((env or {}).items(), key=str), "results": results}
+              "args": [str(a) for a in args], "env": sorted((env or {}).items(), key=str), "results": results,
+              "inherited": _inherited_env()}
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 

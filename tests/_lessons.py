@@ -1,6 +1,13 @@
 """Assertions shared by the lesson tests (tests/lessons/): claims and bad input."""
 from __future__ import annotations
 
+import torch
+
+# The device arguments of a lesson's main run: `--device cpu` on a machine without a GPU, which is the command
+# its notebook runs (so a test session launches it once, common/launch_cache.py), and the lesson's own choice
+# (auto: the GPU) where there is one, so that a GPU machine still tests the GPU.
+DEV: list[str] = [] if torch.cuda.is_available() else ["--device", "cpu"]
+
 
 def assert_claims(results: dict, expected: set[str] | list[str]) -> dict:
     """The lesson recorded every claim in `expected`, and every claim it recorded holds.

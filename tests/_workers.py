@@ -19,8 +19,10 @@ from common.session import exit_process
 
 # A world's processes fork from one server process that has imported torch and the workers' modules once
 # (forkserver), instead of each importing torch afresh (spawn: about 1.3 s of CPU per process). The server
-# runs no torch code, so each rank starts as a spawned one would: no threads, default random state. Spawn
-# where forkserver does not exist (Windows).
+# runs no torch code, so each rank starts as a spawned one would: no threads, default random state. One
+# difference: the server starts with this process's environment at the first world, and later changes to
+# os.environ do not reach the ranks (no test makes any; `_entry` sets RANK and the rest itself). Spawn where
+# forkserver does not exist (Windows).
 START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 if START_METHOD == "forkserver":
     mp.set_forkserver_preload(["torch", "torch.distributed", "tests._workers"])

@@ -7,7 +7,6 @@
 """
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,17 +30,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ---- one launch per lesson configuration (common/launch_cache.py) ---------------------------------------
-# The controller makes the session's directory before xdist starts its workers, so that the workers and the
-# notebook kernels they start inherit LESSONS_LAUNCH_CACHE; it is removed when the session ends. Set
-# LESSONS_LAUNCH_CACHE=off to launch every call.
+# The controller makes a fresh directory for the session before xdist starts its workers, so that the
+# workers and the notebook kernels they start inherit LESSONS_LAUNCH_CACHE; it is removed when the session
+# ends. Set LESSONS_LAUNCH_CACHE=off to launch every call.
 _MADE_CACHE: list[str] = []
 
 
 def pytest_configure(config):
-    if os.environ.get(launch_cache.CACHE_ENV) is None:
-        directory = tempfile.mkdtemp(prefix="lesson-launches-")
-        os.environ[launch_cache.CACHE_ENV] = directory
-        _MADE_CACHE.append(directory)
+    if hasattr(config, "workerinput") or os.environ.get(launch_cache.CACHE_ENV) in ("0", "off"):
+        return  # an xdist worker uses its controller's directory
+    directory = launch_cache.make_session_dir()
+    os.environ[launch_cache.CACHE_ENV] = directory
+    _MADE_CACHE.append(directory)
 
 
 def pytest_unconfigure(config):

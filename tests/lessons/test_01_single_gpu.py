@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from common.launch import lesson_path, run_command, run_lesson
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 
 CLAIMS = {"loss_falls", "test_accuracy", "each_test_image_counted_once"}
 
@@ -15,7 +15,7 @@ CLAIMS = {"loss_falls", "test_accuracy", "each_test_image_counted_once"}
 @pytest.fixture(scope="module")
 def full():
     """The default run, plus the in-run check that a run stopped at epoch 2 and resumed ends identical."""
-    args = ["--device", "cpu", "--check-resume"]  # notebook 01's command: the session launches it once
+    args = [*DEV, "--check-resume"]  # without a GPU, notebook 01's command: the session launches it once
     return run_lesson("01_single_gpu", nproc=None, args=args, timeout_s=360).check()
 
 

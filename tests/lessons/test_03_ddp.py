@@ -14,7 +14,7 @@ import torch
 
 from common.launch import REPO_ROOT, lesson_path, run_command, run_lesson, torchrun_command
 from common.session import LessonError
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 from tests._workers import free_port
 
 DDP_CLAIMS = {"replicas_identical", "loss_falls", "test_accuracy", "each_test_image_counted_once",
@@ -25,7 +25,7 @@ LEGACY_NOTE = "note: --local-rank came from the deprecated `python -m torch.dist
 @pytest.fixture(scope="module")
 def ddp2():
     """One default run with 2 processes and the single-process replay (reused by several tests)."""
-    return run_lesson("03_ddp", nproc=2, args=["--check-equivalence", "--device", "cpu"], timeout_s=480).check()
+    return run_lesson("03_ddp", nproc=2, args=["--check-equivalence", *DEV], timeout_s=480).check()
 
 
 @pytest.fixture(scope="module")

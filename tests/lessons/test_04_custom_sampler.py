@@ -3,7 +3,7 @@ The samplers' properties (hypothesis), given cases and bad input are unit tests:
 import pytest
 
 from common.launch import run_lesson
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 
 CLAIMS = {
     "padding_repeats", "set_epoch_changes_permutation", "by_hand_equals_torch_this_run", "by_hand_equals_torch_configs",
@@ -19,7 +19,7 @@ CLAIMS = {
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    return run_lesson("04_custom_sampler", nproc=2, args=["--device", "cpu"], timeout_s=300).check()
+    return run_lesson("04_custom_sampler", nproc=2, args=DEV, timeout_s=300).check()
 
 
 @pytest.fixture(scope="module")

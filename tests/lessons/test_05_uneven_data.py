@@ -3,7 +3,7 @@ The sampler and seeding helpers' unit tests are in tests/unit/test_samplers.py."
 import pytest
 
 from common.launch import run_lesson
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 
 CLAIMS = {
     "unpadded_counts_every_image_once", "unpadded_equals_one_process_loss", "unpadded_equals_one_process_accuracy",
@@ -21,7 +21,7 @@ FAILURES = {"ddp_eval_empty_shard_times_out", "no_join_last_rank_times_out", "no
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    return run_lesson("05_uneven_data", nproc=2, args=["--device", "cpu"], timeout_s=400).check()
+    return run_lesson("05_uneven_data", nproc=2, args=DEV, timeout_s=400).check()
 
 
 @pytest.fixture(scope="module")

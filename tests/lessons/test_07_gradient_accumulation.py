@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 
 from common.launch import run_lesson
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 
 LESSON = "07_gradient_accumulation"
 TOL = 1e-5
-FAST = ["--device", "cpu", "--steps", "20"]
+FAST = [*DEV, "--steps", "20"]
 
 ONE_PROCESS_EXACT = ["accumulate", "uneven_sample_weighted", "clip_after_sync"]
 DDP_EXACT = ["require_grad_sync", "always_sync", "backward_only_no_sync"]

@@ -9,7 +9,7 @@ import pytest
 
 from common.launch import REPO_ROOT, run_command, run_lesson
 from common.memory import residual_mlp_activation_bytes
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 
 LESSON = "08_memory"
 TOL = 1e-5
@@ -24,7 +24,7 @@ CLAIMS = {"parameter_bytes_exact", "gradient_bytes_exact", "adam_state_bytes_exa
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    return run_lesson(LESSON, nproc=2, args=["--device", "cpu"], timeout_s=480).check().results
+    return run_lesson(LESSON, nproc=2, args=DEV, timeout_s=480).check().results
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from common.launch import run_lesson
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 
 TOL = 1e-5
 SCHEDULES = ["gpipe", "1f1b", "torch-gpipe", "torch-1f1b", "torch-interleaved-1f1b"]
@@ -45,7 +45,7 @@ def _check_rows(rows: dict, p: int, ms: list[int]) -> None:
 def two_stages():
     # The default command: --stage-ms 200 of simulated work per rank and batch, so at m=8 a micro-batch forward
     # is 25 ms (12.5 ms per interleaved stage), well above send/recv latency and scheduler noise.
-    return run_lesson("09_model_parallel", nproc=2, args=["--device", "cpu"], timeout_s=720).check()
+    return run_lesson("09_model_parallel", nproc=2, args=DEV, timeout_s=720).check()
 
 
 @pytest.mark.timeout(800)

@@ -62,11 +62,11 @@ def test_bytes_predicted_exactly_on_4_ranks_with_padding(four_ranks):
 
 
 @pytest.mark.timeout(240)
-def test_planner_70b_on_64_gpus_in_seconds_without_a_model():
+def test_planner_70b_on_64_gpus_without_building_the_model():
     run = run_lesson(LESSON, nproc=None, args=["--params", "70e9", "--gpus", "64", "--gpu-memory-gb", "80"],
                      timeout_s=120).check()
-    r = run.results  # no timing asserted (speed belongs to benchmarks): building the 70e9-parameter model,
-    # 280 GB in fp32, would fail the run itself, and the launch's timeout is a safety net
+    r = run.results  # no timing asserted (speed belongs to benchmarks, the launch's timeout is a safety net):
+    # the plan comes from formulas; the 70e9-parameter model itself would need 280 GB in fp32
     assert r["claims"] == {} and r["fitting"] >= 1
     best = r["configurations"][0]
     assert best["dp"] * best["tp"] * best["pp"] * best["cp"] == 64

@@ -2,6 +2,7 @@
 and a changed source file, argument or environment variable launches afresh."""
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -84,10 +85,45 @@ def test_a_second_caller_waits_for_the_first_and_reads_its_run(tmp_path):
     assert len(calls) == 1 and got[0] == got[1]
 
 
-def test_the_variable_unset_or_off_launches_every_call(monkeypatch, tmp_path):
+def test_the_variable_unset_or_off_launches_every_call(monkeypatch):
     monkeypatch.delenv(launch_cache.CACHE_ENV, raising=False)
     assert launch_cache.cache_dir() is None
     monkeypatch.setenv(launch_cache.CACHE_ENV, "off")
     assert launch_cache.cache_dir() is None
-    monkeypatch.setenv(launch_cache.CACHE_ENV, str(tmp_path))
-    assert launch_cache.cache_dir() == Path(tmp_path)
+
+
+def test_only_a_directory_a_test_session_made_is_used(monkeypatch, tmp_path):
+    monkeypatch.setenv(launch_cache.CACHE_ENV, str(tmp_path))  # set by hand: not a session's
+    assert launch_cache.cache_dir() is None
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # made under tmp_path, removed with it
+    made = launch_cache.make_session_dir()
+    monkeypatch.setenv(launch_cache.CACHE_ENV, made)
+    assert launch_cache.cache_dir() == Path(made)
+
+
+def test_an_inherited_variable_that_can_change_a_launch_changes_the_key(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    before = key()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert key() != before
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "another test")  # cannot change a launch: not in the key
+    assert key() == key()
+
+
+def test_a_shared_run_longer_than_the_callers_timeout_is_its_timeout(monkeypatch, tmp_path):
+    from common import launch
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made = launch_cache.make_session_dir()
+    monkeypatch.setenv(launch_cache.CACHE_ENV, made)
+    calls = []
+
+    def slow(*args):
+        calls.append(1)
+        return {"command": ["x"], "returncode": 0, "stdout": "", "stderr": "", "results": None,
+                "wall_s": 50.0, "cpu_s": 0.0}
+    monkeypatch.setattr(launch, "_launch", slow)
+    assert launch.run_lesson("04_custom_sampler", 2, [], timeout_s=100).wall_s == 50.0
+    with pytest.raises(LessonTimeout):
+        launch.run_lesson("04_custom_sampler", 2, [], timeout_s=10)  # the same configuration, a tighter bound
+    launch.run_lesson("04_custom_sampler", 2, [], timeout_s=100, share=False)
+    assert len(calls) == 2  # the first launch, and the one that asked not to share
