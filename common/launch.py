@@ -190,7 +190,7 @@ def run_lesson(lesson: str | Path, nproc: int | None = 2, args: Sequence[str] = 
     label = {"file": _relative(path), "nproc": nproc, "args": [str(a) for a in args], "timeout_s": timeout_s}
     if directory is None or not share or not shareable(args):
         run = _launch(path, nproc, args, timeout_s, env, results)
-        if directory is not None:  # counted, never shared: a path among the arguments
+        if directory is not None:  # counted, not shared: a path among the arguments, or share=False
             log_launch(directory, {**label, "key": None, "shared": False, "wall_s": run["wall_s"],
                                     "cpu_s": run["cpu_s"]})
         return LessonRun(**run)
