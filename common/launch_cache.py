@@ -21,7 +21,6 @@ not): tests/conftest.py prints how many launches the session made and how many i
 """
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import importlib.metadata
@@ -33,13 +32,16 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+try:
+    import fcntl  # the lock per key; where there is none (Windows) nothing is shared
+except ImportError:
+    fcntl = None
+
 __all__ = ["CACHE_ENV", "cache_dir", "make_session_dir", "shareable", "config_key", "shared_launch",
            "log_launch", "read_log"]
 
 CACHE_ENV = "LESSONS_LAUNCH_CACHE"
 SOURCE_DIRS = ("common", "lessons", "minimal", "benchmarks")
-
-
 MARKER = "made-by-a-pytest-session"  # written by tests/conftest.py: a directory set by hand is not used
 # environment variables a launch inherits that can change what it does (the rest, such as PYTEST_CURRENT_TEST
 # or a notebook kernel's own, cannot): part of the key
@@ -51,7 +53,7 @@ ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK
 def cache_dir() -> Path | None:
     """The session's directory of shared launches, or None (unset, "off", or not made by a test session)."""
     value = os.environ.get(CACHE_ENV, "")
-    if value in ("", "0", "off") or not (Path(value) / MARKER).is_file():
+    if fcntl is None or value in ("", "0", "off") or not (Path(value) / MARKER).is_file():
         return None
     return Path(value)
 
