@@ -5,12 +5,14 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from exercises._ranks import describe, run_on_ranks
+from exercises._ranks import RankHung, describe, run_on_ranks
 
-__all__ = ["unsolved_functions", "grade", "grade_many", "module_for"]
+__all__ = ["unsolved_functions", "grade", "grade_many", "module_for", "skipped_collective"]
 
 
 def module_for(name: str, reference: bool = False) -> str:
@@ -47,16 +49,62 @@ def unsolved_functions(module: str) -> list[str]:
     return names
 
 
+@dataclass
+class Counted:
+    """What a rank's `on_rank` returned, and how many collectives the rank called on the way."""
+    value: object
+    collectives: int
+
+
 def _on_rank(grader: str, modules: list[str]):
     """Runs on every rank: yields the grader's `on_rank` for each module in turn (an exception is that
     module's answer), so that an answer reaches the grader even if a later module's mistake kills the
-    process."""
+    process. The collectives each rank calls are counted: a rank that skipped one shows as the rank with fewer."""
+    from exercises.graders._common import collectives_counted
+
     on_rank = importlib.import_module(f"exercises.graders.{grader}").on_rank
     for module in modules:
+        count = [0]
         try:
-            yield on_rank(module)
+            # imported before the counting starts, so that a name it binds at import is found (and counted)
+            learner = importlib.import_module(module)
+            with collectives_counted(count, [learner]):
+                answer = on_rank(module)
+            yield Counted(answer, count[0])
         except Exception as e:
-            yield describe(e)
+            error = describe(e)
+            error.collectives = count[0]
+            yield error
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def skipped_collective(answers: list) -> list[str]:
+    """When some ranks answered while others failed waiting in a collective, the ones that answered having
+    called fewer collectives: one problem naming the rank(s) that skipped (the waiting ranks' own error,
+    gloo's "Connection closed by peer" when the skipper left, says nothing about who)."""
+    answered = [r for r, a in enumerate(answers) if isinstance(a, Counted)]
+    failed = [r for r, a in enumerate(answers) if not isinstance(a, Counted)]
+    if not answered or not failed:
+        return []
+    fewest = min(answers[r].collectives for r in answered)
+    skippers = [r for r in answered if answers[r].collectives == fewest]
+    waiting = [r for r in failed if isinstance(answers[r], RankHung)
+               or getattr(answers[r], "collectives", None) is None
+               or answers[r].collectives > fewest]
+    if not waiting:
+        return []
+    called = [answers[r].collectives for r in waiting if getattr(answers[r], "collectives", None) is not None]
+    more = f" called {max(called)} and" if called else ""
+    # gloo's text: "[.../pair.cc:537] Read error [127.0.0.1]:20386: Connection reset by peer. This is ..."
+    their = re.sub(r"^\w+: \[[^\]]*\] ", "", getattr(answers[waiting[0]], "text", str(answers[waiting[0]])))
+    their = their.split(". ")[0]
+    return [f"{_ranks(skippers)} called {fewest} collective(s) and returned, while {_ranks(waiting)}{more} "
+            f"waited in one that {_ranks(skippers)} never called (their error: {their}): "
+            f"{_ranks(skippers)} skipped a collective. Every rank must call the same collectives in the same "
+            f"order: look for a collective under an `if` that depends on the rank or on its data"]
 
 
 def grade_many(name: str, modules: list[str]) -> dict[str, list[str]]:
@@ -88,7 +136,9 @@ def grade_many(name: str, modules: list[str]) -> dict[str, list[str]]:
         per_rank = run_on_ranks("exercises._grading:_on_rank", grader.WORLD_SIZE, len(to_run), grader=name,
                                 modules=to_run)
         for i, module in enumerate(to_run):
-            out[module] = grader.judge([answers[i] for answers in per_rank])
+            got = [answers[i] for answers in per_rank]
+            values = [a.value if isinstance(a, Counted) else a for a in got]
+            out[module] = skipped_collective(got) or grader.judge(values)
     return out
 
 

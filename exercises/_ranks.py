@@ -38,6 +38,7 @@ class RankError:
     """The rank raised: `text` is the exception's last line, `where` the learner's line that raised it."""
     text: str
     where: str = ""
+    collectives: int | None = None  # how many collectives the rank had called when it raised (if counted)
 
     def __str__(self) -> str:
         return f"{self.text}{f' (at {self.where})' if self.where else ''}"

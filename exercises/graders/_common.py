@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from typing import Iterator, Sequence
 
@@ -83,3 +84,71 @@ def collectives_forbidden(reason: str, modules: Sequence = ()) -> Iterator[None]
     refused = {getattr(c10d, name): refuse(name) for name in COLLECTIVES if hasattr(c10d, name)}
     with functions_replaced(refused, modules):
         yield
+
+
+@contextlib.contextmanager
+def collectives_counted(count: list[int], modules: Sequence = ()) -> Iterator[None]:
+    """Inside the block every call of a torch.distributed collective adds 1 to count[0] (however it is reached,
+    as in `functions_replaced`): ranks whose counts differ did not call the same collectives."""
+    def counting(original):
+        def call(*args, **kwargs):
+            count[0] += 1
+            return original(*args, **kwargs)
+        call.__name__ = original.__name__
+        return call
+
+    counted = {getattr(c10d, name): counting(getattr(c10d, name)) for name in COLLECTIVES if hasattr(c10d, name)}
+    with functions_replaced(counted, modules):
+        yield
+
+
+class _WatchedWork:
+    """A collective's async work that records in `log` when it is waited on (`wait`, or its future taken);
+    everything else goes to the real work."""
+
+    def __init__(self, work, index: int, log: list):
+        self._work, self._index, self._log = work, index, log
+
+    def wait(self, *args, **kwargs):
+        self._log.append(("waited", self._index))
+        return self._work.wait(*args, **kwargs)
+
+    def get_future(self, *args, **kwargs):  # torch.futures.wait_all(...) and .then() reach the work this way
+        self._log.append(("waited", self._index))
+        return self._work.get_future(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _is_async(original, args, kwargs) -> bool:
+    try:
+        return bool(inspect.signature(original).bind(*args, **kwargs).arguments.get("async_op", False))
+    except (TypeError, ValueError):
+        return bool(kwargs.get("async_op", False))
+
+
+@contextlib.contextmanager
+def works_watched(log: list, modules: Sequence = ()) -> Iterator[None]:
+    """Inside the block every collective called with async_op=True appends ("launched", i, name) to `log` and
+    returns a work whose wait appends ("waited", i): `unwaited(log)` then names the works nobody waited on."""
+    def watching(original):
+        def call(*args, **kwargs):
+            work = original(*args, **kwargs)
+            if work is None or not _is_async(original, args, kwargs):
+                return work
+            index = sum(1 for e in log if e[0] == "launched")
+            log.append(("launched", index, original.__name__))
+            return _WatchedWork(work, index, log)
+        call.__name__ = original.__name__
+        return call
+
+    watched = {getattr(c10d, name): watching(getattr(c10d, name)) for name in COLLECTIVES if hasattr(c10d, name)}
+    with functions_replaced(watched, modules):
+        yield
+
+
+def unwaited(log: list) -> list[str]:
+    """The names of the async works in `log` (from `works_watched`) that were never waited on."""
+    waited = {e[1] for e in log if e[0] == "waited"}
+    return [e[2] for e in log if e[0] == "launched" and e[1] not in waited]

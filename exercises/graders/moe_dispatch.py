@@ -45,6 +45,15 @@ def _order_problem(got: list, expert_of: torch.Tensor, experts: int, ep: int) ->
             "(torch.argsort(stable=True))")
 
 
+def _not_integer(value) -> str:
+    """'' for an integer tensor (or a list of ints), else what it holds instead (e.g. 'torch.float32')."""
+    if torch.is_tensor(value):
+        dtype = value.dtype
+        return str(dtype) if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool else ""
+    bad = [v for v in list(value) if isinstance(v, bool) or not isinstance(v, int)]
+    return f"a list holding {type(bad[0]).__name__}s" if bad else ""
+
+
 def check(module: str) -> list[str]:
     plan = importlib.import_module(module).dispatch_plan
     for m, (experts, ep), seed in CASES:
@@ -54,8 +63,15 @@ def check(module: str) -> list[str]:
             expert_of = expert_of % max(1, experts // 2)
         want_counts, want_order = _want(expert_of, experts, ep)
         counts, order = plan(expert_of.clone(), experts, ep)
-        got_counts, got_order = torch.as_tensor(counts).tolist(), torch.as_tensor(order).tolist()
         case = f"expert_of={expert_of.tolist()[:12]}{'...' if m > 12 else ''} (M={m}), E={experts}, ep={ep}"
+        for what, value, use in (("send_counts", counts, "all_to_all_single's split sizes are"),
+                                 ("order", order, "x[order] needs")):
+            kind = _not_integer(value)
+            if kind:
+                return [f"{case}: {what} is {kind}: {use} integers (2.0 == 2 in Python, but a float is "
+                        f"neither a split size nor an index): return int64, as torch.bincount and "
+                        f"torch.argsort do"]
+        got_counts, got_order = torch.as_tensor(counts).tolist(), torch.as_tensor(order).tolist()
         if got_counts != want_counts:
             return [f"{case}: send_counts {got_counts}, expected {want_counts}: "
                     f"{_counts_problem(got_counts, want_counts, expert_of, experts, ep)}"]

@@ -12,7 +12,11 @@ from exercises.graders._common import max_abs_diff
 
 WORLD_SIZE = 0
 FUNCTIONS = ["merge"]
-CASES = ((16, 5, 1.0), (16, 8, 1.0), (12, 1, 1.0), (16, 8, 30.0), (16, 8, 180.0))  # keys, keys in A, scale
+# (keys, keys in A, how the scores are made): x scale, or "A >> B" / "B >> A": one block's keys along the
+# queries (scores ~ +400), the other's against them (~ -400): each lse below 709, their difference ~ 800.
+CASES = ((16, 5, 1.0), (16, 8, 1.0), (12, 1, 1.0), (16, 8, 30.0), (16, 8, 180.0), (16, 8, "A >> B"),
+         (16, 8, "B >> A"))
+EXP_LIMIT = 709.78  # log of float64's largest number: exp() of more is inf
 
 
 def _partial(q, k, v):
@@ -22,21 +26,49 @@ def _partial(q, k, v):
     return torch.softmax(s, -1) @ v, lse
 
 
+def inputs(n_keys: int, split: int, scores) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (2, 3, 7, 8), k and v (2, 3, n_keys, 8), float64."""
+    g = torch.Generator().manual_seed(n_keys + split)
+    if not isinstance(scores, str):
+        q = torch.randn(2, 3, 7, 8, generator=g, dtype=torch.float64) * scores  # x180: lse ~800
+        k, v = (torch.randn(2, 3, n_keys, 8, generator=g, dtype=torch.float64) for _ in range(2))
+        return q, k, v
+    u = torch.randn(8, generator=g, dtype=torch.float64)
+    u /= u.norm()  # every query along u: q . k / sqrt(8) = 20 x 57 / 2.83 ~ 403 for a key along u
+    q = 20 * u + 0.1 * torch.randn(2, 3, 7, 8, generator=g, dtype=torch.float64)
+    sign = torch.ones(n_keys, 1, dtype=torch.float64)
+    sign[split:] = -1.0
+    if scores == "B >> A":
+        sign = -sign
+    k = sign * 57 * u + 0.1 * torch.randn(2, 3, n_keys, 8, generator=g, dtype=torch.float64)
+    return q, k, torch.randn(2, 3, n_keys, 8, generator=g, dtype=torch.float64)
+
+
+def _overflow(case: str, lse_a: torch.Tensor, lse_b: torch.Tensor) -> str:
+    """Why a merge made NaN or inf here: which exponent passes float64's limit."""
+    largest, apart = max(lse_a.abs().max(), lse_b.abs().max()).item(), (lse_a - lse_b).abs().max().item()
+    if largest < EXP_LIMIT < apart:
+        return (f"{case}: NaN or inf in your result: each |lse| is at most {largest:.0f}, but the blocks' lse "
+                f"differ by up to {apart:.0f}, and exp of that difference (lse_a - lse_b or lse_b - lse_a) overflows past ~709: "
+                "exponentiate only differences with the merged lse, lse_a - lse and lse_b - lse, which are <= 0")
+    return (f"{case}: NaN or inf in your result: exp(lse) overflows for large scores (lse up to "
+            f"{largest:.0f} here, exp overflows past ~709); work with differences lse_a - lse, "
+            "which are <= 0")
+
+
 def check(module: str) -> list[str]:
     merge = importlib.import_module(module).merge
-    for n_keys, split, scale in CASES:
-        g = torch.Generator().manual_seed(n_keys + split)
-        q = torch.randn(2, 3, 7, 8, generator=g, dtype=torch.float64) * scale  # x180: lse ~800: exp overflows
-        k, v = (torch.randn(2, 3, n_keys, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    for n_keys, split, scores in CASES:
+        q, k, v = inputs(n_keys, split, scores)
         want = F.scaled_dot_product_attention(q, k, v)
         want_lse = torch.logsumexp(q @ k.transpose(-2, -1) / math.sqrt(8), -1)
         a, b = _partial(q, k[:, :, :split], v[:, :, :split]), _partial(q, k[:, :, split:], v[:, :, split:])
         out, lse = merge(*a, *b)
-        case = f"{n_keys} keys split {split} + {n_keys - split}, scores x{scale:g}"
+        how = scores if isinstance(scores, str) else f"x{scores:g}"
+        case = f"{n_keys} keys split {split} + {n_keys - split}, scores {how}"
         d_out, d_lse = max_abs_diff(out, want), max_abs_diff(lse, want_lse)
         if math.isnan(d_out) or math.isnan(d_lse):
-            return [f"{case}: NaN or inf in your result: exp(lse) overflows for large scores; work with "
-                    "differences lse_a - lse, which are <= 0"]
+            return [_overflow(case, a[1], b[1])]
         if 1e-9 < max(d_lse, d_out) < 1e-4:
             return [f"{case}: lse off by {d_lse:.2e}, output by {d_out:.2e}: float32's rounding; compute in "
                     "the inputs' dtype (float64 here), do not convert to float32"]
