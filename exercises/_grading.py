@@ -59,7 +59,8 @@ class Counted:
 def _on_rank(grader: str, modules: list[str]):
     """Runs on every rank: yields the grader's `on_rank` for each module in turn (an exception is that
     module's answer), so that an answer reaches the grader even if a later module's mistake kills the
-    process. The collectives each rank calls are counted: a rank that skipped one shows as the rank with fewer."""
+    process. The collectives each rank calls are counted: a rank that skipped one shows as the rank with
+    fewer."""
     from exercises.graders._common import collectives_counted
 
     on_rank = importlib.import_module(f"exercises.graders.{grader}").on_rank

@@ -88,8 +88,8 @@ def collectives_forbidden(reason: str, modules: Sequence = ()) -> Iterator[None]
 
 @contextlib.contextmanager
 def collectives_counted(count: list[int], modules: Sequence = ()) -> Iterator[None]:
-    """Inside the block every call of a torch.distributed collective adds 1 to count[0] (however it is reached,
-    as in `functions_replaced`): ranks whose counts differ did not call the same collectives."""
+    """Inside the block every call of a torch.distributed collective adds 1 to count[0] (however it is
+    reached, as in `functions_replaced`): ranks whose counts differ did not call the same collectives."""
     def counting(original):
         def call(*args, **kwargs):
             count[0] += 1
@@ -97,7 +97,8 @@ def collectives_counted(count: list[int], modules: Sequence = ()) -> Iterator[No
         call.__name__ = original.__name__
         return call
 
-    counted = {getattr(c10d, name): counting(getattr(c10d, name)) for name in COLLECTIVES if hasattr(c10d, name)}
+    originals = [getattr(c10d, name) for name in COLLECTIVES if hasattr(c10d, name)]
+    counted = {original: counting(original) for original in originals}
     with functions_replaced(counted, modules):
         yield
 
@@ -143,7 +144,8 @@ def works_watched(log: list, modules: Sequence = ()) -> Iterator[None]:
         call.__name__ = original.__name__
         return call
 
-    watched = {getattr(c10d, name): watching(getattr(c10d, name)) for name in COLLECTIVES if hasattr(c10d, name)}
+    originals = [getattr(c10d, name) for name in COLLECTIVES if hasattr(c10d, name)]
+    watched = {original: watching(original) for original in originals}
     with functions_replaced(watched, modules):
         yield
 

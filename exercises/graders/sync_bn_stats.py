@@ -53,10 +53,11 @@ def judge(answers: list) -> list[str]:
                         f"weigh each rank by its count (reduce sums and counts, not means)"]
             if close(got_var, var, var_tol):
                 continue
-            head = (f"{what}: rank {rank}: var {short(got_var)}, expected {short(var.tolist())} (biased, over "
-                    f"all {len(whole)} samples)")
+            head = (f"{what}: rank {rank}: var {short(got_var)}, expected {short(var.tolist())} (biased, "
+                    f"over all {len(whole)} samples)")
             if case == "float32":
-                return [f"{head}, off by {max_abs_diff(got_var, var):.2g}: sum_sq / count - mean^2 cancels in "
+                off = max_abs_diff(got_var, var)
+                return [f"{head}, off by {off:.2g}: sum_sq / count - mean^2 cancels in "
                         f"float32 (both terms ~9e4, float32 keeps 7 digits): once the mean is reduced, "
                         f"reduce the squared deviations from it (or accumulate in float64)"]
             return [f"{head}: the spread between the ranks' means counts too: reduce the sum of squares (or "
