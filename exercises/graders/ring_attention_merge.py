@@ -50,8 +50,8 @@ def _overflow(case: str, lse_a: torch.Tensor, lse_b: torch.Tensor) -> str:
     if largest < EXP_LIMIT < apart:
         return (f"{case}: NaN or inf in your result: each |lse| is at most {largest:.0f}, but the blocks' "
                 f"lse differ by up to {apart:.0f}, and exp of that difference (lse_a - lse_b or "
-                "lse_b - lse_a) overflows past ~709: exponentiate only differences with the merged lse, lse_a - lse and "
-                "lse_b - lse, which are <= 0")
+                "lse_b - lse_a) overflows past ~709: exponentiate only differences with the merged lse, "
+                "lse_a - lse and lse_b - lse, which are <= 0")
     return (f"{case}: NaN or inf in your result: exp(lse) overflows for large scores (lse up to "
             f"{largest:.0f} here, exp overflows past ~709); work with differences lse_a - lse, "
             "which are <= 0")
