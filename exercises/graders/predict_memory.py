@@ -19,7 +19,10 @@ from common.memory import ResidualMLP, storage_bytes
 
 WORLD_SIZE = 0
 FUNCTIONS = ["bytes_per_rank"]
-CASES = [(33, 2, N, stage) for N in (1, 2, 4) for stage in (0, 1, 2, 3)] + [(16, 3, 8, s) for s in (1, 2, 3)]
+# width 33 at 8 ranks: units of 2145 (stem), 2244 (each block) and 340 (head) elements, none
+# divisible by 8, so padding each unit (sum of 8 x ceil(n / 8)) differs from padding the model as one buffer.
+CASES = ([(33, 2, N, stage) for N in (1, 2, 4) for stage in (0, 1, 2, 3)] + [(16, 3, 8, s) for s in (1, 2, 3)]
+         + [(33, 2, 8, s) for s in (1, 2, 3)])
 
 
 def units(model: ResidualMLP) -> list[nn.Module]:
@@ -67,7 +70,18 @@ def measured(width: int, depth: int, N: int, stage: int) -> dict[str, int]:
             "optimizer_state": storage_bytes(state)}
 
 
-def hint(row: str, stage: int, got: int, want: int) -> str:
+def one_buffer(numels: list[int], N: int, stage: int) -> dict[str, int]:
+    """What rank 0 would hold if the whole model were ONE flat buffer of N x ceil(P / N) elements."""
+    P, s = sum(numels), math.ceil(sum(numels) / N)
+    return {"parameters": 4 * (s if stage == 3 else N * s), "gradients": 4 * (P if stage == 1 else s),
+            "optimizer_state": 8 * s + 4 * len(numels)}
+
+
+def hint(row: str, stage: int, got: int, want: int, whole: int | None = None) -> str:
+    if got == whole and stage > 0:
+        return ("that is the model padded as ONE flat buffer, N x ceil(P / N); each unit has its own flat "
+                "buffer, padded on its own: the sum over units of N x ceil(n / N) (up to N - 1 elements of "
+                "padding per unit)")
     if row == "gradients" and stage == 1:
         return ("ZeRO-1 shards only the optimizer state: at the end of backward a rank still holds every "
                 "gradient (the reduce-scatter happens in step())")
@@ -93,6 +107,7 @@ def check(module: str) -> list[str]:
             if got[row] != want[row]:
                 kind = "DDP" if stage == 0 else f"ZeRO-{stage}"
                 case = f"ResidualMLP width {width} depth {depth}, {N} ranks, {kind}"
-                why = hint(row, stage, got[row], want[row])
+                numels = [sum(p.numel() for p in u.parameters()) for u in units(ResidualMLP(width, depth))]
+                why = hint(row, stage, got[row], want[row], one_buffer(numels, N, stage)[row])
                 return [f"{case}: {row} {got[row]} bytes, measured {want[row]}: {why}"]
     return []
