@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 from typing import Iterator, Sequence
@@ -91,10 +92,10 @@ def collectives_counted(count: list[int], modules: Sequence = ()) -> Iterator[No
     """Inside the block every call of a torch.distributed collective adds 1 to count[0] (however it is
     reached, as in `functions_replaced`): ranks whose counts differ did not call the same collectives."""
     def counting(original):
+        @functools.wraps(original)  # its signature too: a watcher reads async_op through it
         def call(*args, **kwargs):
             count[0] += 1
             return original(*args, **kwargs)
-        call.__name__ = original.__name__
         return call
 
     originals = [getattr(c10d, name) for name in COLLECTIVES if hasattr(c10d, name)]
@@ -134,6 +135,7 @@ def works_watched(log: list, modules: Sequence = ()) -> Iterator[None]:
     """Inside the block every collective called with async_op=True appends ("launched", i, name) to `log` and
     returns a work whose wait appends ("waited", i): `unwaited(log)` then names the works nobody waited on."""
     def watching(original):
+        @functools.wraps(original)
         def call(*args, **kwargs):
             work = original(*args, **kwargs)
             if work is None or not _is_async(original, args, kwargs):
@@ -141,7 +143,6 @@ def works_watched(log: list, modules: Sequence = ()) -> Iterator[None]:
             index = sum(1 for e in log if e[0] == "launched")
             log.append(("launched", index, original.__name__))
             return _WatchedWork(work, index, log)
-        call.__name__ = original.__name__
         return call
 
     originals = [getattr(c10d, name) for name in COLLECTIVES if hasattr(c10d, name)]

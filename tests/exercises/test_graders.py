@@ -1,10 +1,20 @@
 """Every grader proved three ways: it passes the reference solution, fails the untouched stub, and fails a
 plausible wrong answer (tests/exercises/wrong_answers/NAME.py, and NAME__what.py for mistakes a grader once
-passed) with a message that points at the mistake.
+passed) with a message that points at the mistake. Right answers other than the reference
+(tests/exercises/right_answers/NAME__what.py, a design the contract allows) must pass.
 
-The reference and the wrong answers are graded in one launch of the exercise's ranks (NAME.py last, so a wrong
-answer that kills its process cannot take the others' results with it)."""
+And no check of a grader goes untested: every statement of a grader that hands back a problem (a `return
+[...]`, a `problems.append(...)`, a hint's `return "..."`) must be reached by some wrong answer, so that a
+check deleted from a grader lets its wrong answer pass, and this test fails.
+
+The reference and the answers are graded in one launch of the exercise's ranks (NAME.py last, so a wrong
+answer that kills its process, or leaves its peers waiting, cannot take the others' results with it)."""
 from __future__ import annotations
+
+import ast
+import importlib
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,13 +23,15 @@ from exercises._grading import grade, grade_many, module_for
 
 pytestmark = pytest.mark.slow  # most graders start 2-4 gloo processes
 
+HERE = Path(__file__).parent
+
 # What each wrong answer's first problem must say: the grader names the mistake, not only that there is one.
 WRONG_SAYS = {
     "ring_allreduce": "rank + 1",
     "ddp_by_hand": "async_op=True",
     "distributed_sampler": "pad the order",
     "exact_evaluation": "expected 0.5556",
-    "sync_bn_stats": "reduce sums and counts",
+    "sync_bn_stats": "rank 2 skipped a collective",
     "accumulation": "differ from one step on the global batch",
     "one_f_one_b": "1F1B holds",
     "tensor_parallel_mlp": "f's backward must all-reduce",
@@ -30,9 +42,9 @@ WRONG_SAYS = {
     "predict_memory": "ZeRO-1 shards only the optimizer state",
 }
 
-# More wrong answers (tests/exercises/wrong_answers/NAME__what.py), each a mistake a grader once passed, and
-# what its problems must say. They are graded in the same launch, before NAME.py (which may kill its
-# processes).
+# More wrong answers (tests/exercises/wrong_answers/NAME__what.py), each a mistake a grader once passed or a
+# check no other wrong answer reaches, and what its problems must say. They are graded in the same launch,
+# before NAME.py (which may kill its processes).
 MORE_WRONG_SAYS = {
     "ring_allreduce": {"alias": "dist.all_reduce called",
                        "all_gather_object": "dist.all_gather_object called",
@@ -44,21 +56,84 @@ MORE_WRONG_SAYS = {
     "training_state": {"no_param_groups": "param_groups hold the lr"},
     "distributed_sampler": {"cached_order": "order of the epoch before",
                             "global_rng": "changed torch's global random state"},
-    "ring_attention_merge": {"exp_lse": "exp(lse) overflows", "float32": "float32's rounding"},
+    "ring_attention_merge": {"exp_lse": "exp(lse) overflows", "float32": "float32's rounding",
+                             "exp_difference": "exp of that difference", "max_lse": "lse = logaddexp"},
+    "sync_bn_stats": {"averaged": "reduce sums and counts", "unstable": "cancels in float32"},
+    "moe_dispatch": {"float_counts": "send_counts is torch.float32", "float_order": "order is torch.float32"},
+    "predict_memory": {"one_flat_buffer": "padded as ONE flat buffer", "step_per_parameter": "4-byte fp32 `step`"},
 }
+
+# Right answers other than the reference (tests/exercises/right_answers/NAME__what.py): designs the contract
+# allows, which the grader must pass.
+RIGHT_ANSWERS: dict[str, list[str]] = {}
+
+# Problem statements of a grader that no wrong answer reaches yet (a substring of the statement's first
+# line). Keep this empty: add a wrong answer instead.
+UNREACHED: dict[str, list[str]] = {}
+
+
+def problem_sites(path: Path) -> dict[range, str]:
+    """{lines: first line's source} of every statement in a grader that hands back a problem: `return [...]`
+    of a non-empty list, `problems.append(...)`, and a helper's `return "..."` or `return f"..."` (a hint)."""
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    sites = {}
+    for node in ast.walk(ast.parse(source)):
+        value = getattr(node, "value", None)
+        returns_problem = isinstance(node, ast.Return) and (
+            (isinstance(value, ast.List) and value.elts) or isinstance(value, ast.JoinedStr)
+            or (isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value))
+        appends_problem = (isinstance(node, ast.Expr) and isinstance(value, ast.Call)
+                           and isinstance(value.func, ast.Attribute) and value.func.attr == "append"
+                           and isinstance(value.func.value, ast.Name) and value.func.value.id == "problems")
+        if returns_problem or appends_problem:
+            sites[range(node.lineno, node.end_lineno + 1)] = lines[node.lineno - 1].strip()
+    return sites
+
+
+class LinesRun:
+    """The lines of one file that run inside the block, in this process (the graders' judge and check run
+    here; their on_rank runs in the ranks)."""
+
+    def __init__(self, path: Path):
+        self.path, self.lines = str(path), set()
+
+    def _local(self, frame, event, arg):
+        if event == "line":
+            self.lines.add(frame.f_lineno)
+        return self._local
+
+    def _global(self, frame, event, arg):
+        return self._local if frame.f_code.co_filename == self.path else None
+
+    def __enter__(self):
+        self._previous = sys.gettrace()
+        sys.settrace(self._global)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(self._previous)
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", list(EXERCISES))
 def test_grader_passes_the_reference_and_fails_a_wrong_answer(name):
     reference, wrong = module_for(name, reference=True), f"tests.exercises.wrong_answers.{name}"
+    right = [f"tests.exercises.right_answers.{name}__{what}" for what in RIGHT_ANSWERS.get(name, [])]
     says = {f"{wrong}__{what}": text for what, text in MORE_WRONG_SAYS.get(name, {}).items()}
     says[wrong] = WRONG_SAYS[name]
-    problems = grade_many(name, [reference, *says])
-    assert problems[reference] == [], problems[reference]
+    grader_file = Path(importlib.import_module(f"exercises.graders.{name}").__file__)
+    with LinesRun(grader_file) as run:
+        problems = grade_many(name, [reference, *right, *says])
+    for module in (reference, *right):
+        assert problems[module] == [], (module, problems[module])
     for module, text in says.items():
         assert problems[module], f"the grader of {name} passed a wrong answer: {module}"
         assert text in " ".join(problems[module]), (module, problems[module])
+    unreached = {lines.start: code for lines, code in problem_sites(grader_file).items()
+                 if run.lines.isdisjoint(lines) and not any(known in code for known in UNREACHED.get(name, []))}
+    assert not unreached, (f"checks of exercises/graders/{name}.py that no wrong answer reaches (add one to "
+                           f"tests/exercises/wrong_answers/): {unreached}")
 
 
 @pytest.mark.parametrize("name", list(EXERCISES))
@@ -68,8 +143,24 @@ def test_grader_fails_the_untouched_stub(name):
 
 
 def test_every_exercise_has_a_stub_a_solution_a_grader_and_a_wrong_answer():
-    import importlib
     for name in EXERCISES:
         for module in (f"exercises.{name}", f"exercises.solutions.{name}", f"exercises.graders.{name}",
                        f"tests.exercises.wrong_answers.{name}"):
             importlib.import_module(module)
+
+
+def test_every_answer_file_is_graded():
+    """A wrong (or right) answer left out of the tables above would test nothing."""
+    listed = {f"{name}__{what}" for name, more in MORE_WRONG_SAYS.items() for what in more} | set(WRONG_SAYS)
+    files = {p.stem for p in (HERE / "wrong_answers").glob("*.py") if p.stem != "__init__"}
+    assert files == listed, (sorted(files - listed), sorted(listed - files))
+    listed_right = {f"{name}__{what}" for name, whats in RIGHT_ANSWERS.items() for what in whats}
+    files_right = {p.stem for p in (HERE / "right_answers").glob("*.py") if p.stem != "__init__"}
+    assert files_right == listed_right, (sorted(files_right - listed_right), sorted(listed_right - files_right))
+
+
+def test_problem_sites_finds_each_kind_of_check(tmp_path):
+    grader = tmp_path / "g.py"
+    grader.write_text('def judge(a):\n    problems = []\n    if a:\n        return [f"x {a}"]\n'
+                      '    problems.append("y")\n    return []\n\n\ndef hint():\n    return "z"\n')
+    assert [lines.start for lines in problem_sites(grader)] == [4, 5, 10]

@@ -1,0 +1,1 @@
+"""Right answers other than the reference solution: designs a grader must accept."""
