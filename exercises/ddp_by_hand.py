@@ -29,6 +29,8 @@ class DataParallelByHand(nn.Module):
         finish_gradient_sync(): wait for every pending all-reduce, write the averaged values (the sum / world
             size) into each parameter's .grad, and reset so that the next backward starts clean.
         forward(*args) is module(*args).
+        A module with no trainable parameter at all: raise RuntimeError at wrap time, as torch's DDP does
+        (there is nothing to average, and a model frozen by mistake should not train nothing in silence).
 
     Hint: keep a list of (work handle, tensor, parameters) per backward. A hook's parameter tells you which
     bucket it belongs to; count the ready gradients per bucket.

@@ -7,11 +7,14 @@ from torch import nn
 class DataParallelByHand(nn.Module):
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None):
         super().__init__()
+        trainable = [p for p in module.parameters() if p.requires_grad]  # tied: listed once
+        if not trainable:  # as torch's DDP: nothing to average, and a frozen model is likely a mistake
+            raise RuntimeError("DataParallelByHand is not needed when a module doesn't have any parameter "
+                               "that requires a gradient")
         self.module = module
         with torch.no_grad():  # every replica starts from rank 0's weights and buffers, frozen ones included
             for tensor in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(tensor, src=0)
-        trainable = [p for p in module.parameters() if p.requires_grad]  # tied: listed once
         self.buckets = self._buckets(list(reversed(trainable)), bucket_cap_mb)
         self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.ready = [0] * len(self.buckets)

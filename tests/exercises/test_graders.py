@@ -50,9 +50,19 @@ MORE_WRONG_SAYS = {
                        "all_gather_object": "dist.all_gather_object called",
                        "whole_tensor": "not the whole tensor"},
     "ddp_by_hand": {"reduced_twice": "each gradient all-reduced once", "half": "never by a fixed number",
-                    "wait_in_hook": "waited on each all-reduce before the next gradient hook"},
+                    "wait_in_hook": "waited on each all-reduce before the next gradient hook",
+                    "never_waited": "never waited on", "frozen_in_bucket": "holds a frozen parameter",
+                    "forward_order": "forward order", "at_most": "the bucket rule is the difference",
+                    "summed": "the all-reduce sums", "no_broadcast": "broadcast every parameter and buffer",
+                    "frozen_not_broadcast": "frozen parameters (mid.weight, mid.bias)",
+                    "buffers_not_broadcast": "buffers (scale)", "wraps_frozen_model": "raise RuntimeError",
+                    "after_backward": "started after backward had finished",
+                    "stale_bucket": "the first step's gradients matched"},
     "zero1_optimizer": {"full_beside_local": "[166, 166, 166]", "two_ranks": "not a fixed number",
-                        "local_over_all": "this rank's shard only"},
+                        "local_over_all": "this rank's shard only", "never_waited": "never waited on",
+                        "empty_shard": "takes an empty group", "no_param_groups": "parameter groups",
+                        "groups_merged": "each parameter group's options", "round_robin_two": "holds no shard",
+                        "no_local": "self.local"},
     "training_state": {"no_param_groups": "param_groups hold the lr"},
     "distributed_sampler": {"cached_order": "order of the epoch before",
                             "global_rng": "changed torch's global random state"},
@@ -65,7 +75,7 @@ MORE_WRONG_SAYS = {
 
 # Right answers other than the reference (tests/exercises/right_answers/NAME__what.py): designs the contract
 # allows, which the grader must pass.
-RIGHT_ANSWERS: dict[str, list[str]] = {}
+RIGHT_ANSWERS: dict[str, list[str]] = {"zero1_optimizer": ["flat_shards"]}
 
 # Problem statements of a grader that no wrong answer reaches yet (a substring of the statement's first
 # line). Keep this empty: add a wrong answer instead.
