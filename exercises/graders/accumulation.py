@@ -1,4 +1,5 @@
-"""Grader of exercises/accumulation.py: 2 ranks x 4 micro-batches against one step on the global batch."""
+"""Grader of exercises/accumulation.py: 2 ranks x 4 micro-batches of 5, 5, 5 and 1 samples against one step
+on the global batch."""
 from __future__ import annotations
 
 import importlib
@@ -12,7 +13,8 @@ from exercises.graders._common import max_abs_diff, rank_failures
 
 WORLD_SIZE = 2
 FUNCTIONS = ["accumulation_step"]
-K, MICRO, STEPS = 4, 3, 2  # 4 micro-batches of 3 samples per rank per step, 2 optimizer steps
+MICRO, STEPS = (5, 5, 5, 1), 2  # per rank per step: micro-batches of these sizes; 2 optimizer steps
+K = len(MICRO)
 
 
 def make_model() -> nn.Module:
@@ -22,18 +24,27 @@ def make_model() -> nn.Module:
 
 def batch(step: int, rank: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * step + 100 * rank + micro)
-    return torch.randn(MICRO, 6, generator=g, dtype=torch.float64), torch.randint(0, 3, (MICRO,), generator=g)
+    size = MICRO[micro]
+    return torch.randn(size, 6, generator=g, dtype=torch.float64), torch.randint(0, 3, (size,), generator=g)
 
 
-def reference_params() -> list[torch.Tensor]:
-    """One process, one SGD step per step on all ranks' micro-batches at once (the global batch)."""
+def reference_params(rule: str = "global mean") -> list[torch.Tensor]:
+    """One process, one SGD step per step. "global mean": the mean loss over all ranks' micro-batches at once
+    (the global batch, what the answer must equal); the rules a learner may use instead: "mean / k" (each
+    micro-batch's mean divided by k, lesson 07's rule for equal micro-batches), "mean" (not divided)."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     for step in range(STEPS):
-        xs, ys = zip(*[batch(step, r, m) for r in range(WORLD_SIZE) for m in range(K)])
-        loss = nn.functional.cross_entropy(model(torch.cat(xs)), torch.cat(ys))
         opt.zero_grad()
-        loss.backward()
+        if rule == "global mean":
+            xs, ys = zip(*[batch(step, r, m) for r in range(WORLD_SIZE) for m in range(K)])
+            nn.functional.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
+        else:
+            for r in range(WORLD_SIZE):  # DDP: the mean over ranks of each rank's accumulated gradient
+                for m in range(K):
+                    x, y = batch(step, r, m)
+                    loss = nn.functional.cross_entropy(model(x), y) / WORLD_SIZE
+                    (loss / K if rule == "mean / k" else loss).backward()
         opt.step()
     return [p.detach() for p in model.parameters()]
 
@@ -76,12 +87,13 @@ def judge(answers: list) -> list[str]:
 
 
 def _ratio_hint(params) -> str:
-    """If the update is k times the right one, the loss was not divided by k."""
-    start = [p.detach() for p in make_model().parameters()]
-    want = reference_params()
-    got_step = torch.cat([(torch.tensor(g) - s).flatten() for g, s in zip(params, start)])
-    want_step = torch.cat([(w - s).flatten() for w, s in zip(want, start)])
-    ratio = (got_step.norm() / want_step.norm()).item()
-    if abs(ratio - K) < 0.5:
-        return f": your update is about {ratio:.1f}x the right one: divide each micro-batch's loss by k = {K}"
-    return ": check the loss (mean cross-entropy / k), the step and zero_grad once per accumulation_step"
+    """Which rule the update follows, if one a learner may use instead."""
+    if max(max_abs_diff(g, w) for g, w in zip(params, reference_params("mean / k"))) <= 1e-10:
+        return (f": that is each micro-batch's mean loss divided by k = {K}, right only when the micro-batches "
+                f"are equal: with sizes {list(MICRO)} the 1-sample one weighs as much as a 5-sample one; divide "
+                f"each sample's loss by the rank's {sum(MICRO)} samples (reduction='sum' / {sum(MICRO)})")
+    if max(max_abs_diff(g, w) for g, w in zip(params, reference_params("mean"))) <= 1e-10:
+        return (f": that is the sum of the {K} micro-batches' mean losses, about {K}x the right update: each "
+                f"backward adds into .grad; divide each sample's loss by the rank's {sum(MICRO)} samples")
+    return (": check the loss (each sample's cross-entropy / the rank's samples), the step and zero_grad once "
+            "per accumulation_step")

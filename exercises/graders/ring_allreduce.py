@@ -1,5 +1,6 @@
-"""Grader of exercises/ring_allreduce.py: 4 ranks, tensors of several lengths, against the exact sum; no
-collective allowed, and the bytes each rank sends counted."""
+"""Grader of exercises/ring_allreduce.py: 4 ranks, tensors of several lengths; the reduce-scatter against
+each rank's chunk of the exact sum, the all-reduce against the exact sum; no collective allowed, and the bytes
+each rank sends counted."""
 from __future__ import annotations
 
 import importlib
@@ -11,7 +12,7 @@ import torch.distributed.distributed_c10d as c10d
 from exercises.graders._common import close, collectives_forbidden, functions_replaced, rank_failures, short
 
 WORLD_SIZE = 4
-FUNCTIONS = ["ring_all_reduce"]
+FUNCTIONS = ["ring_reduce_scatter", "ring_all_reduce"]
 LENGTHS = (10, 3, 1001)  # 10: chunks of 3, 3, 2, 2; 3: shorter than the ring (one chunk is empty); 1001: long
 
 
@@ -36,23 +37,64 @@ def counting_sends(sent: list[int]):
     return {c10d.isend: wrap(c10d.isend), c10d.send: wrap(c10d.send)}
 
 
-def on_rank(module: str) -> list[list[float]]:
+def on_rank(module: str) -> dict[str, list]:
     learner = importlib.import_module(module)
-    out = []
+    out: dict[str, list] = {"reduce_scatter": [], "all_reduce": []}
     for length in LENGTHS:
-        x = rank_tensor(dist.get_rank(), length)
-        sent = [0]
-        with collectives_forbidden("build the sum from isend/irecv only", [learner]), \
-                functions_replaced(counting_sends(sent), [learner]):
-            learner.ring_all_reduce(x)
-        out.append((x.tolist(), sent[0]))
+        for what, fn in (("reduce_scatter", learner.ring_reduce_scatter), ("all_reduce", learner.ring_all_reduce)):
+            x = rank_tensor(dist.get_rank(), length)
+            sent = [0]
+            with collectives_forbidden("build it from isend/irecv only", [learner]), \
+                    functions_replaced(counting_sends(sent), [learner]):
+                result = fn(x)
+            got = x if what == "all_reduce" else torch.as_tensor(result)
+            out[what].append((got.tolist(), sent[0]))
     return out
+
+
+def minimal_schedule(length: int, world_size: int) -> list[list[torch.Tensor]]:
+    """The chunks each rank holds after lesson 02's minimal reduce-scatter (rank r sends chunk (r - s) mod n
+    at step s), simulated: rank r ends with the full sum of chunk (r + 1) mod n and a partial chunk r."""
+    n = world_size
+    held = [list(torch.tensor_split(rank_tensor(r, length).clone(), n)) for r in range(n)]
+    for step in range(n - 1):
+        sent = [held[r][(r - step) % n].clone() for r in range(n)]
+        for r in range(n):
+            held[r][(r - step - 1) % n] += sent[(r - 1) % n]
+    return held
 
 
 def most_bytes(length: int, world_size: int) -> int:
     """What one rank of a ring all-reduce sends at most: 2 (n - 1) chunks of at most ceil(L / n) elements,
     about 2 (n - 1) / n x the tensor."""
     return 2 * (world_size - 1) * -(-length // world_size) * 8
+
+
+def _reduce_scatter_problems(answers: list) -> list[str]:
+    n = len(answers)
+    for i, length in enumerate(LENGTHS):
+        chunks = torch.tensor_split(expected(length, n), n)
+        for rank, (got, sent) in enumerate(a["reduce_scatter"][i] for a in answers):
+            want = chunks[rank]
+            case = f"ring_reduce_scatter, length {length}: rank {rank}"
+            if close(got, want, 1e-9):
+                if sent > most_bytes(length, n) // 2:
+                    return [f"{case} sent {sent} bytes for a tensor of {length * 8}; a ring reduce-scatter "
+                            f"sends (n-1)/n x the tensor, at most {most_bytes(length, n) // 2} here: send one "
+                            f"chunk of torch.tensor_split(tensor, n) per step, not the whole tensor"]
+                continue
+            if len(got) != len(want):
+                return [f"{case} returned {len(got)} elements; its chunk, torch.tensor_split(tensor, {n})"
+                        f"[{rank}], has {len(want)}: return only the sum of chunk r"]
+            minimal = minimal_schedule(length, n)[rank]
+            if any(len(got) == len(c) and close(got, c, 1e-9) for c in (minimal[rank], minimal[(rank + 1) % n])):
+                return [f"{case} holds {short(got)}, expected {short(want.tolist())}: that is the minimal "
+                        f"script's schedule (send chunk (r - s) mod n at step s), which completes chunk "
+                        f"(r + 1) mod n on rank r; shift it by one so that the chunk rank r completes is r"]
+            return [f"{case} holds {short(got)}, expected {short(want.tolist())}: did every rank send to rank "
+                    f"+ 1 and receive from rank - 1, adding what it receives into its own chunk, for n - 1 "
+                    f"steps?"]
+    return []
 
 
 def judge(answers: list) -> list[str]:
@@ -62,15 +104,18 @@ def judge(answers: list) -> list[str]:
                         "must send to rank + 1 the chunk that rank + 1 receives from rank - 1")
     if problems:
         return problems
+    problems = _reduce_scatter_problems(answers)
+    if problems:
+        return problems
     n = len(answers)
     for i, length in enumerate(LENGTHS):
         want = expected(length, n)
-        for rank, (got, sent) in enumerate(a[i] for a in answers):
+        for rank, (got, sent) in enumerate(a["all_reduce"][i] for a in answers):
             if close(got, want, 1e-9):
                 if sent > most_bytes(length, n):
-                    problems.append(f"length {length}: rank {rank} sent {sent} bytes for a tensor of "
-                                    f"{length * 8}; a ring all-reduce sends 2(n-1)/n x the tensor, at most "
-                                    f"{most_bytes(length, n)} here: send one chunk of "
+                    problems.append(f"ring_all_reduce, length {length}: rank {rank} sent {sent} bytes for a "
+                                    f"tensor of {length * 8}; a ring all-reduce sends 2(n-1)/n x the tensor, "
+                                    f"at most {most_bytes(length, n)} here: send one chunk of "
                                     f"torch.tensor_split(tensor, n) per step, not the whole tensor")
                     break
                 continue
@@ -78,9 +123,9 @@ def judge(answers: list) -> list[str]:
             if close(got, start, 0.0):
                 hint = "its tensor is unchanged: write what you receive into the chunk views of `tensor`"
             else:
-                hint = ("did every rank send to rank + 1 and receive from rank - 1, with n - 1 steps of "
-                        "reduce-scatter (add) then n - 1 of all-gather (copy)?")
-            problems.append(f"length {length}: rank {rank} holds {short(got)}, expected {short(want)}: "
-                            f"{hint}")
+                hint = ("after your reduce-scatter rank r holds the finished chunk r: the all-gather sends it "
+                        "on first, then each chunk it receives, n - 1 steps, copying (not adding)")
+            problems.append(f"ring_all_reduce, length {length}: rank {rank} holds {short(got)}, expected "
+                            f"{short(want)}: {hint}")
             break
     return problems

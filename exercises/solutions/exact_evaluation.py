@@ -4,10 +4,15 @@ import torch.distributed as dist
 from torch import nn
 
 
-def global_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+def global_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                    num_classes: int) -> tuple[float, list[float]]:
     model.eval()
     with torch.no_grad():
-        correct = (model(x).argmax(dim=1) == y).sum() if len(y) else torch.tensor(0)
-    counts = torch.tensor([float(correct), float(len(y))], dtype=torch.float64)  # (correct, total)
-    dist.all_reduce(counts)  # one message: both sums at once
-    return (counts[0] / counts[1]).item()
+        pred = model(x).argmax(dim=1)  # (n_r,); an empty shard gives an empty tensor
+    right = y[pred == y]
+    # per class: (correct, samples); one all-reduce of a (2, C) tensor: the sums, never the ratios
+    counts = torch.stack([torch.bincount(right, minlength=num_classes),
+                          torch.bincount(y, minlength=num_classes)]).double()
+    dist.all_reduce(counts)
+    correct, total = counts
+    return (correct.sum() / total.sum()).item(), (correct / total).tolist()

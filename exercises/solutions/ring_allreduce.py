@@ -18,17 +18,30 @@ def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int) -> 
         work.wait()
 
 
-def ring_all_reduce(tensor: torch.Tensor) -> None:
+def _reduce_scatter_in_place(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The ring's n - 1 steps of reduce-scatter on `tensor`'s chunks (views); afterwards chunk r is summed."""
     rank, n = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % n, (rank - 1) % n
     chunks = torch.tensor_split(tensor, n)  # views into `tensor`
-    for step in range(n - 1):  # reduce-scatter: after it rank r holds the full sum of chunk (r + 1) mod n
-        send, recv = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
+    for step in range(n - 1):
+        # shifted by one from the minimal script's (r - s): the chunk a rank completes is its own, r
+        send, recv = chunks[(rank - step - 1) % n], chunks[(rank - step - 2) % n]
         incoming = torch.empty_like(recv)
         _exchange(send, incoming, right, left)
-        recv += incoming
+        recv += incoming  # at the last step, s = n - 2, recv is chunk (r - n) mod n = r
+    return chunks
+
+
+def ring_reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
+    return _reduce_scatter_in_place(tensor.clone())[dist.get_rank()].clone()
+
+
+def ring_all_reduce(tensor: torch.Tensor) -> None:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    chunks = _reduce_scatter_in_place(tensor)
     for step in range(n - 1):  # all-gather: pass the summed chunks around the ring once more
-        send, recv = chunks[(rank + 1 - step) % n], chunks[(rank - step) % n]
+        send, recv = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
         incoming = torch.empty_like(recv)
         _exchange(send, incoming, right, left)
         recv.copy_(incoming)
