@@ -89,11 +89,12 @@ def judge(answers: list) -> list[str]:
 def _ratio_hint(params) -> str:
     """Which rule the update follows, if one a learner may use instead."""
     if max(max_abs_diff(g, w) for g, w in zip(params, reference_params("mean / k"))) <= 1e-10:
-        return (f": that is each micro-batch's mean loss divided by k = {K}, right only when the micro-batches "
-                f"are equal: with sizes {list(MICRO)} the 1-sample one weighs as much as a 5-sample one; divide "
-                f"each sample's loss by the rank's {sum(MICRO)} samples (reduction='sum' / {sum(MICRO)})")
+        return (f": that is each micro-batch's mean loss divided by k = {K}, right only when the "
+                f"micro-batches are equal: with sizes {list(MICRO)} the 1-sample one weighs as much as a "
+                f"5-sample one; divide each sample's loss by the rank's {sum(MICRO)} samples "
+                f"(reduction='sum' / {sum(MICRO)})")
     if max(max_abs_diff(g, w) for g, w in zip(params, reference_params("mean"))) <= 1e-10:
         return (f": that is the sum of the {K} micro-batches' mean losses, about {K}x the right update: each "
                 f"backward adds into .grad; divide each sample's loss by the rank's {sum(MICRO)} samples")
-    return (": check the loss (each sample's cross-entropy / the rank's samples), the step and zero_grad once "
-            "per accumulation_step")
+    return (": check the loss (each sample's cross-entropy / the rank's samples), the step and zero_grad "
+            "once per accumulation_step")

@@ -47,7 +47,8 @@ def buckets(model: nn.Module, cap_mb: float | None, order: str = "reverse", rule
             frozen: bool = False) -> list[list[str]]:
     """The names of the parameters in each bucket. The contract: trainable parameters in reverse order, a
     bucket closed as soon as it holds at least the cap. The variants a learner may build instead: the
-    forward order, a bucket closed before it would pass the cap ("at most"), frozen parameters bucketed too."""
+    forward order, a bucket closed before it would pass the cap ("at most"), frozen parameters bucketed
+    too."""
     named = [(n, p) for n, p in model.named_parameters() if frozen or p.requires_grad]
     named = named[::-1] if order == "reverse" else named
     if cap_mb is None:
@@ -69,7 +70,8 @@ def buckets(model: nn.Module, cap_mb: float | None, order: str = "reverse", rule
 def sizes(model: nn.Module, layout: list[list[str]]) -> list[int]:
     """The elements of each bucket that fires: a bucket holding a frozen parameter never fills."""
     params = dict(model.named_parameters())
-    return sorted(sum(params[n].numel() for n in b) for b in layout if all(params[n].requires_grad for n in b))
+    fires = [b for b in layout if all(params[n].requires_grad for n in b)]
+    return sorted(sum(params[n].numel() for n in b) for b in fires)
 
 
 def expected_buckets(model: nn.Module, cap_mb: float | None) -> int:
@@ -146,7 +148,7 @@ def by_hand(module: str, cap_mb) -> dict:
 
 
 def wraps_nothing_to_train(module: str) -> str | None:
-    """What wrapping a module with no trainable parameter raised (torch's DDP raises RuntimeError), or None."""
+    """What wrapping a module with no trainable parameter raised (torch's DDP: RuntimeError), or None."""
     frozen = nn.Linear(2, 2).double().requires_grad_(False)
     try:
         importlib.import_module(module).DataParallelByHand(frozen)
@@ -241,7 +243,7 @@ def _wrap_problem(rank: int, run: dict, rank0: dict) -> str | None:
 
 
 def _average_problem(rank: int, run: dict, reference: list) -> str | None:
-    """The first step's synchronised gradients against DDP's: the sum, or a fixed divisor, shows as a ratio."""
+    """The first step's synchronised gradients against DDP's: a sum, or a fixed divisor, shows as a ratio."""
     got = torch.cat([torch.tensor(g, dtype=torch.float64).flatten() for g in run["first_grads"]]) \
         if run["first_grads"] else torch.zeros(0, dtype=torch.float64)
     want = torch.cat([torch.tensor(g, dtype=torch.float64).flatten() for g in reference])
@@ -250,10 +252,10 @@ def _average_problem(rank: int, run: dict, reference: list) -> str | None:
     ratio = (got @ want / (want @ want)).item() if got.shape == want.shape else float("nan")
     if got.shape == want.shape and close_all(got, ratio * want):
         if abs(ratio - WORLD_SIZE) < 1e-9:
-            return (f"rank {rank}'s gradients are {WORLD_SIZE}x DDP's: the all-reduce sums; divide the sum by "
-                    f"dist.get_world_size() to average")
-        return (f"rank {rank}'s gradients are {ratio:.3g}x DDP's: this run has {WORLD_SIZE} ranks: divide the "
-                f"sum by dist.get_world_size(), never by a fixed number")
+            return (f"rank {rank}'s gradients are {WORLD_SIZE}x DDP's: the all-reduce sums; divide the sum "
+                    f"by dist.get_world_size() to average")
+        return (f"rank {rank}'s gradients are {ratio:.3g}x DDP's: this run has {WORLD_SIZE} ranks: divide "
+                f"the sum by dist.get_world_size(), never by a fixed number")
     return (f"rank {rank}'s gradients after the first finish_gradient_sync differ from DDP's by "
             f"{max_abs_diff(got, want):.2e}: write the average (sum / world size) of each gradient into its "
             f".grad, once")
@@ -327,8 +329,8 @@ def judge(answers: list) -> list[str]:
         if a["nothing_to_train"] != "RuntimeError":
             did = f"raised {a['nothing_to_train']}" if a["nothing_to_train"] else "wrapped it silently"
             return [f"rank {rank}: a module with no trainable parameter (every requires_grad=False) {did}: "
-                    f"raise RuntimeError, as torch's DDP does (\"DistributedDataParallel is not needed when a "
-                    f"module doesn't have any parameter that requires a gradient\"): there is nothing to "
+                    f"raise RuntimeError, as torch's DDP does ('DistributedDataParallel is not needed when "
+                    f"a module doesn't have any parameter that requires a gradient'): there is nothing to "
                     f"average, and a silent wrapper hides a model frozen by mistake"]
     for mode, what in (("per_gradient", "bucket_cap_mb=None"), ("buckets", f"bucket_cap_mb={CAP_MB:.6f}")):
         problem = _problem(mode, answers)

@@ -26,7 +26,8 @@ def data_and_model() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
         model.weight.copy_(torch.eye(CLASSES))
         model.bias.zero_()
     g = torch.Generator().manual_seed(0)
-    x = 2 * nn.functional.one_hot(torch.tensor(PREDICTED), CLASSES).float() + 0.1 * torch.rand(9, 3, generator=g)
+    logits = 2 * nn.functional.one_hot(torch.tensor(PREDICTED), CLASSES).float()
+    x = logits + 0.1 * torch.rand(9, 3, generator=g)
     return model, x, torch.tensor(LABELS)
 
 

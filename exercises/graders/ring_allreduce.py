@@ -41,7 +41,8 @@ def on_rank(module: str) -> dict[str, list]:
     learner = importlib.import_module(module)
     out: dict[str, list] = {"reduce_scatter": [], "all_reduce": []}
     for length in LENGTHS:
-        for what, fn in (("reduce_scatter", learner.ring_reduce_scatter), ("all_reduce", learner.ring_all_reduce)):
+        for what, fn in (("reduce_scatter", learner.ring_reduce_scatter),
+                         ("all_reduce", learner.ring_all_reduce)):
             x = rank_tensor(dist.get_rank(), length)
             sent = [0]
             with collectives_forbidden("build it from isend/irecv only", [learner]), \
@@ -80,20 +81,21 @@ def _reduce_scatter_problems(answers: list) -> list[str]:
             if close(got, want, 1e-9):
                 if sent > most_bytes(length, n) // 2:
                     return [f"{case} sent {sent} bytes for a tensor of {length * 8}; a ring reduce-scatter "
-                            f"sends (n-1)/n x the tensor, at most {most_bytes(length, n) // 2} here: send one "
-                            f"chunk of torch.tensor_split(tensor, n) per step, not the whole tensor"]
+                            f"sends (n-1)/n x the tensor, at most {most_bytes(length, n) // 2} here: send "
+                            f"one chunk of torch.tensor_split(tensor, n) per step, not the whole tensor"]
                 continue
             if len(got) != len(want):
                 return [f"{case} returned {len(got)} elements; its chunk, torch.tensor_split(tensor, {n})"
                         f"[{rank}], has {len(want)}: return only the sum of chunk r"]
             minimal = minimal_schedule(length, n)[rank]
-            if any(len(got) == len(c) and close(got, c, 1e-9) for c in (minimal[rank], minimal[(rank + 1) % n])):
+            schedule = (minimal[rank], minimal[(rank + 1) % n])  # its chunk r, and the chunk it completed
+            if any(len(got) == len(c) and close(got, c, 1e-9) for c in schedule):
                 return [f"{case} holds {short(got)}, expected {short(want.tolist())}: that is the minimal "
                         f"script's schedule (send chunk (r - s) mod n at step s), which completes chunk "
                         f"(r + 1) mod n on rank r; shift it by one so that the chunk rank r completes is r"]
-            return [f"{case} holds {short(got)}, expected {short(want.tolist())}: did every rank send to rank "
-                    f"+ 1 and receive from rank - 1, adding what it receives into its own chunk, for n - 1 "
-                    f"steps?"]
+            return [f"{case} holds {short(got)}, expected {short(want.tolist())}: did every rank send to "
+                    f"rank + 1 and receive from rank - 1, adding what it receives into its own chunk, for "
+                    f"n - 1 steps?"]
     return []
 
 
@@ -123,8 +125,8 @@ def judge(answers: list) -> list[str]:
             if close(got, start, 0.0):
                 hint = "its tensor is unchanged: write what you receive into the chunk views of `tensor`"
             else:
-                hint = ("after your reduce-scatter rank r holds the finished chunk r: the all-gather sends it "
-                        "on first, then each chunk it receives, n - 1 steps, copying (not adding)")
+                hint = ("after your reduce-scatter rank r holds the finished chunk r: the all-gather sends "
+                        "it on first, then each chunk it receives, n - 1 steps, copying (not adding)")
             problems.append(f"ring_all_reduce, length {length}: rank {rank} holds {short(got)}, expected "
                             f"{short(want)}: {hint}")
             break

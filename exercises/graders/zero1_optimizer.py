@@ -2,9 +2,10 @@
 optimizer; the state each rank holds is counted. Also: parameter groups (as torch.optim takes them), and a
 model of 2 parameters on 3 ranks (a rank may own none).
 
-Either layout of the shards passes: whole parameters, each owned by one rank (torch's ZeroRedundancyOptimizer),
-or flat buffers cut into N equal slices with up to N - 1 elements of padding each (the ZeRO paper's, lesson
-13's common/zero.py): the ranks' state may exceed the unsharded optimizer's by that padding, no more."""
+Either layout of the shards passes: whole parameters, each owned by one rank (torch's
+ZeroRedundancyOptimizer), or flat buffers cut into N equal slices with up to N - 1 elements of padding each
+(the ZeRO paper's, lesson 13's common/zero.py): the ranks' state may exceed the unsharded optimizer's by that
+padding, no more."""
 from __future__ import annotations
 
 import importlib
@@ -133,8 +134,9 @@ def _raised(name: str, answers: list) -> str | None:
     rank, error = errors[0]
     hint = ("params may be parameter groups, dicts like {'params': [...], 'lr': 0.05}, as torch.optim takes "
             "them: shard each group's parameters and keep its options" if how == "groups" else
-            "with 2 parameters on 3 ranks a rank may own none; torch.optim refuses an empty list but takes an "
-            "empty group, [{'params': []}]" if kind == "small" else "the constructor must work on every rank")
+            "with 2 parameters on 3 ranks a rank may own none; torch.optim refuses an empty list but "
+            "takes an empty group, [{'params': []}]" if kind == "small" else
+            "the constructor must work on every rank")
     return f"{name}: rank {rank} raised {error}: {hint}"
 
 
@@ -149,8 +151,8 @@ def _problem(name: str, answers: list) -> str | None:
     for rank, g in enumerate(got):
         if g["unwaited"]:
             return (f"{name}: rank {rank} never waited on {len(g['unwaited'])} async {g['unwaited'][0]}(s): "
-                    f"a work handle from async_op=True must be waited on (work.wait()) before step() returns, "
-                    f"or the parameters may be read before the message arrived")
+                    f"a work handle from async_op=True must be waited on (work.wait()) before step() "
+                    f"returns, or the parameters may be read before the message arrived")
     model = make_model(kind)
     want_opt = cls(params_of(model, how), **kwargs)
     want = [p.detach() for p in train(model, want_opt).parameters()]
@@ -162,7 +164,8 @@ def _problem(name: str, answers: list) -> str | None:
             hint = ("the frozen layer (requires_grad=False) changed: skip it" if frozen_moved else
                     "keep each parameter group's options (its lr) for its own parameters" if how == "groups"
                     else "after the local step, broadcast each parameter from the rank that owns it")
-            return f"{name}: rank {rank}'s parameters differ from the unsharded {optimizer} by {diff:.2e}: {hint}"
+            return (f"{name}: rank {rank}'s parameters differ from the unsharded {optimizer} by {diff:.2e}: "
+                    f"{hint}")
     states = [g["state"] for g in got]
     if any(s is None for s in states):
         return f"{name}: keep the optimizer this rank steps in self.local (a torch.optim.Optimizer)"
@@ -175,9 +178,9 @@ def _problem(name: str, answers: list) -> str | None:
                 f"rank must hold state for its own shard only")
     if sum(states) > full_state + padding:
         return (f"{name}: the ranks hold {states} optimizer-state elements, {sum(states)} together, the "
-                f"unsharded optimizer {full_state} (padding may add at most {padding}): some parameters' state "
-                f"is on two ranks; split over dist.get_world_size() ranks ({len(answers)} here), not a fixed "
-                f"number")
+                f"unsharded optimizer {full_state} (padding may add at most {padding}): some parameters' "
+                f"state is on two ranks; split over dist.get_world_size() ranks ({len(answers)} here), not a "
+                f"fixed number")
     local = [g["local_elements"] for g in got]
     if sum(local) > trainable + _padding(model, len(answers)):
         return (f"{name}: the ranks' self.local optimizers hold {local} parameter elements, {trainable} are "

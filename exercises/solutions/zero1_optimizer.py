@@ -3,9 +3,7 @@
 One owner per parameter (torch's ZeroRedundancyOptimizer does the same); lesson 13's common/zero.py cuts
 flat, padded buffers into equal slices instead (the ZeRO paper's layout): both are right, and the grader takes
 either."""
-import torch
 import torch.distributed as dist
-from torch import nn
 
 
 class Zero1Optimizer:
@@ -13,8 +11,9 @@ class Zero1Optimizer:
         params = list(params)
         # as torch.optim takes them: parameters, or parameter groups ({"params": [...], "lr": ...})
         groups = params if params and isinstance(params[0], dict) else [{"params": params}]
-        groups = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in groups]  # frozen: never
-        self.params = [p for g in groups for p in g["params"]]  # updated, never sent
+        # frozen parameters: never updated, never sent
+        groups = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in groups]
+        self.params = [p for g in groups for p in g["params"]]
         rank, world = dist.get_rank(), dist.get_world_size()
         sizes = [0] * world
         self.owner = []
@@ -25,8 +24,8 @@ class Zero1Optimizer:
         mine = {id(p) for p, o in zip(self.params, self.owner) if o == rank}
         # state only for this rank's shard; every group kept, even one this rank owns nothing of (torch.optim
         # takes an empty group, not an empty list: with 2 parameters on 3 ranks one rank owns none)
-        self.local = optimizer_class([{**g, "params": [p for p in g["params"] if id(p) in mine]} for g in groups],
-                                     **kwargs)
+        shards = [{**g, "params": [p for p in g["params"] if id(p) in mine]} for g in groups]
+        self.local = optimizer_class(shards, **kwargs)
 
     def step(self) -> None:
         self.local.step()

@@ -216,8 +216,9 @@ def test_grader_passes_the_reference_and_fails_a_wrong_answer(name):
     for module, text in says.items():
         assert problems[module], f"the grader of {name} passed a wrong answer: {module}"
         assert text in " ".join(problems[module]), (module, problems[module])
+    known = UNREACHED.get(name, [])
     unreached = {lines.start: code for lines, code in problem_sites(grader_file).items()
-                 if run.lines.isdisjoint(lines) and not any(known in code for known in UNREACHED.get(name, []))}
+                 if run.lines.isdisjoint(lines) and not any(k in code for k in known)}
     assert not unreached, (f"checks of exercises/graders/{name}.py that no wrong answer reaches (add one to "
                            f"tests/exercises/wrong_answers/): {unreached}")
 
@@ -242,7 +243,8 @@ def test_every_answer_file_is_graded():
     assert files == listed, (sorted(files - listed), sorted(listed - files))
     listed_right = {f"{name}__{what}" for name, whats in RIGHT_ANSWERS.items() for what in whats}
     files_right = {p.stem for p in (HERE / "right_answers").glob("*.py") if p.stem != "__init__"}
-    assert files_right == listed_right, (sorted(files_right - listed_right), sorted(listed_right - files_right))
+    assert files_right == listed_right, (sorted(files_right - listed_right),
+                                         sorted(listed_right - files_right))
 
 
 def test_problem_sites_finds_each_kind_of_check(tmp_path):

@@ -7,8 +7,8 @@ from exercises.solutions.distributed_sampler import MyDistributedSampler as _Rig
 class MyDistributedSampler(_Right):
     def __iter__(self):
         if self.shuffle:
-            order = torch.randperm(self.dataset_len, generator=torch.Generator().manual_seed(self.seed + self.epoch))
-            order = order.tolist()
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.dataset_len, generator=g).tolist()
         else:
             order = list(range(self.dataset_len))
         while len(order) < self.total_size:

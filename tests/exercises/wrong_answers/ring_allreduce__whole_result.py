@@ -1,7 +1,5 @@
 """Wrong: the reduce-scatter returns the whole tensor (every chunk, most of them partial sums), not rank r's
 chunk."""
-import torch
-import torch.distributed as dist
 
 from exercises.solutions.ring_allreduce import _reduce_scatter_in_place, ring_all_reduce  # noqa: F401
 

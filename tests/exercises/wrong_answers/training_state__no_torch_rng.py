@@ -2,7 +2,6 @@
 draws other masks after the resume."""
 import copy
 
-import torch
 
 
 def capture(model, optimizer, data_generator, step):

@@ -1,7 +1,6 @@
 """Wrong: parameter groups kept, but the groups this rank owns nothing of dropped: with 2 parameters on 3
 ranks one rank owns none, its list of groups is empty, and torch.optim raises "optimizer got an empty
 parameter list"."""
-import torch.distributed as dist
 
 from exercises.solutions.zero1_optimizer import Zero1Optimizer as _Right
 
