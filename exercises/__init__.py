@@ -15,7 +15,7 @@ from __future__ import annotations
 
 # name -> (lesson, what you build). The order is the course's order.
 EXERCISES: dict[str, tuple[str, str]] = {
-    "ring_allreduce": ("02", "the ring reduce-scatter (rank r keeps chunk r) and all-reduce, from isend/irecv"),
+    "ring_allreduce": ("02", "the ring reduce-scatter (rank r keeps chunk r), all-reduce from isend/irecv"),
     "ddp_by_hand": ("03", "data parallelism by hand: broadcast at wrap, async all-reduce per gradient, "
                           "buckets"),
     "distributed_sampler": ("04", "a DistributedSampler: shuffle, padding, set_epoch, the rank's slice"),
