@@ -33,3 +33,15 @@ def ring_vs_sdpa(rank: int, world_size: int, kind: str, ulysses: bool = False) -
     diffs += [(m.grad - split.take(w.grad, rank, 2)).abs().max().item() for m, w in zip(mine, whole)]
     held = owners(stats.blocks, whole[1].detach(), split)
     return {"diffs": diffs, "pairs": stats.pairs, "sent": dict(stats.sent), "held": held}
+
+
+def minimal_16_check(rank: int, world_size: int, bad: float) -> bool:
+    """minimal/16_context_parallel.py's check() on every rank, rank 1's diff replaced by `bad`."""
+    import importlib.util
+
+    from common.launch import REPO_ROOT
+    path = REPO_ROOT / "minimal" / "16_context_parallel.py"
+    spec = importlib.util.spec_from_file_location("minimal_16", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)  # defines the functions; main() runs only as __main__
+    return script.check(torch.tensor(bad if rank == 1 else 1e-7))
