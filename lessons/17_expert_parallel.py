@@ -13,8 +13,9 @@ pixel tokens (values 0-16), predicting the next pixel, with a mixture of E exper
 What to look for:
 - Routing, counted: the router's top-k choice per token, the histogram of tokens per expert, the capacity
   C = ceil(capacity_factor * N * k / E) (the kept counts are min(count, C), with C computed here: at the
-  default N = 63, cf N k / E = 31.5, so a floor would show) and the assignments it drops (counted exactly). A token whose every
-  choice is dropped gets exactly 0 from the layer: the residual x + 0 carries it through the block unchanged.
+  default N = 63, cf N k / E = 31.5, so a floor would show) and the assignments it drops (counted exactly).
+  A token whose every choice is dropped gets exactly 0 from the layer: the residual x + 0 carries it through
+  the block unchanged.
 - Expert parallelism by hand: rank r holds experts r*E/ep ... (r+1)*E/ep - 1. Per layer: one all_to_all_single
   of the split sizes (how many rows each rank will receive), one of the token rows (dispatch), one of their
   expert ids, the local experts, one back (combine); backward: the same calls with the splits swapped
