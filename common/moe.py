@@ -14,8 +14,10 @@ dropped gets a layer output of exactly 0 and the block's residual connection car
 The auxiliary load-balancing loss is E * sum_e f_e * P_e: f_e the fraction of assignments routed to expert e
 (counted, no gradient), P_e the router's mean probability for e (differentiable); 1.0 when perfectly balanced.
 
-Capacity is counted per rank, on the rank's own N tokens (as GShard's "groups" and every real EP system do), so
-the one-process reference of an EP run is this MoE applied to each rank's tokens separately (`MoE` per chunk).
+Capacity is counted per rank, on the rank's own N tokens, as GShard (its "groups") and the Switch Transformer do,
+so the one-process reference of an EP run is this MoE applied to each rank's tokens separately (`MoE` per
+chunk). Not every system caps experts: MegaBlocks (dropless, block-sparse), Megatron-Core by default (no
+capacity factor) and DeepSeek-V3 drop no token at all, and pay with uneven expert loads instead.
 """
 from __future__ import annotations
 

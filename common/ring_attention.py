@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-__all__ = ["Split", "RingStats", "block_attention", "merge", "ring_attention", "RingAttention",
+__all__ = ["Split", "RingStats", "owners", "block_attention", "merge", "ring_attention", "RingAttention",
            "causal_pairs"]
 
 
@@ -63,13 +63,21 @@ class Split:
 @dataclass
 class RingStats:
     """What the ring did on this rank: unmasked query-key pairs computed (per batch element and head), bytes
-    handed to isend in each phase, seconds spent computing blocks, and which block (owner rank) it held at
-    each forward step."""
+    handed to isend in each phase, seconds spent computing blocks. `blocks`: None, or a list to which the
+    forward appends the key block in hand at each step, as it arrived (`owners` tells whose it is)."""
 
     pairs: int = 0
     sent: dict = field(default_factory=lambda: {"forward": 0, "backward": 0})
     compute_s: float = 0.0
-    held: list = field(default_factory=list)
+    blocks: list | None = None
+
+
+def owners(blocks: list[torch.Tensor], whole_k: torch.Tensor, split: Split) -> list[int]:
+    """Whose keys each block is: the rank r whose tokens of `whole_k` (B, H, S, D) it equals exactly, -1 if
+    none. Identified from the values that arrived, so a ring that runs the other way shows it (at cp >= 3:
+    at cp 2 the next rank is also the previous one)."""
+    ranks = range(split.cp)
+    return [next((r for r in ranks if torch.equal(b, split.take(whole_k, r, 2))), -1) for b in blocks]
 
 
 def causal_pairs(seq_len: int) -> int:
@@ -139,7 +147,8 @@ class RingAttention(torch.autograd.Function):
         kv = (k, v)
         for step in range(cp):
             owner = (rank - step) % cp  # whose keys and values this rank holds now
-            stats.held.append(owner)
+            if stats.blocks is not None:
+                stats.blocks.append(kv[0].detach())
             if step < cp - 1:  # start passing them on while computing with them
                 works, incoming = _pass_along(list(kv), group, stats, "forward")
             t0 = time.perf_counter()

@@ -7,7 +7,9 @@ Run it:
     torchrun --standalone --nproc_per_node=4 lessons/16_context_parallel.py    # cp = 4
 
 All ranks form one cp group (`Grid(info, cp=world_size)`). Every cp rank holds S/cp tokens of the same
-sequences: their queries, keys and values, and their activations in every other layer.
+sequences: their queries, keys and values, and their activations in every other layer. The zig-zag split cuts
+the 64-token digits into 2cp chunks, so cp is a power of two (1, 2, 4, 8, ...): cp 3, 5, 6 and 7 are never
+accepted (one line names the reason), and cp must also divide --heads (8 by default, for Ulysses).
 
 What to look for:
 - Why the sequence is the problem: attention written out saves a B x H x S x S matrix for backward (4x the
@@ -16,13 +18,17 @@ What to look for:
   isend/irecv while each rank attends its queries to the block it holds; partial results merge with the
   log-sum-exp rule. Output and q, k, v gradients equal `F.scaled_dot_product_attention(is_causal=True)` on the
   whole sequence; each rank sends (cp - 1) key/value blocks forward, and 2cp - 1 blocks backward (keys and
-  values again, plus their gradients, which travel home).
+  values again, plus their gradients, which travel home). At step s rank r holds rank (r - s) mod cp's block,
+  identified from the values that arrived (a ring running the other way fails it from cp 4 on; at cp 2 the
+  two directions are the same neighbour).
 - Causal load balance: with contiguous chunks the last rank has most unmasked query-key pairs; the zig-zag
   split (chunks r and 2cp-1-r) gives every rank the same count. Counted exactly; the idle time is [perf].
 - Training the causal transformer of common/models.py on the digits read as 64 pixel tokens, with cp: the
   loss is (sum of token losses, token count) summed over cp ranks, never a mean of per-rank means; gradients
   are summed over the cp group. It follows the one-process model and its loss falls.
 - Ulysses: two all-to-alls switch the split from tokens to heads (cp must divide the heads); bytes compared.
+  The default 8 heads give each rank H/cp >= 2 heads at cp 2 and 4, so heads sent back in the wrong order
+  fail the equality check (with one head per rank every order is the same).
 - PyTorch's `torch.distributed.tensor.experimental.context_parallel`, tried on this build: what happened.
 
 Sources: Liu et al. 2023, Ring Attention (https://arxiv.org/abs/2310.01889); Jacobs et al. 2023,
@@ -47,7 +53,7 @@ from common.grid import Grid
 from common.models import CausalTransformer
 from common.ranks import all_gather_objects, all_reduce_sum
 from common.results import Report
-from common.ring_attention import RingStats, Split, causal_pairs, ring_attention
+from common.ring_attention import RingStats, Split, causal_pairs, owners, ring_attention
 from common.session import LessonError, add_distributed_args, distributed_session, read_torchrun_env, run_main
 from common.session import set_seed
 from common.ulysses import ulysses_attention
@@ -62,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seq-len", type=int, default=64, help="S of the attention checks (<= 1024); 2 x cp must "
                    "divide it")
-    p.add_argument("--heads", type=int, default=4, help="attention heads; cp must divide them (Ulysses)")
+    p.add_argument("--heads", type=int, default=8, help="attention heads; cp must divide them (Ulysses)")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per training step, the same on "
                    "every cp rank (each holds S/cp tokens of each)")
     p.add_argument("--steps", type=int, default=30, help="training steps, at least 20 (default %(default)s)")
@@ -143,13 +149,14 @@ def ring_run(args, grid: Grid, kind: str, dout_seed: int = 1) -> dict:
     dout = torch.randn(ref.shape, generator=torch.Generator().manual_seed(dout_seed)).to(dev)
     ref.backward(dout)
     mine = [split.take(t.detach(), cp_rank, 2).requires_grad_() for t in whole]
-    stats = RingStats()
+    stats = RingStats(blocks=[])  # keep the key block in hand at each step, as it arrived
     out = ring_attention(*mine, split, group, stats)
     out.backward(split.take(dout, cp_rank, 2))
     diffs = [max_abs_diff(out, split.take(ref, cp_rank, 2))]
     diffs += [max_abs_diff(m.grad, split.take(w.grad, cp_rank, 2)) for m, w in zip(mine, whole)]
     block = sum(t.numel() * t.element_size() for t in mine[1:])  # this rank's k and v
-    return {"diff": max_over_ranks(nan_max(diffs), group), "stats": stats, "block": block}
+    held = owners(stats.blocks, whole[1].detach(), split)  # whose keys they are, from their values
+    return {"diff": max_over_ranks(nan_max(diffs), group), "stats": stats, "block": block, "held": held}
 
 
 def ring_equals_full(report: Report, grid: Grid, args) -> dict:
@@ -160,9 +167,14 @@ def ring_equals_full(report: Report, grid: Grid, args) -> dict:
         report.claim(f"ring_{kind}_equals_sdpa", run["diff"], "<=", TOL,
                      f"ring attention, {kind} split, cp={cp}, S={args.seq_len}: max |ring - SDPA on the "
                      "whole sequence| over output and q, k, v gradients = {value:.1e}")
-    held = all_gather_objects(runs["zigzag"]["stats"].held, grid.info)
+    held = all_gather_objects(runs["zigzag"]["held"], grid.info)  # held[r][s]: -1 if nobody's
     report.value("ring_held", held, "\n".join(f"  rank {r} holds the keys/values of ranks {h} at steps 0.."
                                               f"{cp - 1}" for r, h in enumerate(held)))
+    wrong = sum(h != (r - s) % cp for r, hs in enumerate(held) for s, h in enumerate(hs))
+    wrong += sum(abs(len(hs) - cp) for hs in held)  # a step missing or one too many
+    report.claim("ring_holds_rank_r_minus_s", wrong, "==", 0,
+                 "  (rank r, step s) where the block in hand, matched by its values, is not rank (r - s) mod "
+                 "cp's: {value}")
     run = runs["zigzag"]
     sent, block = run["stats"].sent, run["block"]
     report.claim("ring_forward_bytes_sent", sent["forward"] / block, "==", cp - 1,

@@ -16,18 +16,32 @@ def whole_and_mine(split, rank: int, shape=(2, 4, 16, 8)):
 
 def ring_vs_sdpa(rank: int, world_size: int, kind: str, ulysses: bool = False) -> dict:
     """Ring (or Ulysses) attention on this rank's tokens vs SDPA on the whole sequence: output and q, k, v
-    gradients (this rank's rows), and the RingStats."""
-    from common.ring_attention import RingStats, Split, ring_attention
+    gradients (this rank's rows), the RingStats and whose key block the ring held at each step (from the
+    values that arrived). Ulysses gets 2 heads per rank: with one, a wrong head order cannot show."""
+    from common.ring_attention import RingStats, Split, owners, ring_attention
     from common.ulysses import ulysses_attention
     split = Split(kind, world_size)
-    whole, mine = whole_and_mine(split, rank)
+    whole, mine = whole_and_mine(split, rank, (2, 2 * world_size if ulysses else 4, 16, 8))
     ref = F.scaled_dot_product_attention(*whole, is_causal=True)
     dout = torch.randn_like(ref)  # the same upstream gradient everywhere (same seed)
     ref.backward(dout)
-    stats = RingStats()
+    stats = RingStats(blocks=[])
     group = dist.group.WORLD
     out = ulysses_attention(*mine, group=group) if ulysses else ring_attention(*mine, split, group, stats)
     out.backward(split.take(dout, rank, 2))
     diffs = [(out - split.take(ref.detach(), rank, 2)).abs().max().item()]
     diffs += [(m.grad - split.take(w.grad, rank, 2)).abs().max().item() for m, w in zip(mine, whole)]
-    return {"diffs": diffs, "pairs": stats.pairs, "sent": dict(stats.sent), "held": stats.held}
+    held = owners(stats.blocks, whole[1].detach(), split)
+    return {"diffs": diffs, "pairs": stats.pairs, "sent": dict(stats.sent), "held": held}
+
+
+def minimal_16_check(rank: int, world_size: int, bad: float) -> bool:
+    """minimal/16_context_parallel.py's check() on every rank, rank 1's diff replaced by `bad`."""
+    import importlib.util
+
+    from common.launch import REPO_ROOT
+    path = REPO_ROOT / "minimal" / "16_context_parallel.py"
+    spec = importlib.util.spec_from_file_location("minimal_16", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)  # defines the functions; main() runs only as __main__
+    return script.check(torch.tensor(bad if rank == 1 else 1e-7))

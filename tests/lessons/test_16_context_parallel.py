@@ -10,11 +10,11 @@ from common.ring_attention import causal_pairs
 from tests._lessons import assert_claims, assert_fails_on_every_rank
 
 LESSON = "16_context_parallel"
-S = 64  # --seq-len's default
+S, H = 64, 8  # --seq-len's and --heads' defaults
 MEMORY = {"naive_attention_bytes_grow_with_s_squared", "ring_saved_bytes_per_rank",
           "ring_saved_bytes_fall_with_cp"}
 RING = {"ring_zigzag_equals_sdpa", "ring_contiguous_equals_sdpa", "ring_forward_bytes_sent",
-        "ring_backward_bytes_sent"}
+        "ring_backward_bytes_sent", "ring_holds_rank_r_minus_s"}
 WORK = {"pairs_contiguous_total", "pairs_zigzag_total", "pairs_contiguous_max_over_min",
         "pairs_zigzag_max_over_min"}
 TRAIN = {"training_follows_one_process", "training_params_equal_one_process", "training_loss_falls"}
@@ -46,8 +46,9 @@ def test_ring_attention_equals_sdpa_and_sends_cp_minus_1_blocks(cp, cp2, cp4):
         assert claims[f"ring_{kind}_equals_sdpa"]["value"] <= 1e-5
     assert claims["ring_forward_bytes_sent"]["value"] == cp - 1
     assert claims["ring_backward_bytes_sent"]["value"] == 2 * cp - 1
-    assert results["ring_held"][1] == [(1 - s) % cp for s in range(cp)]  # rank 1 holds 1, 0, cp-1, ...
-    assert claims["ring_saved_bytes_per_rank"]["value"] == 2 * 4 * (S // cp) * 33 * 4
+    assert results["ring_held"] == [[(r - s) % cp for s in range(cp)] for r in range(cp)]  # 1, 0, cp-1, ...
+    assert claims["ring_holds_rank_r_minus_s"]["value"] == 0
+    assert claims["ring_saved_bytes_per_rank"]["value"] == 2 * H * (S // cp) * 33 * 4
     assert claims["ulysses_forward_bytes_sent"]["value"] == 4 * (cp - 1) / cp
     assert "context_parallel" not in claims  # what PyTorch's version did is a value, never a claim
     assert isinstance(results["pytorch_context_parallel"], str)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 
 from common.launch import run_lesson
+from tests._ep_workers import unreached_expert_after_momentum
 from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._workers import run_world
 
 LESSON = "17_expert_parallel"
-H = 32  # the lesson's --hidden
-ROUTING = {"dropped_counted_exactly", "dropped_choices_add_nothing"}
+H, N = 32, 63  # the lesson's --hidden and --tokens
+ROUTING = {"kept_equals_min_count_capacity", "dropped_counted_exactly", "dropped_choices_add_nothing"}
 LAYER = {"layer_equals_one_process", "rows_sent_equal_histogram", "all_to_alls_forward_backward",
          "bytes_equal_formula"}
 EP = {f"ep_{c}" for c in ("training_equals_one_process", "params_equal_one_process", "test_loss_falls",
@@ -42,7 +44,7 @@ def test_one_process_is_the_reference_itself(one_process):
     assert not (EP_DP | TORCH) & set(claims)
     assert claims["layer_equals_one_process"]["value"] == 0.0
     assert claims["bytes_equal_formula"]["value"] == 0  # nothing leaves a world of one
-    assert 0 < one_process["rows_sent"][0][0] <= 64 * 2  # kept assignments of N = 64 tokens, top-2
+    assert 0 < one_process["rows_sent"][0][0] <= N * 2  # kept assignments of N tokens, top-2
 
 
 @pytest.mark.timeout(400)
@@ -73,6 +75,14 @@ def test_the_balance_loss_evens_the_histogram_on_every_seed(one_process):
     ratios = one_process["balance_imbalance"]
     assert all(a < b for a, b in zip(ratios["0.1"], ratios["0.0"]))
     assert one_process["claims"]["balance_loss_evens_the_histogram"]["value"] == 3
+
+
+@pytest.mark.timeout(120)
+def test_an_expert_no_rank_reached_keeps_grad_none_so_momentum_does_not_move_it(tmp_path):
+    """As one process leaves it: a zero gradient would move it by lr x momentum x the last step's buffer."""
+    for r in run_world(unreached_expert_after_momentum, 2, tmp_path):
+        assert r["grad_is_none"] == [False, True]  # expert 0: reached on rank 0, so reduced on both
+        assert r["moved"][1] == 0.0 and r["moved"][0] > 0
 
 
 @pytest.mark.timeout(240)

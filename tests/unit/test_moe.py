@@ -51,6 +51,19 @@ def test_balance_loss_is_one_when_balanced_and_larger_when_skewed():
     assert balance_loss(skewed, torch.zeros(8, 1, dtype=torch.long)).item() == pytest.approx(2.8)
 
 
+def test_balance_loss_counts_assignments_not_tokens_at_top_2():
+    """f_e is a fraction of the N x k assignments: balanced top-2 routing gives 1.0, as at top-1 (a loss
+    dividing by the N tokens instead would give k = 2.0 here)."""
+    e, n = 4, 8
+    uniform = torch.full((n, e), 1 / e)
+    top2 = torch.stack([torch.arange(n) % e, (torch.arange(n) + 1) % e], dim=1)  # each expert 4 times
+    assert histogram(top2, e).tolist() == [4, 4, 4, 4]
+    assert math.isclose(balance_loss(uniform, top2).item(), 1.0, rel_tol=1e-6)
+    everyone_on_0_and_1 = torch.tensor([[0, 1]]).repeat(n, 1)  # f = (1/2, 1/2, 0, 0): E x (1/2 + 1/2) / E = 1
+    skewed = torch.tensor([[0.4, 0.4, 0.1, 0.1]]).repeat(n, 1)
+    assert balance_loss(skewed, everyone_on_0_and_1).item() == pytest.approx(4 * (0.5 * 0.4 + 0.5 * 0.4))
+
+
 def test_dispatch_plan_groups_by_destination_rank():
     idx = torch.tensor([[3, 0], [1, 2], [2, 3]])
     keep = torch.ones_like(idx, dtype=torch.bool)

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from common.data import PIXEL_VOCAB, digit_sequences, next_token_targets
 from common.differences import max_abs_diff
 from common.models import CausalTransformer
-from common.ring_attention import RingStats, Split, block_attention, causal_pairs, merge, ring_attention
+from common.ring_attention import (RingStats, Split, block_attention, causal_pairs, merge, owners,
+                                   ring_attention)
 from tests._cp_workers import ring_vs_sdpa
 from tests._workers import run_world
 
@@ -67,6 +68,13 @@ def test_splits_cover_the_sequence_once_and_zigzag_pairs_a_head_with_a_tail():
         Split("zigzag", 4).chunk_len(12)  # 8 chunks
 
 
+def test_owners_names_the_rank_whose_keys_a_block_is_and_minus_1_for_anything_else():
+    k = qkv(S=16)[1]
+    split = Split("zigzag", 4)
+    blocks = [split.take(k, 2, 2), split.take(k, 0, 2), split.take(k, 0, 2) + 1e-7, k[:, :, :4]]
+    assert owners(blocks, k, split) == [2, 0, -1, -1]  # exact: a block that arrived is bit-equal
+
+
 def test_digit_sequences_are_pixel_tokens_and_targets_shift_by_one():
     train, test = digit_sequences()
     assert train.shape == (1438, 64) and test.shape == (359, 64)
@@ -102,7 +110,8 @@ def test_ring_and_ulysses_equal_sdpa_and_count_their_bytes_and_pairs(tmp_path):
         pairs = [r["pairs"] for r in ranks]
         assert sum(pairs) == causal_pairs(16)
         assert (max(pairs) == min(pairs)) == (kind == "zigzag")
-        assert ranks[1]["held"] == [(1 - s) % world_size for s in range(world_size)]
+        for rank, r in enumerate(ranks):  # rank 1 holds 1, 0, 3, 2: the block of rank r - s, by its values
+            assert r["held"] == [(rank - s) % world_size for s in range(world_size)]
     for r in run_world(ring_vs_sdpa, world_size, tmp_path / "ulysses", "contiguous", True):
         assert max(r["diffs"]) <= 1e-12, r
 
