@@ -15,7 +15,7 @@ from common.session import DistInfo
 from common.tensor_parallel import digits_transformer, max_shard_diff, tensor_parallelize
 from common.train_state import max_diff_over_ranks
 from tests._tp_workers import nan_on_one_rank
-from tests._workers import run_world
+from tests._workers import param_diff, run_world
 
 BAD = [float("nan"), float("inf"), float("-inf")]
 WHERE = ["first", "middle", "last"]
@@ -87,3 +87,13 @@ def test_a_nan_on_another_rank_survives_the_maximum_over_ranks(tmp_path):
             assert _fails(f["max_over_ranks"]) and _fails(f["max_diff_over_ranks"]), (rank, name, f)
             assert f["worst_over_ranks"][0] == 0.0 and _fails(f["worst_over_ranks"][1]), (rank, name, f)
         assert math.isnan(facts["nan"]["max_over_ranks"]) and facts["inf"]["max_over_ranks"] == math.inf
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("bad", "world_size"), [(math.nan, 2), (math.nan, 3), (math.inf, 2), (-math.inf, 3)])
+def test_replicas_check_fails_when_rank_1_alone_holds_a_non_finite_weight(tmp_path, bad, world_size):
+    """The check behind every "replicas identical" claim (lessons 02, 03, 05, 06, 07 and lesson 12's exhibits):
+    rank 0 is finite, so a raw all-reduce with MAX would return its 0.0 on every rank."""
+    out = run_world(param_diff, world_size, tmp_path, bad, 1)
+    assert all(_fails(v) for v in out), out
+    assert all(math.isnan(v) for v in out) if math.isnan(bad) else out == [math.inf] * world_size
