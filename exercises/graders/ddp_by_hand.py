@@ -10,6 +10,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common.differences import nan_max
 from exercises.graders._common import functions_replaced, max_abs_diff, rank_failures
 
 WORLD_SIZE = 3  # 3, not 2: an average hard-coded as x 0.5, or (sum of sums) / 2W, is right only at 2
@@ -148,7 +149,7 @@ def _problem(mode: str, rank: int, run: dict, reference: list) -> str | None:
             return (f"rank {rank} made {len(b['calls'])} all-reduces in backward {step}, expected "
                     f"{run['expected_buckets']} (one per {unit}, each gradient all-reduced once; a tied "
                     f"parameter counts once)")
-    diff = max(max_abs_diff(g, w) for g, w in zip(run["final"], reference))
+    diff = nan_max(max_abs_diff(g, w) for g, w in zip(run["final"], reference))
     if not diff <= 1e-12:
         return (f"rank {rank}'s parameters and buffers differ from DDP's by {diff:.2e} after {STEPS} steps: "
                 f"broadcast rank 0's parameters and buffers at wrap time (frozen ones too) and average "

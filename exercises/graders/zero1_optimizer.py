@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from common.differences import nan_max
 from exercises.graders._common import max_abs_diff, rank_failures
 
 WORLD_SIZE = 3  # 3, not 2: a split hard-coded for 2 ranks shows
@@ -95,7 +96,7 @@ def judge(answers: list) -> list[str]:
         states = []
         for rank, a in enumerate(answers):
             got = a[name]
-            diff = max(max_abs_diff(g, w) for g, w in zip(got["params"], want))
+            diff = nan_max(max_abs_diff(g, w) for g, w in zip(got["params"], want))
             if not diff <= 1e-10:
                 frozen_moved = any(not max_abs_diff(g, f) == 0.0 for g, f in zip(got["params"][2:4], frozen))
                 hint = ("the frozen layer (requires_grad=False) changed: skip it" if frozen_moved else
