@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from common.differences import max_abs_diff, max_over_ranks, nan_max
 from common.env import DistInfo
 
 __all__ = ["print0", "all_reduce_sum", "global_mean", "gather_to_rank0", "all_gather_objects",
@@ -88,20 +89,20 @@ def all_gather_objects(obj: object, info: DistInfo) -> list:
 @torch.no_grad()
 def max_param_diff_across_ranks(model: nn.Module, info: DistInfo) -> float:
     """Largest |p_rank - p_rank0| over every parameter and rank (0.0: bit-identical parameters;
-    buffers such as BatchNorm's running statistics are not compared).
+    buffers such as BatchNorm's running statistics are not compared). NaN if any rank holds a NaN anywhere.
 
-    Rank 0's parameters are broadcast and compared on each rank; the maxima are all-reduced with MAX, so every
-    rank returns the same number.
+    Rank 0's parameters are broadcast and compared on each rank; each rank's largest difference then goes
+    through `max_over_ranks`, so every rank returns the same number. Not a raw all-reduce with MAX: gloo's
+    MAX drops a NaN that is not on rank 0, and a replica that diverged on rank 1 would read 0.0.
     """
     if not info.distributed:
         return 0.0
-    worst = torch.zeros((), dtype=torch.float64, device=info.device)
+    diffs = []
     for p in model.parameters():
         ref = p.detach().clone()
         dist.broadcast(ref, src=0)
-        worst = torch.maximum(worst, (p.detach() - ref).abs().max().double())
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return worst.item()
+        diffs.append(max_abs_diff(p, ref))
+    return max_over_ranks(nan_max(diffs))
 
 
 def rank0_progress(iterable: Iterable, info: DistInfo, **tqdm_kwargs) -> Iterable:

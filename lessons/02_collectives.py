@@ -50,6 +50,7 @@ from common.backends import backend_table
 from common.bandwidth import bus_bandwidth_factor
 from common.counters import count_collectives
 from common.data import digits_split
+from common.differences import max_over_ranks, nan_max
 from common.models import mlp
 from common.ranks import gather_to_rank0, max_param_diff_across_ranks, print0
 from common.results import Report
@@ -124,7 +125,7 @@ def run_collectives(info, late_s: float = 0.05) -> tuple[dict[str, float], float
     err["reduce"] = max_err(t, total) if r == 0 else 0.0
     parts = [torch.empty(DEMO_LEN, device=dev) for _ in range(n)]
     dist.all_gather(parts, x(r))  # everybody ends with every rank's tensor, in rank order
-    err["all_gather"] = max(max_err(parts[k], x(k)) for k in range(n))
+    err["all_gather"] = nan_max(max_err(parts[k], x(k)) for k in range(n))
     # reduce_scatter: rank k contributes [x_k + 1000 j for j in ranks]; rank j ends with the sum of the j-th
     # entries. It is the first half of the ring all-reduce. MPI lacks it (docs table): from all_reduce then.
     inputs, got = [x(r) + 1000 * j for j in range(n)], torch.empty(DEMO_LEN, device=dev)
@@ -212,14 +213,12 @@ def one_sgd_step(info, args) -> dict:
     ref_grads, rank0_grads = torch.cat([p.grad.reshape(-1) for p in reference.parameters()]), grads.clone()
     if info.distributed:
         dist.broadcast(rank0_grads, src=0)  # for the CHECK only; training never needs it
-    worst = torch.tensor([max_err(grads, rank0_grads), max_err(grads, ref_grads),
-                          max(max_err(p, q) for p, q in zip(model.parameters(), reference.parameters()))],
-                         dtype=torch.float64, device=dev)
-    if info.distributed:
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    mine = [max_err(grads, rank0_grads), max_err(grads, ref_grads),
+            nan_max(max_err(p, q) for p, q in zip(model.parameters(), reference.parameters()))]
+    worst = [max_over_ranks(e) for e in mine]  # the worst rank's (NaN-safe: gloo's MAX drops a NaN)
     return {"calls": calls.total, "all_reduces": calls.calls.get("all_reduce", 0),
             "num_params": grads.numel(),
-            **dict(zip(("grad_across", "grad_vs_global", "param_vs_global"), worst.tolist())),
+            **dict(zip(("grad_across", "grad_vs_global", "param_vs_global"), worst)),
             "param_across": max_param_diff_across_ranks(model, info)}
 
 
@@ -258,9 +257,8 @@ def check_collectives(info, report: Report) -> None:
     print0(f"\ncollectives on {info.backend}/{info.device.type}: rank k contributes x_k = [0 1 2 3] + 100 k"
            + ("  (send/recv need a peer: skipped in a world of one)" if n == 1 else ""))
     err, waited = run_collectives(info)
-    worst = torch.tensor(list(err.values()), dtype=torch.float64, device=info.device)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the worst rank's number for every check
-    for check, e in zip(err, worst.tolist()):
+    worst = [max_over_ranks(e) for e in err.values()]  # the worst rank's number for every check, NaN-safe
+    for check, e in zip(err, worst):
         if check == "barrier_missed_arrivals":
             report.claim(check, e, "==", 0, "  barrier: arrivals missing when a rank left it {value:g} "
                          "(the last rank came 50 ms late)")
@@ -283,10 +281,8 @@ def ring_vs_all_reduce(info, args, length: int) -> dict:
     dist.all_reduce(ref)
     # floats may differ in the last bit (the ring adds around the ring, gloo in its own order); integers have
     # no rounding, so there the two must agree exactly
-    d = torch.tensor([max_err(ring[:length], ref[:length]), max_err(ring[length:], ref[length:])],
-                     dtype=torch.float64, device=info.device)
-    dist.all_reduce(d, op=dist.ReduceOp.MAX)
-    return {"length": length, "int_diff": d[0].item(), "float_diff": d[1].item()}
+    return {"length": length, "int_diff": max_over_ranks(max_err(ring[:length], ref[:length])),
+            "float_diff": max_over_ranks(max_err(ring[length:], ref[length:]))}
 
 
 def check_ring(info, args, report: Report) -> None:
@@ -303,9 +299,9 @@ def check_ring(info, args, report: Report) -> None:
              "max |diff| {float_diff:.1e}".format(**row) for row in rows]
     report.value("ring_vs_all_reduce", rows,
                  "\n".join([f"ring all-reduce (isend/irecv) vs dist.all_reduce on {n} ranks:"] + lines))
-    report.claim("ring_equals_all_reduce_on_integers", max(r["int_diff"] for r in rows), "==", 0.0,
+    report.claim("ring_equals_all_reduce_on_integers", nan_max(r["int_diff"] for r in rows), "==", 0.0,
                  "  ring == dist.all_reduce on integer data, every length: max |diff| {value:.1e}")
-    report.claim("ring_close_to_all_reduce_on_floats", max(r["float_diff"] for r in rows), "<=", 1e-4,
+    report.claim("ring_close_to_all_reduce_on_floats", nan_max(r["float_diff"] for r in rows), "<=", 1e-4,
                  "  on float data (another summation order): max |diff| {value:.1e}")
     stats = LinkStats()
     ring_all_reduce(torch.ones(1024 * n, device=info.device), stats=stats)  # n divides the length

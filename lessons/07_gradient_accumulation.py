@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common.comm_hooks import predicted_buckets
 from common.counters import CommCounter
 from common.data import digits_split
+from common.differences import nan_max
 from common.memory import ResidualMLP, micro_batch_stream, no_sync_unless
 from common.metrics import evaluate
 from common.precision import PRECISIONS, autocast_context, max_diff, worst_over_ranks
@@ -219,7 +220,7 @@ class Proof:
         ref = self.ref_clip if clip else self.ref
         g, p = worst_over_ranks([max_diff(a, b) for a, b in zip((grads, params), ref)], self.info)
         if right:
-            self.report.claim(f"{name}_equals_global_step", max(g, p), "<=", TOL,
+            self.report.claim(f"{name}_equals_global_step", nan_max([g, p]), "<=", TOL,
                               f"  {name:<24} {{value:.1e}}")
         elif right is False:
             self.report.claim(f"{name}_changes_the_step", p, ">=", 100 * TOL, f"  {name:<24} {{value:.1e}}")

@@ -93,12 +93,14 @@ def accuracy_4_3_3(rank: int, world_size: int):
     return {"global": global_mean(correct, held, info), "mean_of_means_part": correct / held}
 
 
-def param_diff(rank: int, world_size: int, perturb: float):
+def param_diff(rank: int, world_size: int, perturb: float, on: int = -1):
+    """max_param_diff_across_ranks of a Linear(4, 3) whose weight[0, 0] moves by `perturb` on rank `on` (the
+    last by default); a NaN or inf `perturb` makes that weight NaN or inf there."""
     from common.ranks import max_param_diff_across_ranks
     from common.session import DistInfo
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
-    if rank == world_size - 1:
+    if rank == on % world_size:
         with torch.no_grad():
             model.weight[0, 0] += perturb
     return max_param_diff_across_ranks(model, DistInfo(rank=rank, world_size=world_size, backend="gloo"))

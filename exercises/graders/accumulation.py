@@ -9,6 +9,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common.differences import nan_max
 from exercises.graders._common import max_abs_diff, rank_failures
 
 WORLD_SIZE = 2
@@ -79,7 +80,7 @@ def judge(answers: list) -> list[str]:
             return [f"rank {rank}: DDP all-reduced {a['all_reduces']} times per optimizer step, expected 1: "
                     f"run "
                     f"the forward and backward of the first k - 1 micro-batches inside ddp_model.no_sync()"]
-        diff = max(max_abs_diff(g, w) for g, w in zip(a["params"], want))
+        diff = nan_max(max_abs_diff(g, w) for g, w in zip(a["params"], want))
         if not diff <= 1e-10:
             ratio = _ratio_hint(a["params"])
             return [f"rank {rank}: parameters differ from one step on the global batch by {diff:.2e}{ratio}"]

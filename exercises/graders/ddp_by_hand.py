@@ -10,6 +10,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common.differences import nan_max
 from exercises.graders._common import functions_replaced, max_abs_diff, rank_failures
 
 WORLD_SIZE = 3  # 3, not 2: an average hard-coded as x 0.5, or (sum of sums) / 2W, is right only at 2
@@ -284,7 +285,7 @@ def _sync_problem(mode: str, rank: int, run: dict) -> str | None:
 
 
 def _result_problem(rank: int, run: dict, ddp: list) -> str | None:
-    diff = max(max_abs_diff(g, w) for g, w in zip(run["final"], ddp))
+    diff = nan_max(max_abs_diff(g, w) for g, w in zip(run["final"], ddp))
     if not diff <= 1e-12:
         return (f"rank {rank}'s parameters and buffers differ from DDP's by {diff:.2e} after {STEPS} steps, "
                 f"though they started equal and the first step's gradients matched: every backward must "

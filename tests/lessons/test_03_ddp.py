@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import re
 import sys
 import textwrap
@@ -15,6 +16,7 @@ import torch
 from common.launch import REPO_ROOT, lesson_path, run_command, run_lesson, torchrun_command
 from common.session import LessonError
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
+from tests._nan_on_rank1 import failing_claims, launch_with_nan_on_rank1
 from tests._workers import free_port
 
 DDP_CLAIMS = {"replicas_identical", "loss_falls", "test_accuracy", "each_test_image_counted_once",
@@ -301,3 +303,14 @@ def test_notebook_uses_the_torch_2_13_name_for_buffer_sync():
     import inspect
     from torch.nn.parallel import DistributedDataParallel
     assert "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+
+
+@pytest.mark.timeout(360)
+def test_a_nan_on_rank_1_alone_fails_replicas_identical():
+    """Rank 1's replica holds a NaN while the lesson compares the replicas (tests/_nan_on_rank1.py): the claim
+    does not hold and the lesson exits 1 (a raw all-reduce with MAX on gloo returned rank 0's 0.0)."""
+    run = launch_with_nan_on_rank1("03_ddp", ["--epochs", "1", *DEV])
+    assert run.returncode == 1, run.stdout + run.stderr
+    failing = failing_claims(run)
+    assert list(failing) == ["replicas_identical"] and math.isnan(failing["replicas_identical"]), failing
+    assert "1 of 3 checks do not hold: replicas_identical" in run.stdout

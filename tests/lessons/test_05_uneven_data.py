@@ -1,9 +1,12 @@
 """Lesson 05 launched under torchrun with 2 processes and as plain python; its claims asserted on its --results JSON.
 The sampler and seeding helpers' unit tests are in tests/unit/test_samplers.py."""
+import math
+
 import pytest
 
 from common.launch import run_lesson
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
+from tests._nan_on_rank1 import failing_claims, launch_with_nan_on_rank1
 
 CLAIMS = {
     "unpadded_counts_every_image_once", "unpadded_equals_one_process_loss", "unpadded_equals_one_process_accuracy",
@@ -75,3 +78,14 @@ def test_one_process_reproduces_rank0_streams(two_ranks, one_process):
 def test_bad_input_fails_on_every_rank():
     run = run_lesson("05_uneven_data", nproc=2, args=["--hang-timeout-s", "100"], timeout_s=300, results=False)
     assert_fails_on_every_rank(run, 2, "--hang-timeout-s must be in (0, --timeout-s=60.0), got 100.0")
+
+
+@pytest.mark.timeout(360)
+def test_a_nan_on_rank_1_alone_fails_join_replicas_identical():
+    """Rank 1's replica holds a NaN while the lesson compares the replicas after Join (tests/_nan_on_rank1.py):
+    the claim does not hold and the lesson exits 1. Short failure demos: the check does not depend on them."""
+    args = [*DEV, "--join-batches", "1", "--workers", "1", "--aug-samples", "2", "--hang-timeout-s", "1"]
+    run = launch_with_nan_on_rank1("05_uneven_data", args)
+    assert run.returncode == 1, run.stdout + run.stderr
+    failing = failing_claims(run)
+    assert list(failing) == ["join_replicas_identical"] and math.isnan(failing["join_replicas_identical"]), failing

@@ -6,10 +6,13 @@ holds, and the tolerances the lesson states. The batch arithmetic and the varian
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from common.launch import run_lesson
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
+from tests._nan_on_rank1 import failing_claims, launch_with_nan_on_rank1
 
 LESSON = "07_gradient_accumulation"
 TOL = 1e-5
@@ -114,3 +117,14 @@ def test_training_loop_equals_one_process_replay(which, request):
 ])
 def test_bad_input_fails_on_every_rank(args, message):
     assert_fails_on_every_rank(run_lesson(LESSON, nproc=2, args=args, timeout_s=180), 2, message)
+
+
+@pytest.mark.timeout(360)
+def test_a_nan_on_rank_1_alone_fails_max_param_diff_across_ranks():
+    """Rank 1's replica holds a NaN while the lesson compares the replicas after training
+    (tests/_nan_on_rank1.py): the claim does not hold and the lesson exits 1."""
+    run = launch_with_nan_on_rank1(LESSON, FAST)
+    assert run.returncode == 1, run.stdout + run.stderr
+    failing = failing_claims(run)
+    assert list(failing) == ["max_param_diff_across_ranks"], failing
+    assert math.isnan(failing["max_param_diff_across_ranks"])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from common.bn_stats import spread
+from common.launch import REPO_ROOT
 from common.differences import max_abs_diff, max_abs_diff_all, max_over_ranks, nan_max
 from common.precision import max_diff, worst_over_ranks
 from common.results import holds
@@ -15,7 +16,7 @@ from common.session import DistInfo
 from common.tensor_parallel import digits_transformer, max_shard_diff, tensor_parallelize
 from common.train_state import max_diff_over_ranks
 from tests._tp_workers import nan_on_one_rank
-from tests._workers import run_world
+from tests._workers import param_diff, run_world
 
 BAD = [float("nan"), float("inf"), float("-inf")]
 WHERE = ["first", "middle", "last"]
@@ -87,3 +88,34 @@ def test_a_nan_on_another_rank_survives_the_maximum_over_ranks(tmp_path):
             assert _fails(f["max_over_ranks"]) and _fails(f["max_diff_over_ranks"]), (rank, name, f)
             assert f["worst_over_ranks"][0] == 0.0 and _fails(f["worst_over_ranks"][1]), (rank, name, f)
         assert math.isnan(facts["nan"]["max_over_ranks"]) and facts["inf"]["max_over_ranks"] == math.inf
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("bad", "world_size"), [(math.nan, 2), (math.nan, 3), (math.inf, 2), (-math.inf, 3)])
+def test_replicas_check_fails_when_rank_1_alone_holds_a_non_finite_weight(tmp_path, bad, world_size):
+    """The check behind every "replicas identical" claim (lessons 02, 03, 05, 06, 07 and lesson 12's exhibits):
+    rank 0 is finite, so a raw all-reduce with MAX would return its 0.0 on every rank."""
+    out = run_world(param_diff, world_size, tmp_path, bad, 1)
+    assert all(_fails(v) for v in out), out
+    assert all(math.isnan(v) for v in out) if math.isnan(bad) else out == [math.inf] * world_size
+
+
+# Where an all-reduce with a raw MAX is right: what it reduces cannot be NaN (a length, a flag, bytes, seconds)
+RAW_MAX_ALLOWED = {"common/differences.py": 1,  # max_over_ranks itself: a NaN travels as +inf and a flag
+                   "common/bandwidth.py": 1,  # the slowest rank's seconds
+                   "common/exhibits_collectives.py": 2,  # a length to pad to, a skip flag
+                   "lessons/02_collectives.py": 1,  # bytes on the busiest link (a count)
+                   "lessons/18_planning.py": 1}  # the slowest rank's seconds
+
+
+def test_no_difference_is_maximised_over_ranks_with_a_raw_max():
+    """A difference behind a claim crosses ranks through `max_over_ranks`: gloo's MAX drops a NaN that is not
+    on rank 0 (the test above). New uses of ReduceOp.MAX must be for numbers that cannot be NaN."""
+    found = {}
+    for top in ("common", "lessons", "exercises"):
+        for path in sorted((REPO_ROOT / top).rglob("*.py")):
+            n = path.read_text().count("ReduceOp.MAX")
+            if n:
+                found[path.relative_to(REPO_ROOT).as_posix()] = n
+    extra = {f: n for f, n in found.items() if n > RAW_MAX_ALLOWED.get(f, 0)}
+    assert not extra, f"all-reduces with a raw MAX (use common.differences.max_over_ranks): {extra}"
