@@ -8,27 +8,31 @@ checked against measurement, then used for models too big to build.
 
 What to look for:
 1. The formulas of common/planning.py PREDICT the bytes a rank holds and sends, and lessons 08, 10 and
-   13's instruments MEASURE them from the tensors (storages counted once, saved activations, collective
-   buffers): equal to the byte, for DDP + Adam (parameters P, gradients P, Adam 2P + a 4-byte step per
-   tensor, bucket all-reduce 2 P (N-1)/N, activations with and without checkpointing), ZeRO stages 1, 2, 3
-   by hand (with the padding to a multiple of N) and Megatron tensor parallelism (weights 1/tp, norms and
-   row-parallel biases whole; 4 all-reduces of B x S x H per layer), on 1, 2 and 4 ranks.
-2. The same formulas, in mixed precision (2 + 2 + 12 bytes per parameter), reproduce the ZeRO paper's 7.5B
-   model on 64 GPUs (120, 31.4, 16.6, 1.9 GB) and its GPT-2 1.5B numbers (24 GB of model states, ~60 GB of
-   activations).
+   13's instruments MEASURE them from the tensors: equal to the byte, for DDP + Adam (parameters P,
+   gradients P, DDP's buckets P: a flat copy of the gradients; Adam 2P + a 4-byte step per tensor, bucket
+   all-reduce 2 P (N-1)/N, activations with and without checkpointing), ZeRO stages 1, 2, 3 by hand (padded
+   to a multiple of N) and Megatron tensor parallelism, on 1, 2 and 4 ranks: the claims that test a system.
+2. Arithmetic only: in mixed precision (2 + 2 + 12 bytes per parameter) the formulas give the ZeRO paper's
+   numbers (7.5B on 64 GPUs: 120, 31.4, 16.6, 1.9 GB; GPT-2 1.5B), its own closed form. Estimators differ:
+   DeepSpeed's keeps an fp32 gradient partition (ZeRO-2 +2.8% at 7.5B on 64) and at stage 3 also the largest
+   layer (+56%); accelerate's `estimate-memory` prints 8 bytes per parameter for Adam in fp16, not 16.
 3. FLOPs: torch.utils.flop_counter counts exactly 6 x weights x tokens + 12 b s^2 h L on the shared GPT of
    lessons 16-18 with its attention written as matmuls (on CPU it has no formula for the SDPA kernel).
 4. The meta device: a 6.7B-parameter GPT built without allocating a byte; its parameters counted from the
    module tree equal the formula; its saved activations counted from shapes (the same count equals the
-   measured bytes on a small model); meta init + to_empty + init equals eager init.
+   measured bytes on a small model). `to_empty` leaves parameters AND buffers uninitialised: every module's
+   `reset_parameters()` (BatchNorm's resets its running statistics) equals eager init, buffers included.
 5. Alpha-beta: latency and bandwidth of this machine's gloo all-reduce, fitted; predicted vs measured
    times as [perf] lines (a benchmark, not a claim: this CPU is shared).
 6. The planner (--params or --model): every (dp, tp, pp, ZeRO stage, cp) that fits, memory per rank, bytes per
-   step, step time and MFU under stated assumptions; common/planner.py.
+   step, step time and MFU under stated assumptions (common/planner.py), its rows held to closed forms. Llama
+   3 405B's 128K stage, tp 8 x cp 16 (across nodes), pp 16: `--params 405e9 --seq 131072 --gpus 16384 --tp 8
+   --cp 16 --pp 16 --global-batch 128 --grad-bytes 4`.
 
 Sources: ZeRO (Rajbhandari et al. 2020, arxiv.org/abs/1910.02054, Figure 1, sections 3.1-3.2); Korthikanti et
 al. 2022 (arxiv.org/abs/2205.05198, section 4); Narayanan et al. 2021 (arxiv.org/abs/2104.04473, FLOPs);
-pytorch.org/docs/stable/ meta tensors, torch.utils.flop_counter.
+pytorch.org/docs/stable/ meta tensors, torch.utils.flop_counter; DeepSpeed's estimators
+(deepspeed/runtime/zero/stage_1_and_2.py, stage3.py); accelerate/commands/estimate.py.
 """
 from __future__ import annotations
 
@@ -42,12 +46,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.counters import CommCounter, count_collectives
-from common.differences import max_abs_diff_all
-from common.gpt import init_weights, matmul_attention, saved_bytes_from_shapes
+from common.differences import max_abs_diff_all, nan_max
+from common.gpt import matmul_attention, saved_bytes_from_shapes
 from common.grid import Grid
 from common.memory import ResidualMLP, saved_activation_bytes, storage_bytes
-from common.models import CausalTransformer
-from common.planner import PlanError, add_planner_args, describe, format_rows, plan, planner_inputs
+from common.models import CausalTransformer, DigitsCNN
+from common.planner import (NAMED, Assumptions, PlanError, add_planner_args, describe, evaluate, format_rows,
+                            nothing_fits, plan, planner_inputs)
 from common.planning import (GPT, fit_alpha_beta, gpt_flops, gpt_params, mfu, residual_mlp_activations,
                              residual_mlp_flops, ring_bytes_sent, ring_time, sharded_fp32_bytes,
                              tp_all_reduces, tp_layer_params, transformer_layer_activations, zero_mixed_bytes,
@@ -62,7 +67,7 @@ from common.zero import ZeRO, check_world_size
 
 SMALL_GPT = GPT(layers=2, hidden=32, heads=4, vocab=17, seq=16)  # runs in milliseconds
 BIG_GPT = GPT(layers=32, hidden=4096, heads=32, vocab=32000, seq=2048)  # 6.7e9 parameters, on meta only
-ROWS = ("parameters", "gradients", "optimizer_state", "sent")
+ROWS = ("parameters", "gradients", "ddp_buckets", "optimizer_state", "sent")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -131,6 +136,7 @@ def measure_ddp(args, info, x, y) -> dict:
     opt.step()
     held = held_bytes(list(raw.parameters()), [p.grad for p in raw.parameters()], opt)
     held["sent"] = moved_bytes({"all_reduce": counter.bytes}, info.world_size)
+    held["ddp_buckets"] = counter.bytes  # the flat buffers its hook all-reduced: a copy of the gradients
     for ck in (False, True):
         raw.checkpointing = ck
         held[f"activations{'_checkpointed' if ck else ''}"] = saved_activation_bytes(raw, lambda: raw(x))
@@ -210,20 +216,22 @@ def tensor_parallel_bytes(args, info, group, report: Report) -> None:
 
 # ---------------------------------------------------------------- 2. published numbers
 def published(report: Report) -> None:
-    print0("\n2. the same formulas in mixed precision (2 + 2 + 12 bytes per parameter) vs published numbers")
+    """The paper's closed form, evaluated: these claims check our arithmetic, not a system (section 1 does)."""
+    print0("\n2. arithmetic: the same formulas in mixed precision (2 + 2 + 12 bytes per parameter) vs the ZeRO "
+           "paper's\n   numbers, which come from the same closed form (the measured bytes of 1. test a system)")
     paper = {0: 120.0, 1: 31.4, 2: 16.6, 3: 1.9}  # ZeRO, Figure 1: Psi = 7.5B, N_d = 64, K = 12
     for stage, gb in paper.items():
         got = zero_mixed_bytes(7.5e9, 64, stage)["total"] / 1e9
         label = "baseline (DDP)" if stage == 0 else f"ZeRO stage {stage}"
-        report.claim(f"zero_paper_7_5b_stage{stage}", abs(got - gb), "<=", 0.05,
+        report.claim(f"paper_arithmetic_7_5b_stage{stage}", abs(got - gb), "<=", 0.05,
                      f"  7.5B on 64 GPUs, {label}: {got:.3f} GB, the paper says {gb} GB: |difference| = "
                      "{value:.3f} GB")
     states = zero_mixed_bytes(1.5e9, 1, 0)["total"] / 1e9
-    report.claim("zero_paper_gpt2_model_states", abs(states - 24), "==", 0.0,
+    report.claim("paper_arithmetic_gpt2_model_states", abs(states - 24), "==", 0.0,
                  f"  GPT-2 1.5B model states: {states:.1f} GB, the paper says at least 24 GB: "
                  "|difference| {value}")
     act = zero_paper_activations(1600, 32, 1024, 48) / 1e9
-    report.claim("zero_paper_gpt2_activations", abs(act - 60), "<=", 0.5,
+    report.claim("paper_arithmetic_gpt2_activations", abs(act - 60), "<=", 0.5,
                  f"  GPT-2 1.5B activations, sequence 1K, batch 32, 12 x h b s L x 2 bytes: {act:.1f} GB, "
                  "the paper says about 60 GB: |difference| {value:.1f} GB")
 
@@ -305,14 +313,34 @@ def meta_device(args, info, report: Report) -> None:
     report.value("big_layer_activation_bytes", per_layer, "  one layer's saved activations at batch 1, "
                  "counted from the shapes: {value} bytes in fp32 without dropout (Korthikanti's 16-bit "
                  f"layer with dropout, s b h (34 + 5 a s / h): {korthikanti:.0f} bytes)")
-    with torch.device("meta"):
-        lazy = gpt(c)
-    lazy.to_empty(device=info.device)  # memory, uninitialised
-    init_weights(lazy, args.seed)
-    eager = gpt(c).to(info.device)
-    init_weights(eager, args.seed)
-    report.claim("meta_init_equals_eager", max_abs_diff_all(lazy.parameters(), eager.parameters()), "==", 0.0,
-                 "  meta -> to_empty -> init_weights vs eager -> init_weights: max |difference| {value}")
+    report.claim("meta_init_equals_eager", meta_init_gap(materialise, info.device, args.seed), "==", 0.0,
+                 "  meta -> to_empty -> reset_parameters() vs eager, parameters and buffers: max |difference| "
+                 "{value}")
+
+
+def materialise(model: torch.nn.Module, device, seed: int) -> torch.nn.Module:
+    """The recipe to copy for a model built on `meta`: memory (`to_empty`: parameters AND buffers, uninitialised),
+    then every module's own `reset_parameters()` in module order (BatchNorm's resets its running statistics)."""
+    model.to_empty(device=device)
+    torch.manual_seed(seed)  # the draws of eager init at this seed, replayed in the same order
+    for module in model.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    return model
+
+
+def meta_init_gap(recipe, device, seed: int) -> float:
+    """max |difference| over the state_dicts (parameters and buffers) of meta + `recipe` vs eager at `seed`, for
+    the small GPT and lesson 01's CNN (whose BatchNorm buffers a parameters-only init leaves garbage)."""
+    gaps = []
+    for make in (lambda: gpt(SMALL_GPT), DigitsCNN):
+        torch.manual_seed(seed)
+        eager = make().to(device).state_dict()
+        with torch.device("meta"):
+            model = make()
+        lazy = recipe(model, device, seed).state_dict()
+        gaps.append(max_abs_diff_all(eager.values(), [lazy[k] for k in eager]))
+    return nan_max(gaps)
 
 
 # ---------------------------------------------------------------- 5. alpha-beta on this machine's gloo
@@ -348,6 +376,37 @@ def alpha_beta(info, report: Report) -> None:
 
 
 # ---------------------------------------------------------------- 6. the planner
+def planner_closed_forms(report: Report) -> None:
+    """The planner's rows (common/planner.py `evaluate`) against closed forms written out here, on a 7b-shaped
+    GPT over 8 GPUs (tp = pp = 1, so a rank holds all Psi parameters; flash attention: 34 s b h per layer)."""
+    c, a = NAMED["7b"], Assumptions(gpus=8, global_batch=64)
+    psi, L, sbh = gpt_params(c)["total"], c.layers, c.seq * c.hidden  # micro-batch 1
+    row = {(dp, cp, zero, ck): evaluate(c, a, dp, 1, 1, cp, zero, ck)
+           for dp, cp, zero, ck in ((8, 1, 0, False), (8, 1, 0, True), (8, 1, 2, False), (8, 1, 3, False),
+                                    (4, 2, 3, False))}
+    m, ring = row[8, 1, 0, False]["micro_batches"], 2 * psi * 7 / 8  # a bf16 all-gather's bytes sent on 8
+    states = sum(row[4, 2, 3, False]["memory"][k] for k in ("parameters", "gradients", "optimizer_state"))
+    compute = gpt_flops(c, a.global_batch)["total"] / (a.gpus * a.peak_tflops * 1e12 * a.efficiency)
+    checks = {  # name: (the planner's number, the closed form, what it says)
+        "planner_ddp_memory": (row[8, 1, 0, False]["memory"]["total"], 18 * psi + L * 34 * sbh,
+                               "DDP: (2 + 2 + 2 buckets + 12) Psi + 34 s b h per layer"),
+        "planner_checkpointed_activations": (row[8, 1, 0, True]["memory"]["activations"], (2 * L + 34) * sbh,
+                                             "checkpointed: 2 s b h per layer + one layer's 34 s b h"),
+        "planner_zero3_over_dp_x_cp": (states, 16 * psi / 8, "ZeRO-3 at dp 4 x cp 2: 16 Psi / 8"),
+        "planner_ddp_sends_bf16": (row[8, 1, 0, False]["sent"]["dp"], 2 * ring, "DDP sends 2 x 2 Psi (N-1)/N"),
+        "planner_zero2_per_micro_batch": (row[8, 1, 2, False]["sent"]["dp"], (m + 1) * ring,
+                                          f"ZeRO-2 sends (m + 1) x 2 Psi (N-1)/N, m = {m}"),
+        "planner_zero3_per_micro_batch": (row[8, 1, 3, False]["sent"]["dp"], 3 * m * ring,
+                                          "ZeRO-3 sends 3 m x 2 Psi (N-1)/N"),
+        "planner_recompute_adds_a_forward": (row[8, 1, 0, True]["step_s"] - row[8, 1, 0, False]["step_s"],
+                                             compute / 3, "checkpointing adds a forward, 1/3 of the compute (s)"),
+    }
+    print0(f"\n6. the planner's rows vs closed forms: 7b-shaped GPT on 8 GPUs, global batch {a.global_batch}")
+    for name, (got, want, text) in checks.items():
+        report.claim(name, abs(got / want - 1), "<=", 1e-12, f"  {text}: {got:.6g} vs {want:.6g}, "
+                     "|ratio - 1| {value:.0e}")
+
+
 def planner(args) -> None:
     """Formulas only: every configuration for the model on the GPUs, the fastest that fit first."""
     c, a = args.plan
@@ -358,16 +417,12 @@ def planner(args) -> None:
         raise LessonError(str(e)) from None
     fit = [r for r in rows if r["fits"]]
     if not fit:
-        best = min(rows, key=lambda r: r["memory"]["total"])
-        need = best["memory"]["total"] / 1e9
-        raise LessonError(f"nothing fits: the smallest configuration needs {need:.1f} GB "
-                          f"per GPU (dp {best['dp']} tp {best['tp']} pp {best['pp']} cp {best['cp']} ZeRO "
-                          f"{best['zero']}), more than {a.gpu_memory_gb:g} GB less {a.reserve:.0%}")
+        raise LessonError(nothing_fits(rows, a))
     report = Report(None if read_torchrun_env()[0] == 0 else _NotMaster())
     report.value("assumptions", describe(c, a), "\n".join(describe(c, a)))
     shown = min(args.top, len(fit))
     report.value("fitting", len(fit), f"{{value}} of {len(rows)} configurations fit; the {shown} fastest"
-                 " (memory per GPU in GB; GB each GPU sends per step; step time and MFU estimated):")
+                 " (GB per GPU; GB each GPU sends per step; estimated step time, MFU):")
     report.record("configurations", fit[:args.top])
     print0("\n".join(format_rows(fit, args.top)))
     report.perf("planner_seconds", time.perf_counter() - t, "planned in {value:.2f} s")
@@ -391,6 +446,7 @@ def main(argv=None) -> None:
         flops(args, info, report)
         meta_device(args, info, report)
         alpha_beta(info, report)
+        planner_closed_forms(report)
         report.finish(args.results)
 
 
