@@ -27,13 +27,16 @@ The assumptions (printed by `describe`):
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 
 from common.planning import (GPT, gpt_flops, gpt_params, in_flight_micro_batches, mfu, ring_time,
                              tp_layer_params, transformer_layer_activations, zero_mixed_bytes)
+from common.ranks import print0
+from common.results import Report
 
 __all__ = ["NAMED", "Assumptions", "PlanError", "shape_for_params", "plan", "describe", "format_rows",
-           "nothing_fits"]
+           "nothing_fits", "report_plan"]
 
 NAMED = {"gpt2-1.5b": GPT(48, 1600, 25, 50257, 1024), "7b": GPT(32, 4096, 32, 32000, 4096),
          "13b": GPT(40, 5120, 40, 32000, 4096), "70b": GPT(80, 8192, 64, 32000, 4096),
@@ -220,6 +223,29 @@ def format_rows(rows: list[dict], top: int) -> list[str]:
                    f"{g['activations']:>7.1f}{g['total']:>7.1f}    {sent}         {r['step_s']:>7.2f}"
                    f"{r['mfu']:>6.1%}")
     return out
+
+
+def report_plan(c: GPT, a: Assumptions, top: int, results: str | None, master: bool = True) -> dict:
+    """The planner's command line (lesson 18 --params / --model): plan, print the assumptions and the `top`
+    fastest configurations that fit, write the JSON (`results`, rank 0 only); PlanError if nothing fits."""
+    t = time.perf_counter()
+    rows = plan(c, a)
+    fit = [r for r in rows if r["fits"]]
+    if not fit:
+        raise PlanError(nothing_fits(rows, a))
+    report = Report(None if master else _NotMaster())
+    report.value("assumptions", describe(c, a), "\n".join(describe(c, a)))
+    report.value("fitting", len(fit), f"{{value}} of {len(rows)} configurations fit; the {min(top, len(fit))} "
+                 "fastest (GB per GPU; GB each GPU sends per step; estimated step time, MFU):")
+    report.record("configurations", fit[:top])
+    print0("\n".join(format_rows(fit, top)))
+    report.perf("planner_seconds", time.perf_counter() - t, "planned in {value:.2f} s")
+    report.write(results)
+    return report.results
+
+
+class _NotMaster:
+    master_process = False
 
 
 def add_planner_args(p) -> None:

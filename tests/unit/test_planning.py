@@ -121,9 +121,9 @@ def test_planner_rows_hold_the_lessons_closed_forms():
     report = Report()
     lesson18().planner_closed_forms(report)
     claims = report.results["claims"]
-    assert set(claims) == {"planner_ddp_memory", "planner_checkpointed_activations", "planner_zero3_over_dp_x_cp",
+    assert set(claims) == {"planner_ddp_memory", "planner_ckpt_activations", "planner_zero3_over_dp_x_cp",
                            "planner_ddp_sends_bf16", "planner_zero2_per_micro_batch",
-                           "planner_zero3_per_micro_batch", "planner_recompute_adds_a_forward"}
+                           "planner_zero3_per_micro_batch", "planner_ckpt_adds_a_forward"}
     assert report.failing() == [], {k: c["value"] for k, c in claims.items()}
 
 
