@@ -9,6 +9,10 @@ Memory per rank, Psi = parameters (Rajbhandari et al. 2020, "ZeRO", arxiv.org/ab
     momentum and variance: K = 4 + 4 + 4 = 12). Over N data-parallel ranks:
         DDP      (2 + 2 + K) Psi               ZeRO-1  (2 + 2) Psi + K Psi / N
         ZeRO-2   2 Psi + (2 + K) Psi / N       ZeRO-3  (2 + 2 + K) Psi / N   (FSDP2 = ZeRO-3)
+    Gradients in fp32 (Megatron-Core's main gradients beside bf16 parameters: `grad_bytes=4`) make ZeRO-1
+    (2 + 4) Psi + 12 Psi / N: Megatron's distributed-optimizer table's 6 + 12/d bytes per parameter.
+    torch's DDP also keeps a flat copy of the gradients in its buckets (`gradient_as_bucket_view=False`, the
+    default), which the paper's baseline leaves out: `sharded_fp32_bytes` counts it ("ddp_buckets").
 Activations per transformer layer (Korthikanti et al. 2022, arxiv.org/abs/2205.05198, section 4), 16-bit,
 sequence s, micro-batch b, hidden h, heads a, tensor-parallel t:
     no parallelism             s b h (34 + 5 a s / h)
@@ -33,15 +37,18 @@ __all__ = ["ADAM_MIXED_K", "zero_mixed_bytes", "sharded_fp32_bytes", "tp_layer_p
 ADAM_MIXED_K = 12  # fp32 master parameters + momentum + variance: 4 + 4 + 4 bytes per parameter
 
 
-def zero_mixed_bytes(n_params: float, n_ranks: int, stage: int, k: int = ADAM_MIXED_K) -> dict[str, float]:
+def zero_mixed_bytes(n_params: float, n_ranks: int, stage: int, k: int = ADAM_MIXED_K,
+                     grad_bytes: int = 2) -> dict[str, float]:
     """Bytes per rank of parameters, gradients and optimizer state, mixed-precision Adam, ZeRO stage 0 (DDP)..3.
 
-    Stage s shards the first s of (optimizer state, gradients, parameters) over `n_ranks`.
+    Stage s shards the first s of (optimizer state, gradients, parameters) over `n_ranks`. `grad_bytes`: 2 for
+    bf16 gradients (the ZeRO paper's), 4 for fp32 main gradients (Megatron-Core's, with bf16 parameters).
     """
-    if stage not in (0, 1, 2, 3) or n_ranks < 1 or n_params < 0:
-        raise ValueError(f"stage in 0..3, n_ranks >= 1, n_params >= 0; got {stage}, {n_ranks}, {n_params}")
+    if stage not in (0, 1, 2, 3) or n_ranks < 1 or n_params < 0 or grad_bytes not in (2, 4):
+        raise ValueError(f"stage in 0..3, n_ranks >= 1, n_params >= 0, grad_bytes 2 or 4; got {stage}, "
+                         f"{n_ranks}, {n_params}, {grad_bytes}")
     div = [n_ranks if stage >= i else 1 for i in (3, 2, 1)]  # parameters, gradients, optimizer state
-    out = {"parameters": 2 * n_params / div[0], "gradients": 2 * n_params / div[1],
+    out = {"parameters": 2 * n_params / div[0], "gradients": grad_bytes * n_params / div[1],
            "optimizer_state": k * n_params / div[2]}
     out["total"] = sum(out.values())
     return out
@@ -56,6 +63,8 @@ def sharded_fp32_bytes(unit_numels: Sequence[int], tensors: int, n_ranks: int, s
     ZeRO pads a unit of n elements to N x s, s = ceil(n / N); the model's parameters are views of the padded
     flat buffer (stages 1-2), which stage 3 frees between uses, keeping only its shard of s elements.
     Gradients are those held at the end of backward: all of them (DDP, stage 1) or the shards (stages 2-3).
+    `ddp_buckets` (DDP only): torch's DDP all-reduces flat bucket buffers, a second copy of the gradients
+    unless `gradient_as_bucket_view=True` (lesson 08); none in a world of one, which runs without DDP.
     `sent`: ring-model bytes per rank per step: DDP all-reduce 2 Psi (N-1)/N, stages 1-2 reduce-scatter +
     all-gather, stage 3 one more all-gather (before backward): Psi the (padded) buffer bytes.
     """
@@ -64,7 +73,7 @@ def sharded_fp32_bytes(unit_numels: Sequence[int], tensors: int, n_ranks: int, s
     shard = sum(math.ceil(n / N) for n in unit_numels)
     padded = N * shard
     if stage == 0:
-        return {"parameters": e * numel, "gradients": e * numel,
+        return {"parameters": e * numel, "gradients": e * numel, "ddp_buckets": e * numel if N > 1 else 0,
                 "optimizer_state": adam_slots * e * numel + 4 * tensors,
                 "sent": ring_bytes_sent("all_reduce", e * numel, N)}
     gathers = 2 if stage == 3 else 1

@@ -7,28 +7,25 @@ checked against measurement, then used for models too big to build.
     python lessons/18_planning.py --model 7b --gpus 8 --gpu-memory-gb 80 --network-gbps 400 --peak-tflops 989
 
 What to look for:
-1. The formulas of common/planning.py PREDICT the bytes a rank holds and sends, and lessons 08, 10 and
-   13's instruments MEASURE them from the tensors (storages counted once, saved activations, collective
-   buffers): equal to the byte, for DDP + Adam (parameters P, gradients P, Adam 2P + a 4-byte step per
-   tensor, bucket all-reduce 2 P (N-1)/N, activations with and without checkpointing), ZeRO stages 1, 2, 3
-   by hand (with the padding to a multiple of N) and Megatron tensor parallelism (weights 1/tp, norms and
-   row-parallel biases whole; 4 all-reduces of B x S x H per layer), on 1, 2 and 4 ranks.
-2. The same formulas, in mixed precision (2 + 2 + 12 bytes per parameter), reproduce the ZeRO paper's 7.5B
-   model on 64 GPUs (120, 31.4, 16.6, 1.9 GB) and its GPT-2 1.5B numbers (24 GB of model states, ~60 GB of
-   activations).
-3. FLOPs: torch.utils.flop_counter counts exactly 6 x weights x tokens + 12 b s^2 h L on the shared GPT of
-   lessons 16-18 with its attention written as matmuls (on CPU it has no formula for the SDPA kernel).
-4. The meta device: a 6.7B-parameter GPT built without allocating a byte; its parameters counted from the
-   module tree equal the formula; its saved activations counted from shapes (the same count equals the
-   measured bytes on a small model); meta init + to_empty + init equals eager init.
-5. Alpha-beta: latency and bandwidth of this machine's gloo all-reduce, fitted; predicted vs measured
-   times as [perf] lines (a benchmark, not a claim: this CPU is shared).
-6. The planner (--params or --model): every (dp, tp, pp, ZeRO stage, cp) that fits, memory per rank, bytes per
-   step, step time and MFU under stated assumptions; common/planner.py.
+1. Bytes a rank holds and sends, PREDICTED by common/planning.py and MEASURED from tensors by lessons 08, 10
+   and 13's instruments, equal to the byte on 1, 2 and 4 ranks: DDP + Adam (parameters P, gradients P, DDP's
+   buckets P: a flat copy of the gradients, Adam 2P + a 4-byte step per tensor, activations with and without
+   checkpointing), ZeRO 1-3 by hand (padded) and Megatron tensor parallelism. These claims test a system;
+   the ZeRO paper's numbers are its own closed form (notebook 18 evaluates them: arithmetic, no claim).
+   DeepSpeed's estimator keeps an fp32 gradient partition (ZeRO-2 +2.8% at 7.5B on 64) and the largest layer
+   (ZeRO-3 +56%); accelerate's `estimate-memory` prints 8 bytes per parameter for Adam in fp16, not 16.
+2. FLOPs: FlopCounterMode counts exactly 6 x weights x tokens + 12 b s^2 h L (attention as matmuls).
+3. The meta device: a 6.7B GPT counted from shapes, no byte allocated. `to_empty` leaves parameters AND
+   buffers uninitialised; every module's `reset_parameters()` equals eager init, buffers included.
+4. Alpha-beta fitted to this machine's gloo all-reduce ([perf] lines: a benchmark, not a claim).
+5. The planner (--params or --model; common/planner.py): every (dp, tp, pp, cp, ZeRO, checkpointing) that
+   fits, memory, bytes sent, step time and MFU under printed assumptions; its rows held to closed forms.
+   Llama 3 405B's 128K stage, tp 8 x cp 16 (across nodes), pp 16: `--params 405e9 --seq 131072 --gpus
+   16384 --tp 8 --cp 16 --pp 16 --global-batch 128 --grad-bytes 4`.
 
-Sources: ZeRO (Rajbhandari et al. 2020, arxiv.org/abs/1910.02054, Figure 1, sections 3.1-3.2); Korthikanti et
-al. 2022 (arxiv.org/abs/2205.05198, section 4); Narayanan et al. 2021 (arxiv.org/abs/2104.04473, FLOPs);
-pytorch.org/docs/stable/ meta tensors, torch.utils.flop_counter.
+Sources: ZeRO (Rajbhandari et al. 2020, arxiv.org/abs/1910.02054); Korthikanti et al. 2022 (arxiv.org/abs/
+2205.05198); Narayanan et al. 2021 (arxiv.org/abs/2104.04473); DeepSpeed's deepspeed/runtime/zero/
+stage_1_and_2.py and stage3.py estimators; accelerate/commands/estimate.py; pytorch.org meta tensors.
 """
 from __future__ import annotations
 
@@ -42,16 +39,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.counters import CommCounter, count_collectives
-from common.differences import max_abs_diff_all
-from common.gpt import init_weights, matmul_attention, saved_bytes_from_shapes
+from common.differences import max_abs_diff_all, nan_max
+from common.gpt import matmul_attention, saved_bytes_from_shapes
 from common.grid import Grid
 from common.memory import ResidualMLP, saved_activation_bytes, storage_bytes
-from common.models import CausalTransformer
-from common.planner import PlanError, add_planner_args, describe, format_rows, plan, planner_inputs
+from common.models import CausalTransformer, DigitsCNN
+from common.planner import (NAMED, Assumptions, PlanError, add_planner_args, evaluate, planner_inputs,
+                            report_plan)
 from common.planning import (GPT, fit_alpha_beta, gpt_flops, gpt_params, mfu, residual_mlp_activations,
                              residual_mlp_flops, ring_bytes_sent, ring_time, sharded_fp32_bytes,
-                             tp_all_reduces, tp_layer_params, transformer_layer_activations, zero_mixed_bytes,
-                             zero_paper_activations)
+                             tp_all_reduces, tp_layer_params, transformer_layer_activations)
 from common.ranks import print0
 from common.results import Report
 from common.session import LessonError, add_distributed_args, distributed_session, read_torchrun_env, run_main
@@ -62,7 +59,7 @@ from common.zero import ZeRO, check_world_size
 
 SMALL_GPT = GPT(layers=2, hidden=32, heads=4, vocab=17, seq=16)  # runs in milliseconds
 BIG_GPT = GPT(layers=32, hidden=4096, heads=32, vocab=32000, seq=2048)  # 6.7e9 parameters, on meta only
-ROWS = ("parameters", "gradients", "optimizer_state", "sent")
+ROWS = ("parameters", "gradients", "ddp_buckets", "optimizer_state", "sent")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -131,6 +128,7 @@ def measure_ddp(args, info, x, y) -> dict:
     opt.step()
     held = held_bytes(list(raw.parameters()), [p.grad for p in raw.parameters()], opt)
     held["sent"] = moved_bytes({"all_reduce": counter.bytes}, info.world_size)
+    held["ddp_buckets"] = counter.bytes  # the flat buffers its hook all-reduced: a copy of the gradients
     for ck in (False, True):
         raw.checkpointing = ck
         held[f"activations{'_checkpointed' if ck else ''}"] = saved_activation_bytes(raw, lambda: raw(x))
@@ -208,27 +206,7 @@ def tensor_parallel_bytes(args, info, group, report: Report) -> None:
                  "every rank, sum of |measured - predicted| = {value:.0f}")
 
 
-# ---------------------------------------------------------------- 2. published numbers
-def published(report: Report) -> None:
-    print0("\n2. the same formulas in mixed precision (2 + 2 + 12 bytes per parameter) vs published numbers")
-    paper = {0: 120.0, 1: 31.4, 2: 16.6, 3: 1.9}  # ZeRO, Figure 1: Psi = 7.5B, N_d = 64, K = 12
-    for stage, gb in paper.items():
-        got = zero_mixed_bytes(7.5e9, 64, stage)["total"] / 1e9
-        label = "baseline (DDP)" if stage == 0 else f"ZeRO stage {stage}"
-        report.claim(f"zero_paper_7_5b_stage{stage}", abs(got - gb), "<=", 0.05,
-                     f"  7.5B on 64 GPUs, {label}: {got:.3f} GB, the paper says {gb} GB: |difference| = "
-                     "{value:.3f} GB")
-    states = zero_mixed_bytes(1.5e9, 1, 0)["total"] / 1e9
-    report.claim("zero_paper_gpt2_model_states", abs(states - 24), "==", 0.0,
-                 f"  GPT-2 1.5B model states: {states:.1f} GB, the paper says at least 24 GB: "
-                 "|difference| {value}")
-    act = zero_paper_activations(1600, 32, 1024, 48) / 1e9
-    report.claim("zero_paper_gpt2_activations", abs(act - 60), "<=", 0.5,
-                 f"  GPT-2 1.5B activations, sequence 1K, batch 32, 12 x h b s L x 2 bytes: {act:.1f} GB, "
-                 "the paper says about 60 GB: |difference| {value:.1f} GB")
-
-
-# ---------------------------------------------------------------- 3. FLOPs
+# ---------------------------------------------------------------- 2. FLOPs
 def matmul_rate(info, n: int = 256, reps: int = 20) -> float:
     a, b = torch.randn(n, n, device=info.device), torch.randn(n, n, device=info.device)
     a @ b
@@ -258,7 +236,7 @@ def flops(args, info, report: Report) -> None:
     model.set_attention(matmul_attention)  # the same attention written as Q K^T, softmax, A V
     f, counted = gpt_flops(c, batch), counted_flops(model, tokens)
     report.claim("gpt_flops_equal_counter", abs(counted - f["total"]), "==", 0,
-                 f"\n3. FLOPs of one step of the shared GPT {c}: FlopCounterMode {counted}, "
+                 f"\n2. FLOPs of one step of the shared GPT {c}: FlopCounterMode {counted}, "
                  f"6 x {f['weights'] // (6 * batch * c.seq)} weights x {batch * c.seq} tokens + 12 b s^2 h L"
                  f" = {f['total']}: |difference| {{value}}")
     report.value("sdpa_flops_counted", sdpa, f"  with F.scaled_dot_product_attention on {info.device.type} "
@@ -280,9 +258,9 @@ def flops(args, info, report: Report) -> None:
                 "small GPT step MFU = FLOPs / (step time x peak) = {value:.1%}")
 
 
-# ---------------------------------------------------------------- 4. the meta device
+# ---------------------------------------------------------------- 3. the meta device
 def meta_device(args, info, report: Report) -> None:
-    print0("\n4. the meta device: shapes without memory")
+    print0("\n3. the meta device: shapes without memory")
     c, batch = SMALL_GPT, 4
     set_seed(args.seed)
     small = gpt(c)
@@ -305,21 +283,41 @@ def meta_device(args, info, report: Report) -> None:
     report.value("big_layer_activation_bytes", per_layer, "  one layer's saved activations at batch 1, "
                  "counted from the shapes: {value} bytes in fp32 without dropout (Korthikanti's 16-bit "
                  f"layer with dropout, s b h (34 + 5 a s / h): {korthikanti:.0f} bytes)")
-    with torch.device("meta"):
-        lazy = gpt(c)
-    lazy.to_empty(device=info.device)  # memory, uninitialised
-    init_weights(lazy, args.seed)
-    eager = gpt(c).to(info.device)
-    init_weights(eager, args.seed)
-    report.claim("meta_init_equals_eager", max_abs_diff_all(lazy.parameters(), eager.parameters()), "==", 0.0,
-                 "  meta -> to_empty -> init_weights vs eager -> init_weights: max |difference| {value}")
+    report.claim("meta_init_equals_eager", meta_init_gap(materialise, info.device, args.seed), "==", 0.0,
+                 "  meta -> to_empty -> reset_parameters() vs eager, parameters and buffers: "
+                 "max |difference| {value}")
 
 
-# ---------------------------------------------------------------- 5. alpha-beta on this machine's gloo
+def materialise(model: torch.nn.Module, device, seed: int) -> torch.nn.Module:
+    """The recipe to copy for a model built on `meta`: `to_empty` (parameters AND buffers, uninitialised),
+    then every module's own `reset_parameters()` in module order (BatchNorm's resets its statistics)."""
+    model.to_empty(device=device)
+    torch.manual_seed(seed)  # the draws of eager init at this seed, replayed in the same order
+    for module in model.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    return model
+
+
+def meta_init_gap(recipe, device, seed: int) -> float:
+    """max |difference| of the state_dicts (parameters and buffers), meta + `recipe` vs eager at `seed`, for
+    the small GPT and lesson 01's CNN (whose BatchNorm buffers a parameters-only init leaves garbage)."""
+    gaps = []
+    for make in (lambda: gpt(SMALL_GPT), DigitsCNN):
+        torch.manual_seed(seed)
+        eager = make().to(device).state_dict()
+        with torch.device("meta"):
+            model = make()
+        lazy = recipe(model, device, seed).state_dict()
+        gaps.append(max_abs_diff_all(eager.values(), [lazy[k] for k in eager]))
+    return nan_max(gaps)
+
+
+# ---------------------------------------------------------------- 4. alpha-beta on this machine's gloo
 def alpha_beta(info, report: Report) -> None:
     N = info.world_size
     if N == 1:
-        print0("\n5. alpha-beta: one process sends nothing (torchrun, 2+ processes, measures gloo)")
+        print0("\n4. alpha-beta: one process sends nothing (torchrun, 2+ processes, measures gloo)")
         return
     sizes = [2 ** k for k in range(8, 21, 3)]  # fp32 elements: 1 KiB .. 4 MiB
     seconds = []
@@ -338,7 +336,7 @@ def alpha_beta(info, report: Report) -> None:
     steps = [2 * (N - 1)] * len(sizes)
     sent = [ring_bytes_sent("all_reduce", 4 * n, N) for n in sizes]
     alpha, beta = fit_alpha_beta(steps, sent, seconds)
-    print0(f"\n5. alpha-beta: all-reduce on {N} gloo ranks, time = 2 (N-1) alpha + 2 B (N-1)/N beta")
+    print0(f"\n4. alpha-beta: all-reduce on {N} gloo ranks, time = 2 (N-1) alpha + 2 B (N-1)/N beta")
     report.perf("alpha_beta", {"alpha_s": alpha, "beta_s_per_byte": beta},
                 f"fitted alpha {alpha * 1e6:.1f} us, beta {beta * 1e9:.3f} ns/byte "
                 f"({1 / beta / 1e9 if beta > 0 else float('inf'):.2f} GB/s)")
@@ -347,35 +345,39 @@ def alpha_beta(info, report: Report) -> None:
                     f"predicted {ring_time('all_reduce', 4 * n, N, alpha, beta) * 1e6:.0f} us")
 
 
-# ---------------------------------------------------------------- 6. the planner
+# ---------------------------------------------------------------- 5. the planner
+def planner_closed_forms(report: Report) -> None:
+    """The planner's rows (common/planner.py) against closed forms written out here: a 7b-shaped GPT on 8
+    GPUs, tp = pp = 1 (a rank holds all Psi parameters), micro-batch 1, flash attention (34 s b h a layer)."""
+    c, a = NAMED["7b"], Assumptions(gpus=8, global_batch=64)
+    psi, L, sbh, m = gpt_params(c)["total"], c.layers, c.seq * c.hidden, 64 // 8  # m: micro-batches per step
+    ddp, ckpt, zero2, zero3, cp2 = (evaluate(c, a, dp, 1, 1, cp, zero, ck)  # cp2: ZeRO-3 at dp 4 x cp 2
+                                    for dp, cp, zero, ck in ((8, 1, 0, 0), (8, 1, 0, 1), (8, 1, 2, 0),
+                                                             (8, 1, 3, 0), (4, 2, 3, 0)))
+    ring = 2 * psi * 7 / 8  # bytes one of 8 ranks sends in an all-gather or reduce-scatter of the bf16 model
+    compute = gpt_flops(c, a.global_batch)["total"] / (a.gpus * a.peak_tflops * 1e12 * a.efficiency)
+    checks = {  # name: (the planner's number, the closed form, what it says)
+        "planner_ddp_memory": (ddp["memory"]["total"], 18 * psi + 34 * L * sbh, "DDP: 18 Psi + L x 34 s b h"),
+        "planner_ckpt_activations": (ckpt["memory"]["activations"], (2 * L + 34) * sbh, "(2 L + 34) s b h"),
+        "planner_zero3_over_dp_x_cp": (cp2["memory"]["total"] - cp2["memory"]["activations"], 16 * psi / 8,
+                                       "ZeRO-3 at dp 4 x cp 2: 16 Psi / 8"),
+        "planner_ddp_sends_bf16": (ddp["sent"]["dp"], 2 * ring, "DDP sends 2 ring"),
+        "planner_zero2_per_micro_batch": (zero2["sent"]["dp"], (m + 1) * ring, "ZeRO-2 sends (m + 1) ring"),
+        "planner_zero3_per_micro_batch": (zero3["sent"]["dp"], 3 * m * ring, "ZeRO-3 sends 3 m ring"),
+        "planner_ckpt_adds_a_forward": (ckpt["step_s"] - ddp["step_s"], compute / 3, "ckpt: + a forward, s"),
+    }
+    print0(f"\n5. the planner's rows vs closed forms (7b-shaped, 8 GPUs, m = {m}; ring: 2 Psi (N-1)/N B)")
+    for name, (got, want, text) in checks.items():
+        report.claim(name, abs(got / want - 1), "<=", 1e-12, f"  {text}: {got:.6g} vs {want:.6g}, "
+                     "|ratio - 1| {value:.0e}")
+
+
 def planner(args) -> None:
     """Formulas only: every configuration for the model on the GPUs, the fastest that fit first."""
-    c, a = args.plan
-    t = time.perf_counter()
     try:
-        rows = plan(c, a)
+        report_plan(*args.plan, args.top, args.results, master=read_torchrun_env()[0] == 0)
     except PlanError as e:
         raise LessonError(str(e)) from None
-    fit = [r for r in rows if r["fits"]]
-    if not fit:
-        best = min(rows, key=lambda r: r["memory"]["total"])
-        need = best["memory"]["total"] / 1e9
-        raise LessonError(f"nothing fits: the smallest configuration needs {need:.1f} GB "
-                          f"per GPU (dp {best['dp']} tp {best['tp']} pp {best['pp']} cp {best['cp']} ZeRO "
-                          f"{best['zero']}), more than {a.gpu_memory_gb:g} GB less {a.reserve:.0%}")
-    report = Report(None if read_torchrun_env()[0] == 0 else _NotMaster())
-    report.value("assumptions", describe(c, a), "\n".join(describe(c, a)))
-    shown = min(args.top, len(fit))
-    report.value("fitting", len(fit), f"{{value}} of {len(rows)} configurations fit; the {shown} fastest"
-                 " (memory per GPU in GB; GB each GPU sends per step; step time and MFU estimated):")
-    report.record("configurations", fit[:args.top])
-    print0("\n".join(format_rows(fit, args.top)))
-    report.perf("planner_seconds", time.perf_counter() - t, "planned in {value:.2f} s")
-    report.write(args.results)
-
-
-class _NotMaster:
-    master_process = False
 
 
 def main(argv=None) -> None:
@@ -387,10 +389,10 @@ def main(argv=None) -> None:
         report = Report(info)
         report.results.update(world_size=info.world_size)
         bytes_predicted_vs_measured(args, info, report)
-        published(report)
         flops(args, info, report)
         meta_device(args, info, report)
         alpha_beta(info, report)
+        planner_closed_forms(report)
         report.finish(args.results)
 
 

@@ -1,13 +1,14 @@
-"""Minimal 18: the bytes a data-parallel rank holds, by formula, checked against torch's tensors.
+"""Minimal 18: the bytes a data-parallel rank holds, by formula, against tensors built that way.
 
     torchrun --standalone --nproc_per_node=2 minimal/18_planning.py
     python minimal/18_planning.py                                 # plain python: a world of one
 
-DDP with Adam, fp32: parameters 4P, gradients 4P, Adam 8P + 4 bytes of `step` per tensor. ZeRO
-cuts each unit (stem, blocks, head) into N shards of s = ceil(n / N) elements: stage 1 shards
-Adam's state, stage 2 also the gradients, stage 3 also the parameters. Mixed precision: 2 + 2 + 12
-bytes per parameter (bf16 weights and gradients; fp32 master copy, momentum, variance).
-The measured lesson (lessons/18_planning.py) checks these with lessons 08 and 13's instruments.
+DDP with Adam, fp32: parameters 4P, gradients 4P, DDP's buckets 4P (a flat copy of the gradients
+unless gradient_as_bucket_view=True), Adam 8P + 4 bytes of `step` per tensor. ZeRO cuts each unit
+into N shards of s = ceil(n / N) elements: stage 1 shards Adam's state, stage 2 also the gradients,
+stage 3 also the parameters. Mixed precision: 2 + 2 + 12 bytes per parameter. "built": the bytes of
+tensors THIS script builds in each layout, so it checks the formula's arithmetic, not DDP or ZeRO:
+lessons/18_planning.py measures those with lessons 08 and 13's instruments.
 """
 import json
 import math
@@ -21,8 +22,7 @@ import torch.nn.functional as F
 
 
 def make_units(w=33, depth=2):
-    """Lesson 08's ResidualMLP as ZeRO units: stem Linear(64, w), blocks, head (the same
-    parameters; the residual additions, which hold no bytes counted here, are left out)."""
+    """Lesson 08's ResidualMLP as ZeRO units: stem, blocks, head (residual additions left out)."""
     block = [nn.Sequential(nn.Linear(w, w), nn.GELU(), nn.Linear(w, w)) for _ in range(depth)]
     return [nn.Linear(64, w), *block, nn.Sequential(nn.GELU(), nn.Linear(w, 10))]
 
@@ -34,21 +34,23 @@ def nbytes(tensors):
 def formula(numels, tensors, N, stage):
     """Bytes per rank (fp32, Adam) by formula: predicted before anything is built."""
     P, shard = sum(numels), sum(math.ceil(n / N) for n in numels)
-    if stage == 0:
-        return {"parameters": 4 * P, "gradients": 4 * P, "optimizer_state": 8 * P + 4 * tensors}
+    if stage == 0:  # DDP's buckets: none in a world of one (no DDP to all-reduce for)
+        return {"parameters": 4 * P, "gradients": 4 * P, "ddp_buckets": 4 * P if N > 1 else 0,
+                "optimizer_state": 8 * P + 4 * tensors}
     return {"parameters": 4 * (shard if stage == 3 else N * shard),
             "gradients": 4 * (P if stage == 1 else shard),
             "optimizer_state": 8 * shard + 4 * len(numels)}
 
 
-def measured(units, stage, rank, N, x, y):
-    """One step; the tensors this rank keeps, counted by torch (numel x element size)."""
+def built(units, stage, rank, N, x, y):
+    """One step; the tensors this rank would keep, built here and counted (numel x element size)."""
     model = nn.Sequential(*units)
     F.cross_entropy(model(x), y).backward()  # every gradient, whole
     params = list(model.parameters())
-    if stage == 0:  # DDP: everything whole on every rank
+    if stage == 0:  # DDP: everything whole on every rank, and its bucket: the gradients, flat
+        bucket = [torch.cat([p.grad.reshape(-1) for p in params])] if N > 1 else []
         return {"parameters": nbytes(params), "gradients": nbytes(p.grad for p in params),
-                "optimizer_state": adam_state_bytes(params)}
+                "ddp_buckets": nbytes(bucket), "optimizer_state": adam_state_bytes(params)}
     flats, shards = [], []
     for u in units:
         ps = list(u.parameters())
@@ -81,25 +83,23 @@ def mixed_precision_bytes(units, x, y):
     for m, p in zip(master, model.parameters()):
         m.grad = p.grad.float()
     adam = adam_state_bytes(master) - 4 * len(master)  # less the 4-byte step counters
-    n = sum(p.numel() for p in model.parameters())
     bf16 = nbytes(model.parameters()) + nbytes(p.grad for p in model.parameters())
-    return (bf16 + nbytes(master) + adam) / n
+    return (bf16 + nbytes(master) + adam) / sum(p.numel() for p in model.parameters())
 
 
 def check(rank, N):
     rng = np.random.default_rng(rank)  # this rank's batch: x (16, 64), y (16,)
     x = torch.from_numpy(rng.standard_normal((16, 64)).astype(np.float32))
     y = torch.from_numpy(rng.integers(0, 10, 16))
-    torch.manual_seed(0)
     numels = [sum(p.numel() for p in u.parameters()) for u in make_units()]
     tensors = sum(len(list(u.parameters())) for u in make_units())  # Adam: a `step` per tensor
     out = {"world_size": N, "formula": {s: formula(numels, tensors, N, s) for s in range(4)},
-           "measured": {s: measured(make_units(), s, rank, N, x, y) for s in range(4)}}
+           "built": {s: built(make_units(), s, rank, N, x, y) for s in range(4)}}
     out["mixed_precision_bytes_per_param"] = mixed_precision_bytes(make_units(), x, y)
-    ok = out["formula"] == out["measured"] and out["mixed_precision_bytes_per_param"] == 16.0
+    ok = out["formula"] == out["built"] and out["mixed_precision_bytes_per_param"] == 16.0
     if rank == 0:
         print(json.dumps(out))
-        print("formula == torch's bytes (DDP, ZeRO 1-3) and 2 + 2 + 12 bytes per parameter:", ok)
+        print("formula == the built bytes (DDP, ZeRO 1-3); 2 + 2 + 12 bytes per parameter:", ok)
     return ok
 
 

@@ -1,4 +1,6 @@
-"""The cost model of lesson 18 (common/planning.py): published numbers, exact small cases, FLOPs vs the counter."""
+"""The cost model of lesson 18 (common/planning.py): published numbers, exact small cases, FLOPs vs the counter;
+the planner's rows held to closed forms (lesson 18's section 6); the meta-device recipe against a wrong one."""
+import importlib
 import math
 
 import pytest
@@ -46,6 +48,9 @@ def test_sharded_fp32_bytes_stage_shares():
     assert s3["parameters"] == 4 * (537 + 561 + 561 + 85)
     assert sharded_fp32_bytes(units, 10, 1, 3)["sent"] == 0
     assert s3["sent"] == pytest.approx(1.5 * sharded_fp32_bytes(units, 10, N, 2)["sent"])
+    # torch's DDP: its buckets are a flat copy of the gradients (none in a world of one, which runs without DDP)
+    assert ddp["ddp_buckets"] == ddp["gradients"] and sharded_fp32_bytes(units, 10, 1, 0)["ddp_buckets"] == 0
+    assert "ddp_buckets" not in s3
 
 
 def test_residual_mlp_formulas_match_common_memory_and_flop_counter():
@@ -94,3 +99,89 @@ def test_planner_70b_fits_and_bad_degrees_are_refused():
     for bad in bad_ones:
         with pytest.raises(PlanError):
             plan(NAMED["70b"], Assumptions(**{"gpus": 64, **bad}))
+
+
+def test_megatron_fp32_main_gradients_are_6_plus_12_over_d():
+    # Megatron-Core's distributed optimizer, bf16 parameters with fp32 main gradients: 6 + 12/d bytes per parameter
+    for d in (1, 8, 64):
+        assert zero_mixed_bytes(1e9, d, 1, grad_bytes=4)["total"] == pytest.approx((6 + 12 / d) * 1e9)
+    with pytest.raises(ValueError):
+        zero_mixed_bytes(1e9, 8, 1, grad_bytes=3)
+
+
+def lesson18():
+    return importlib.import_module("lessons.18_planning")
+
+
+def test_planner_rows_hold_the_lessons_closed_forms():
+    # each of these fails if the planner leaves the recomputed forward out of the step time, counts the dp
+    # gradients as fp32, shards ZeRO over dp instead of dp x cp, drops the recomputed layer's activations, or
+    # charges ZeRO-2/3 once per step instead of once per micro-batch
+    from common.results import Report
+    report = Report()
+    lesson18().planner_closed_forms(report)
+    claims = report.results["claims"]
+    assert set(claims) == {"planner_ddp_memory", "planner_ckpt_activations", "planner_zero3_over_dp_x_cp",
+                           "planner_ddp_sends_bf16", "planner_zero2_per_micro_batch",
+                           "planner_zero3_per_micro_batch", "planner_ckpt_adds_a_forward"}
+    assert report.failing() == [], {k: c["value"] for k, c in claims.items()}
+
+
+def test_planner_zero3_memory_at_cp2_is_half_of_cp1_and_the_gradient_dtype_is_an_assumption():
+    from common.planner import NAMED, Assumptions, describe, evaluate
+    c, a = NAMED["7b"], Assumptions(gpus=8, global_batch=64)
+    def states(r):
+        return sum(r["memory"][k] for k in ("parameters", "gradients", "optimizer_state"))
+    cp1, cp2 = evaluate(c, a, 4, 1, 1, 1, 3, False), evaluate(c, a, 4, 1, 1, 2, 3, False)
+    assert states(cp2) == pytest.approx(states(cp1) / 2)
+    psi = gpt_params(c)["total"]
+    view = Assumptions(gpus=8, global_batch=64, gradient_as_bucket_view=True)
+    assert evaluate(c, view, 8, 1, 1, 1, 0, False)["memory"]["gradients"] == 2 * psi  # no bucket copy
+    assert evaluate(c, a, 8, 1, 1, 1, 0, False)["memory"]["gradients"] == 4 * psi  # the copy
+    fp32 = Assumptions(gpus=8, global_batch=64, grad_bytes=4)
+    r = evaluate(c, fp32, 8, 1, 1, 1, 1, False)
+    assert r["memory"]["gradients"] == 4 * psi and r["sent"]["dp"] == pytest.approx((4 + 2) * psi * 7 / 8)
+    assert "gradients fp32" in describe(c, fp32)[4] and "bf16" in describe(c, a)[4]
+    assert not any("upper bound" in line for line in describe(c, a))
+
+
+def test_planner_megatron_zero1_fit_map_cell_tp8_pp1_does_not_fit_with_fp32_gradients():
+    from common.planner import NAMED, Assumptions, evaluate
+    bf16 = evaluate(NAMED["70b"], Assumptions(gpus=64), 8, 8, 1, 1, 1, False)
+    fp32 = evaluate(NAMED["70b"], Assumptions(gpus=64, grad_bytes=4), 8, 8, 1, 1, 1, False)
+    assert round(bf16["memory"]["total"] / 1e9, 1) == 56.3 and bf16["fits"]
+    assert round(fp32["memory"]["total"] / 1e9, 1) == 72.6 and not fp32["fits"]
+
+
+def test_planner_expresses_llama3_405b_128k_stage_and_names_the_constraint():
+    from common.planner import Assumptions, PlanError, plan, shape_for_params
+    c = shape_for_params(405e9, seq=131072)
+    a = Assumptions(gpus=16384, tp=8, cp=16, pp=16, global_batch=128, grad_bytes=4)  # cp 16 leaves the node
+    rows = plan(c, a)
+    assert {(r["dp"], r["tp"], r["pp"], r["cp"]) for r in rows} == {(8, 8, 16, 16)} and any(r["fits"] for r in rows)
+    with pytest.raises(PlanError, match="global-batch 100 is not a multiple of dp"):
+        plan(c, Assumptions(gpus=16384, tp=8, cp=16, pp=16, global_batch=100))
+    with pytest.raises(PlanError, match="tp x pp x cp = 8 x 16 x 16 = 2048 does not divide --gpus 1024"):
+        plan(c, Assumptions(gpus=1024, tp=8, cp=16, pp=16))
+
+
+def test_meta_init_compares_buffers_and_a_parameters_only_recipe_fails():
+    import torch
+
+    from common.gpt import init_weights
+    lesson, cpu = lesson18(), torch.device("cpu")
+    assert lesson.meta_init_gap(lesson.materialise, cpu, 0) == 0.0
+
+    def init_weights_only(model, device, seed):  # the old recipe: to_empty, then the parameters alone
+        model.to_empty(device=device)
+        with torch.no_grad():
+            init_weights(model, seed)
+        return model
+
+    def buffers_left_zero(model, device, seed):  # every parameter right, BatchNorm's buffers as fresh pages
+        lesson.materialise(model, device, seed)
+        for b in model.buffers():
+            b.zero_()
+        return model
+    for wrong in (init_weights_only, buffers_left_zero):
+        assert lesson.meta_init_gap(wrong, cpu, 0) != 0.0, wrong.__name__  # a NaN is != 0 too
