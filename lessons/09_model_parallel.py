@@ -39,6 +39,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common.data import digits_split
+from common.differences import nan_max  # a NaN anywhere makes the largest difference NaN
 from common.grid import Grid
 from common.models import mlp
 from common.pipeline_executor import run_pipeline_step
@@ -153,7 +154,7 @@ def naive_split(widths, x, y, stage_ms: float, seed: int, device=torch.device("c
     events = [s.events for s in stages]
     return {"devices": [str(d) for d in devs], "simulated": not two_gpus, "events": events,
             "overlap_s": busy_overlap_s(events), "idle_fraction": measured_bubble(events)["bubble"],
-            "max_diff": max(abs(loss.item() - ref["loss"]), *diffs)}
+            "max_diff": nan_max([abs(loss.item() - ref["loss"]), *diffs])}
 
 
 def pipeline_step(schedule: str, args, info, grid: Grid, x, y, m: int, stage_ms: float) -> dict:
@@ -210,7 +211,7 @@ def compare(got: list[dict], ref: dict) -> dict:
     by_stage = {i: (r["grads"][i], r["params"][i]) for r in got for i in r["grads"]}
     mine = [t for k in (0, 1) for i in sorted(by_stage) for t in by_stage[i][k]]
     diffs = [(a - b).abs().max().item() for a, b in zip(mine, ref["grads"] + ref["params"], strict=True)]
-    return {"loss": got[-1]["loss"], "max_diff": max(abs(got[-1]["loss"] - ref["loss"]), *diffs)}
+    return {"loss": got[-1]["loss"], "max_diff": nan_max([abs(got[-1]["loss"] - ref["loss"]), *diffs])}
 
 
 def memory_claims(report: Report, rows: dict, m: int, p: int) -> None:
@@ -300,13 +301,13 @@ def report_accumulation(args, info, grid: Grid, x, y, report: Report) -> None:
     got = gather_to_rank0(accumulation_across_steps(args, info, grid, x, y, m), info)
     if not info.master_process:
         return
-    worst = {k: max(r[k] for r in got) for k in got[0]}
+    worst = {k: nan_max(r[k] for r in got) for k in got[0]}
     print0(f"\n4. ScheduleGPipe(m={m}).step() twice on one batch, no zero_grad: .grad vs one step's g "
            "(relative to its largest |g|)")
     report.claim("schedule_steps_accumulate_g_over_m_plus_g", worst["vs_g_over_m_plus_g"], "<=", 1e-5,
                  f"  |grad - (1 + 1/{m}) g| {{value:.1e}}: each step divides ALL of .grad by m "
                  "(scale_grads=True)")
-    report.claim("schedule_steps_do_not_accumulate_2g", min(r["vs_2g"] for r in got), ">=", 0.1,
+    report.claim("schedule_steps_do_not_accumulate_2g", -nan_max(-r["vs_2g"] for r in got), ">=", 0.1,
                  "  |grad - 2 g| {value:.2f}: not the sum of two steps; zero_grad between steps, or raise m")
     report.claim("scale_grads_false_accumulates", worst["fix_vs_g"], "<=", 1e-5, "  scale_grads=False and a "
                  f"loss / (2 x {m}): two steps give their mean, |grad - g| {{value:.1e}}")
@@ -355,7 +356,7 @@ def pipelines_section(args, info, grid: Grid, x, y, report: Report) -> None:
                                                  "{value[loss]:>10.6f}{value[max_diff]:>11.1e}"
                                                  "{value[theory_bubble]:>15.3f}  {value[peak_live]}")
     for s in dict.fromkeys(s for s, _ in rows):  # each schedule, over every m
-        worst = max(r["max_diff"] for k, r in rows.items() if k[0] == s)
+        worst = nan_max(r["max_diff"] for k, r in rows.items() if k[0] == s)
         report.claim(f"{s}_equals_unsplit", worst, "<=", TOL,
                      f"{s}: loss, gradients, parameters after SGD = unsplit: max |difference| {{value:.1e}}")
     if rows:

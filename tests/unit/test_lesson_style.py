@@ -1,6 +1,6 @@
 """The measured lessons stay unpacked (issue 19, item 6): lines <= 110 characters, no assignment expression
 inside a call's arguments, no lambda that fills a container as a side effect, no function over 60 lines, no
-lesson over 400 lines. Lessons 10-15 join the list once they are unpacked."""
+lesson over 450 lines. Lessons 10-15 join the list once they are unpacked."""
 from __future__ import annotations
 
 import ast
@@ -18,7 +18,7 @@ SIDE_EFFECTS = {"append", "extend", "update", "setdefault", "add", "__setitem__"
 def packing(source: str) -> list[str]:
     """Every place where `source` packs code, as 'line N: what'."""
     lines = source.splitlines()
-    found = [f"file: {len(lines)} lines > 400"] if len(lines) > 400 else []
+    found = [f"file: {len(lines)} lines > 450"] if len(lines) > 450 else []
     found += [f"line {i}: {len(line)} characters" for i, line in enumerate(lines, 1) if len(line) > 110]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call):
