@@ -39,7 +39,7 @@ def owner_map(full: torch.Tensor, shards: Sequence[torch.Tensor], dim: int) -> t
 def _draw_owner(ax, owner: torch.Tensor, title: str, xlabel: str, ylabel: str) -> None:
     n = max(int(owner.max()) + 1, 1)
     cmap = ListedColormap(["lightgray"] + RANK_COLORS[:n])
-    ax.imshow(owner + 1, cmap=cmap, vmin=0, vmax=n, aspect="auto", interpolation="nearest")
+    ax.imshow((owner + 1).numpy(), cmap=cmap, vmin=0, vmax=n, aspect="auto", interpolation="nearest")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
 
 

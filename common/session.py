@@ -31,7 +31,7 @@ __all__ = [
     "LessonError", "DistInfo", "add_distributed_args", "add_legacy_launcher_args", "read_torchrun_env",
     "choose_backend_and_device", "setup", "cleanup", "distributed_session", "legacy_launcher_note", "run_main",
     "exit_process", "set_exit_status", "rank0_only", "barrier", "set_seed", "deterministic_cuda",
-    "rendezvous_store",
+    "rendezvous_store", "one_thread_unless_told",
 ]
 
 _exit_status = 0  # what run_main ends the process with when main returns: 1 after a claim that does not hold
@@ -177,6 +177,7 @@ def run_main(main: Callable[[], object]) -> None:
     """
     code = 0
     try:
+        one_thread_unless_told()
         main()
         code = _exit_status
     except LessonError as e:
@@ -192,6 +193,24 @@ def run_main(main: Callable[[], object]) -> None:
         traceback.print_exc()
         code = 1
     exit_process(code)
+
+
+def one_thread_unless_told() -> None:
+    """One compute thread per process when OMP_NUM_THREADS is unset, as under torchrun and in the notebooks.
+
+    torchrun sets OMP_NUM_THREADS=1 for nproc_per_node > 1 and the notebooks launch with it; a plain `python
+    lessons/NN_x.py` would otherwise start one thread per core. Measured on the 2-core machine: lesson 01 ran
+    2.3x slower with 2 threads beside other work, and its printed losses differed in the last digits from the
+    notebook's (a sum split over threads adds in another order). Processes this one starts (mp.spawn) inherit
+    the variable. Set OMP_NUM_THREADS yourself to choose another count; rank 0 says so in one line.
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    if os.environ.get("RANK", "0") == "0":
+        print("note: OMP_NUM_THREADS is unset: 1 compute thread per process, as torchrun and the notebooks use "
+              "(set it to choose)", flush=True)
 
 
 def exit_process(code: int = 0) -> None:

@@ -241,7 +241,8 @@ def backends(report: Report) -> None:
     built = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
              "mpi": dist.is_mpi_available()}
     report.record("backends_built", built)
-    print0("\nbackend support (PyTorch docs; yes/no/?) -- and what this build of torch contains")
+    print0("\nbackend support for these collectives (PyTorch docs; yes/no/?) -- and what this build of "
+           "torch contains")
     print0("\n".join(backend_table(built)))
     report.claim("gloo_built", built["gloo"], "==", True,
                  "gloo is in this build (CPU tensors need it): {value}")
@@ -307,6 +308,7 @@ def check_ring(info, args, report: Report) -> None:
     ring_all_reduce(torch.ones(1024 * n, device=info.device), stats=stats)  # n divides the length
     report.claim("ring_messages_per_rank", stats.messages_sent, "==", 2 * (n - 1),
                  f"  one all-reduce of {1024 * n} float32: messages each rank sends {{value}} = 2(n-1)")
+    print0("  nccl-tests' algbw = bytes / time; busbw = algbw x the share of the tensor each rank sends:")
     report.claim("ring_bytes_sent_share", stats.bytes_sent / (1024 * n * 4), "==",
                  bus_bandwidth_factor("all_reduce", n), f"  bytes each rank sends {stats.bytes_sent} = "
                  "{value:.4f} x the tensor = 2(n-1)/n, nccl-tests' busbw / algbw")
@@ -359,8 +361,8 @@ def main() -> None:
         report.value("world_size", info.world_size, f"world_size {{value}}  backend "
                      f"{info.backend or 'none (plain python)'}  device {info.device.type}")
         who_am_i(info, report)
-        backends(report)
         check_collectives(info, report)
+        backends(report)  # after the collectives it tabulates
         check_ring(info, args, report)
         ring_vs_server(info, report)
         no_parameter_server(info, args, report)

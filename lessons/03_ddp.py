@@ -296,6 +296,8 @@ def compare_with_dataparallel(report: Report, info: DistInfo, raw_model: nn.Modu
     with rank0_only(info, "the DataParallel comparison") as mine:
         # nn.DataParallel's device_ids: every visible GPU; [] without CUDA, and then forward = the module's
         if mine:
+            print0("nn.DataParallel, the older API DDP replaces: ONE process drives every GPU with threads "
+                   "(docs/launchers.md)")
             dp, x = nn.DataParallel(raw_model).eval(), test_set.tensors[0].to(info.device)  # x (359, 1, 8, 8)
             with torch.no_grad():  # eval mode: each sample's output does not depend on how the batch is split
                 diff = (dp(x) - raw_model(x)).abs().max().item()

@@ -5,6 +5,7 @@
   lessons (and minimal/ scripts) under torchrun.
   `python -m pytest -m "not slow"` therefore runs the unit tests alone (tests/unit/, under a minute).
 """
+import gc
 import os
 import shutil
 from pathlib import Path
@@ -27,6 +28,19 @@ def pytest_collection_modifyitems(config, items):
         path = Path(str(item.fspath)).resolve()
         if path.suffix == ".ipynb" or LESSON_TESTS in path.parents or MINIMAL_TESTS in path.parents:
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_collection_finish(session):
+    """Freeze what collection imported (torch, matplotlib, hypothesis, the test modules: about 500,000 objects),
+    so that a garbage collection walks only what the tests make.
+
+    Why: when the session ends, xdist's controller tells each worker to exit and execnet sends a worker that is
+    still busy 5 s later a SIGINT. A worker spends its last seconds in pytest's full garbage collections; on a
+    busy 2-core machine each took 3-4 s over those objects, the SIGINT landed inside hypothesis' gc callback,
+    and the run ended with a PytestUnraisableExceptionWarning whose traceback ends in KeyboardInterrupt.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 # ---- one launch per lesson configuration (common/launch_cache.py) ---------------------------------------

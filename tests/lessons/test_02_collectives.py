@@ -96,6 +96,15 @@ def test_lesson_two_processes_checks_every_claim(two):
     assert [line for line in two.lines(perf=True) if "barrier" in line] == two.lines(perf=True)
 
 
+def test_output_runs_the_collectives_before_tabulating_them_and_defines_busbw_before_using_it(two):
+    """A newcomer meets each collective (run and checked) before the table of which backend runs which, and
+    algbw/busbw in words before the line that uses their ratio."""
+    out = two.stdout
+    assert out.index("collectives on gloo/cpu") < out.index("backend support for these collectives")
+    assert out.index("busbw = algbw x") < out.index("nccl-tests' busbw / algbw")
+    assert out.index("Psi = ") == out.index("Psi")  # Psi's first mention gives its size
+
+
 @pytest.mark.timeout(900)
 def test_ring_equals_all_reduce_in_worlds_of_1_3_4(world):
     nproc, run = world

@@ -81,6 +81,9 @@ def test_dataparallel_without_gpus_just_calls_the_module(ddp2):
         pytest.skip("the machine has a GPU: DataParallel splits the batch there")
     assert ddp2.results["dataparallel_device_ids"] == []
     assert ddp2.results["claims"]["dataparallel_output_equals_module"]["value"] == 0.0
+    # introduced in one line before its first appearance in the output
+    first = re.search(r"(?<!Distributed)DataParallel", ddp2.stdout).start()
+    assert ddp2.stdout.index("nn.DataParallel, the older API DDP replaces") == first - len("nn.")
 
 
 @pytest.mark.timeout(600)

@@ -181,6 +181,56 @@ def test_lesson_table_has_one_row_per_lesson_running_that_lesson():
         assert table[stem[:2]] and all(f"lessons/{stem}.py" in c for c in table[stem[:2]]), stem
 
 
+def start_here_times() -> tuple[dict[str, int], dict[str, int], int, str]:
+    """From README.md's Start here: ({lesson: exercise minutes}, {lesson: minutes on the whole path}, the path's
+    hours, the section's text)."""
+    text = section(read("README.md"), "## Start here")
+    exercises = dict(re.findall(r"(\d\d): (\d+)", re.search(r"minutes by lesson: ([^)]*)\)", text).group(1)))
+    path = re.search(r"take about (\d+) hours:\s*(.*?)\.\n", text, re.S)
+    per_lesson = dict(re.findall(r"(\d\d) \((\d+)(?: min)?\)", path.group(2)))
+    return ({k: int(v) for k, v in exercises.items()}, {k: int(v) for k, v in per_lesson.items()},
+            int(path.group(1)), text)
+
+
+def minutes(span: str) -> int:
+    """"5 h 35 min" -> 335, "1 h" -> 60, "35 min" -> 35."""
+    hours, mins = re.search(r"(?:(\d+) h)?\s*(?:(\d+) min)?", span.strip()).groups()
+    return 60 * int(hours or 0) + int(mins or 0)
+
+
+def test_each_exercise_takes_about_a_minute_per_line_of_its_stub():
+    exercises = importlib.import_module("exercises").EXERCISES
+    stated, _, _, _ = start_here_times()
+    stubs = {lesson: len(read(f"exercises/{name}.py").splitlines()) for name, (lesson, _) in exercises.items()}
+    assert sorted(stated) == sorted(stubs), "README's exercise minutes name each lesson that has an exercise"
+    for lesson, lines in stubs.items():
+        assert abs(stated[lesson] - lines) <= 5, f"exercise of lesson {lesson}: {lines} stub lines, " \
+                                                 f"README says {stated[lesson]} min: update both READMEs"
+
+
+def test_start_here_times_add_up_from_the_lesson_table_and_the_exercises():
+    """Each lesson on the path is read + run + study + exercise, to the nearest 5 minutes; the path and the
+    routes are the sums of those."""
+    exercises, per_lesson, hours, text = start_here_times()
+    table = {c[0]: c for c in table_rows(read("README.md")) if re.fullmatch(r"\d\d", c[0]) and len(c) == 5}
+    assert sorted(per_lesson) == sorted(table), "the path names every lesson of the table"
+    for lesson, cells in table.items():
+        read_min = int(re.search(r"(\d+) min", cells[2]).group(1))
+        run_s = int(re.search(r", (\d+) s", cells[3]).group(1))
+        study = int(re.search(r"(\d+) min", cells[4]).group(1))
+        exact = read_min + run_s / 60 + study + exercises.get(lesson, 0)
+        assert per_lesson[lesson] % 5 == 0 and abs(per_lesson[lesson] - exact) <= 2.5, \
+            f"lesson {lesson}: read {read_min} + run {run_s} s + study {study} + exercise " \
+            f"{exercises.get(lesson, 0)} = {exact:.1f} min, the path says {per_lesson[lesson]}"
+    assert abs(sum(per_lesson.values()) / 60 - hours) <= 0.5, f"the path sums to {sum(per_lesson.values())} min"
+    for cells in table_rows(text)[1:]:
+        lessons, time = re.sub(r"\]\([^)]*\)", "]", cells[1]), cells[2]
+        main, _, extra = lessons.partition("(")
+        assert minutes(time.split("(")[0]) == sum(per_lesson[n] for n in re.findall(r"\d\d", main)), cells
+        if extra:
+            assert minutes(time.split("(+")[1]) == sum(per_lesson[n] for n in re.findall(r"\d\d", extra)), cells
+
+
 def row_links(text: str) -> dict[str, list[str]]:
     """{"03": ["minimal/03_ddp.py", "notebooks/03_ddp.ipynb"], ...}: each lesson-table row's link targets."""
     return {c[0]: LINK.findall(" | ".join(c)) for c in table_rows(text)
