@@ -8,7 +8,7 @@ Run it:
 
 All ranks form one tp group (`Grid(info, tp=world_size)`); every tp rank sees the same batch and holds 1/tp of
 each split weight. A digit image is read as a sequence of S = 8 rows (tokens) of 8 pixels, embedded to H
-features.
+features. tp must divide H, the head count and S (sequence parallelism splits the tokens): 1, 2, 4 or 8 ranks.
 
 What to look for, section by section:
 1. By hand (common/tensor_parallel.py): the MLP block with fc1 split by output features (column parallel) and
@@ -89,7 +89,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     # validated before any process group: every rank fails alike, none waits
     if min(args.hidden, args.heads, args.batch_size, args.steps) < 1 or args.lr <= 0:
         raise LessonError("--hidden, --heads, --batch-size and --steps must be >= 1 and --lr > 0")
-    check_tp_degree(read_torchrun_env()[2], args.hidden, args.heads)  # tp = the world size
+    tp = read_torchrun_env()[2]  # tp = the world size
+    check_tp_degree(tp, args.hidden, args.heads)
+    if SEQ % tp:  # section 3 gives each rank S/tp whole tokens; DTensor's Shard(1) needs equal ones
+        raise LessonError(f"sequence parallelism splits an image's S = {SEQ} tokens over the tp ranks: "
+                          f"tp = {tp} must divide {SEQ} (1, 2, 4 or 8 processes)")
     return args
 
 

@@ -194,7 +194,11 @@ def train(T, args, info, step: int, until: int, fault=None, log=None, save=None)
     losses, dev, k = {}, info.device, args.k
     while step < until:
         batches = iter(T.loader)  # the sampler's epoch, from its position
-        for _ in range(min(len(T.sampler) // (args.batch_size * k), until - step)):  # epoch's end or until
+        left = len(T.sampler) // (args.batch_size * k)  # optimizer steps to the epoch's end
+        if left < 1:  # a sampler that never rolls over to the next epoch would loop here forever
+            # (not a RuntimeError: exit_on_peer_failure reads that as a peer failure)
+            raise AssertionError(f"step {step}: the sampler has no batch left ({T.sampler.state_dict()})")
+        for _ in range(min(left, until - step)):  # to the epoch's end, or to `until`
             step += 1
             for micro_step in range(k):  # k > 1 only to keep the global batch on fewer ranks (lesson 07)
                 x, y = next(batches)  # x (b, 1, 8, 8), y (b,)

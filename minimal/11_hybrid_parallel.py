@@ -61,6 +61,8 @@ def train(args, rank, world_size, device) -> None:
     tp = 2 if world_size % 2 == 0 else 1  # 4 ranks: dp=2 x tp=2; 2 ranks: 1 x 2
     grid = torch.arange(world_size).view(-1, tp)  # (dp, tp): rank = dp_rank * tp + tp_rank
     dp, (dp_rank, tp_rank) = len(grid), divmod(rank, tp)
+    if 32 % dp:  # 3 ranks: 11 + 11 + 10, and a mean of the replicas' means is not the batch mean
+        raise SystemExit(f"dp = {dp} must divide the global batch of 32 ({world_size} processes)")
     tp_group = [dist.new_group(row) for row in grid.tolist()][dp_rank]  # my row
     dp_group = [dist.new_group(col) for col in grid.t().tolist()][tp_rank]  # my column
     # --- data and models ---
@@ -80,14 +82,12 @@ def train(args, rank, world_size, device) -> None:
         optimizer.zero_grad()
         F.cross_entropy(full(x), y).backward()
         F.cross_entropy(model(x.chunk(dp)[dp_rank]), y.chunk(dp)[dp_rank]).backward()
-        for p in model.parameters():  # average over the replicas: what DDP does in the dp group
-            dist.all_reduce(p.grad, group=dp_group)
-            p.grad /= dp
+        for p in model.parameters():  # average over the replicas (/ dp, then sum), as DDP does
+            dist.all_reduce(p.grad.div_(dp), group=dp_group)
         optimizer.step()
     # --- the check: every parameter equals the one-process model's, cut the same way ---
-    want = nn.Sequential(full[:2], TPMLP(full[2:], tp_rank, tp, tp_group))
-    pairs = zip(model.parameters(), want.parameters())
-    diff = torch.stack([(a - b).abs().max() for a, b in pairs]).detach().max()
+    want = nn.Sequential(full[:2], TPMLP(full[2:], tp_rank, tp, tp_group)).parameters()
+    diff = torch.stack([(a - b).abs().max() for a, b in zip(model.parameters(), want)]).max()
     worst = diff.clone()  # for the printout; each rank checks its own diff (gloo's MAX drops NaN)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     if rank == 0:  # one JSON line: the grid's groups and the check
@@ -107,9 +107,9 @@ def main() -> None:
     device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
-    store = None if "RANK" in os.environ else dist.HashStore()  # plain python: a world of one
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store,
-                            rank=rank, world_size=world_size)
+    if "RANK" not in os.environ:  # plain python: what torchrun would set, for a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="localhost", MASTER_PORT="0")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")  # reads those variables
     try:
         train(args, rank, world_size, device)
     finally:

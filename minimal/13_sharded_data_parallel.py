@@ -30,7 +30,7 @@ def make_model(w: int = 33) -> nn.Module:
 def gather(flat, shard):
     """Every rank's slice into the flat vector: the whole parameters (again: stage 3 freed them)."""
     flat.untyped_storage().resize_(flat.numel() * flat.element_size())
-    dist.all_gather_single(flat, shard.detach().clone())
+    dist.all_gather_single(flat, shard.detach().clone())  # torch < 2.13: all_gather_into_tensor
 
 
 def train(args, rank, world_size, device) -> None:
@@ -77,7 +77,7 @@ def train(args, rank, world_size, device) -> None:
                 shard.grad = grad[rank * s:(rank + 1) * s]
             else:  # all-reduce = reduce-scatter + all-gather: get only my slice's sum
                 shard.grad = torch.empty_like(shard)
-                dist.reduce_scatter_single(shard.grad, grad)
+                dist.reduce_scatter_single(shard.grad, grad)  # torch < 2.13: reduce_scatter_tensor
             optimizer.step()  # Adam on my slice only (shard.grad is replaced at every step)
             if stage < 3:
                 gather(flat, shard)  # every rank's new slice: the whole new model
@@ -106,9 +106,9 @@ def main() -> None:
     device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
-    store = None if "RANK" in os.environ else dist.HashStore()  # plain python: a world of one
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store,
-                            rank=rank, world_size=world_size)
+    if "RANK" not in os.environ:  # plain python: what torchrun would set, for a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="localhost", MASTER_PORT="0")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")  # reads those variables
     try:
         train(args, rank, world_size, device)
     finally:

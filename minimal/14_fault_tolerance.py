@@ -3,11 +3,10 @@
     torchrun --standalone --nproc_per_node=2 minimal/14_fault_tolerance.py
     python minimal/14_fault_tolerance.py                            # plain python: a world of one
 
-A resumed run computes the same bits as one that never stopped only if the checkpoint holds all a
-step reads: model, AdamW's moments, LR schedule, every rank's random stream (dropout), the step (the
-sampler's epoch and position follow from it). Rank 0 writes a temporary file and renames it: a crash
-mid-write leaves the last checkpoint whole. The check: stop at step 10, start anew, load, finish:
-equal to the uninterrupted run. Lesson: lessons/14_fault_tolerance.py (real crashes, restarts).
+A resumed run computes what one that never stopped does only if the checkpoint holds all a step
+reads: model, AdamW's moments, LR schedule, every rank's random stream (dropout), the step (so the
+sampler's epoch and position). Rank 0 writes a temporary file, then renames it: a crash mid-write
+leaves the last checkpoint whole. Lesson: lessons/14_fault_tolerance.py (real crashes, restarts).
 """
 import argparse
 import json
@@ -86,13 +85,14 @@ def train(args, rank, world_size, device) -> None:
     _, before = fit(args, rank, world_size, device, 10, save_to=ckpt)  # stop at 10, then "crash"
     resumed, after = fit(args, rank, world_size, device, STEPS, resume_from=ckpt)
     ref, _ = fit(args, rank, world_size, device, STEPS)  # never stopped
-    # --- the check: bit for bit (rank 0 prints the resumed run's losses too) ---
+    # --- the check: bit for bit on 1-2 ranks; 3+ ~1e-8 apart: a new DDP's first step reduces its
+    # construction-time bucket, the other run a rebuilt one: the ring adds in another order ---
     got, want = (torch.cat([p.detach().flatten() for p in m.parameters()]) for m in (resumed, ref))
     diff = (got - want).abs().max().item()  # every rank checks its own replica below
     if rank == 0:  # one JSON line; with --dropout 0 the losses are lesson 14's (--no-random-draws)
         print(json.dumps({"resumed_at": 10, "max_diff": diff, "losses": before + after}))
         ckpt.unlink()
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got, want, rtol=0, atol=0.0 if world_size <= 2 else 1e-6)
 
 
 def main() -> None:
@@ -107,9 +107,9 @@ def main() -> None:
     device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
-    store = None if "RANK" in os.environ else dist.HashStore()  # plain python: a world of one
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store,
-                            rank=rank, world_size=world_size)
+    if "RANK" not in os.environ:  # plain python: what torchrun would set, for a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="localhost", MASTER_PORT="0")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")  # reads those variables
     try:
         train(args, rank, world_size, device)
     finally:

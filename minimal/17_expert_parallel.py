@@ -107,9 +107,9 @@ def main() -> None:
         torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
     if E % world_size:
         raise SystemExit(f"{E} experts must be divisible by the {world_size} processes")
-    store = None if "RANK" in os.environ else dist.HashStore()  # plain python: a world of one
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
-                            world_size=world_size)
+    if "RANK" not in os.environ:  # plain python: what torchrun would set, for a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="localhost", MASTER_PORT="0")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")  # reads those variables
     try:
         train(args, rank, world_size, device)
     finally:

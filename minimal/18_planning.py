@@ -106,8 +106,9 @@ def check(rank, N):
 def main():
     rank, N = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     # CPU tensors, so gloo; on GPUs, LOCAL_RANK (os.environ["LOCAL_RANK"]) would pick the device
-    store = None if "RANK" in os.environ else dist.HashStore()  # plain python: a world of one
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=N)
+    if "RANK" not in os.environ:  # plain python: what torchrun would set, for a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="localhost", MASTER_PORT="0")
+    dist.init_process_group("gloo")  # reads those variables
     try:
         ok = check(rank, N)
     finally:

@@ -110,3 +110,12 @@ def test_a_diverged_run_fails_its_equality_claims_and_exits_1():
 def test_a_tp_degree_that_does_not_divide_the_heads_fails_on_every_rank():
     run = run_lesson(LESSON, nproc=2, args=["--heads", "3"], timeout_s=180)
     assert_fails_on_every_rank(run, 2, "must divide the head count 3")
+
+
+@pytest.mark.timeout(240)
+def test_a_tp_degree_that_does_not_divide_the_tokens_fails_on_every_rank_before_any_work():
+    """tp = 3 divides --hidden 48 and --heads 3, but not the S = 8 tokens that sequence parallelism splits:
+    refused at validation, one line per rank, no section run (gloo would abort on mismatched buffers)."""
+    run = run_lesson(LESSON, nproc=3, args=["--hidden", "48", "--heads", "3"], timeout_s=180)
+    assert_fails_on_every_rank(run, 3, "tp = 3 must divide 8")
+    assert "by hand" not in run.stdout and "terminate called" not in run.stderr, run.stderr

@@ -72,6 +72,25 @@ def test_crash_restart_equals_uninterrupted_run(crash_at_7):
     assert r["resume_1"] == {"from": 4, "ignored": 0, "redone": [5, 6]}
 
 
+@pytest.mark.timeout(60)
+def test_a_sampler_that_never_rolls_over_fails_instead_of_looping(tmp_path, monkeypatch):
+    """A sampler whose epoch never ends has no batch left after its first epoch: the training loop raises
+    there, rather than starting empty epochs forever (the timeout above is only a safety net). One process."""
+    from common.env import DistInfo
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    m = importlib.import_module(f"lessons.{LESSON}")
+    args, info = m.parse_args(["--steps", "20", "--ckpt-dir", str(tmp_path)]), DistInfo()
+    train_set = torch.utils.data.Subset(m.digits_split()[0], range(args.train_samples))
+    T = m.build(args, info, train_set)
+    steps_per_epoch = len(T.sampler) // args.global_batch  # 192 / 16 = 12 in one process
+    def never_rolls_over(global_samples: int) -> None:  # noqa: E306
+        T.sampler.seen += global_samples
+    monkeypatch.setattr(T.sampler, "advance", never_rolls_over)
+    with pytest.raises(AssertionError, match=f"step {steps_per_epoch}: the sampler has no batch left"):
+        m.train(T, args, info, 0, args.steps)
+
+
 @pytest.mark.timeout(120)
 def test_each_resume_variant_leaves_the_snapshot_as_it_was(tmp_path, monkeypatch):
     """AdamW's load_state_dict keeps the tensors it is given and updates them in place: a snapshot shared by
