@@ -18,10 +18,10 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from common.bandwidth import bandwidths, bus_bandwidth_factor, spread, time_calls
-from common.results import Report
-from common.ring import ring_all_reduce
-from common.session import LessonError, add_distributed_args, barrier, distributed_session, run_main
+from common.measure.bandwidth import bandwidths, bus_bandwidth_factor, spread, time_calls
+from common.harness.results import Report
+from common.collectives.ring import ring_all_reduce
+from common.harness.session import LessonError, add_distributed_args, barrier, distributed_session, run_main
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -34,13 +34,13 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from common.bandwidth import time_calls
-from common.comm_hooks import comm_hook
+from common.measure.bandwidth import time_calls
+from common.performance.comm_hooks import comm_hook
 from common.data import digits_split
-from common.launch import REPO_ROOT, run_command, torchrun_command
-from common.memory import ResidualMLP, no_sync_unless
-from common.ranks import all_gather_objects
-from common.session import LessonError, add_distributed_args, distributed_session, run_main
+from common.run.launch import REPO_ROOT, run_command, torchrun_command
+from common.measure.memory import ResidualMLP, no_sync_unless
+from common.harness.ranks import all_gather_objects
+from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main
 
 KNOBS = ["default", "default again", "bucket_cap_mb=0.1", "bucket_cap_mb=1", "bucket_cap_mb=100",
          "gradient_as_bucket_view", "static_graph", "fp16 hook", "bf16 hook", "powersgd1 (1 bucket)",

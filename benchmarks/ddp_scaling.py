@@ -17,7 +17,7 @@ import os
 import platform
 import statistics
 
-from common.launch import run_lesson
+from common.run.launch import run_lesson
 
 
 def main() -> None:

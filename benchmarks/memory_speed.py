@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.bandwidth import time_calls
-from common.memory import ResidualMLP, no_sync_unless, saved_activation_bytes
-from common.precision import autocast_context
-from common.ranks import gather_to_rank0
-from common.results import Report
-from common.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
+from common.measure.bandwidth import time_calls
+from common.measure.memory import ResidualMLP, no_sync_unless, saved_activation_bytes
+from common.measure.precision import autocast_context
+from common.harness.ranks import gather_to_rank0
+from common.harness.results import Report
+from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
 
 
 def main() -> None:

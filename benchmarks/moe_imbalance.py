@@ -3,7 +3,7 @@
     torchrun --standalone --nproc_per_node=2 benchmarks/moe_imbalance.py
     torchrun --standalone --nproc_per_node=4 benchmarks/moe_imbalance.py --hidden 512 --tokens 8192
 
-The MoE layer of lesson 17 (common.moe.ExpertParallelMoE), top-1, with a capacity factor of E (C = N: no token
+The MoE layer of lesson 17 (common.expert_parallel.moe.ExpertParallelMoE), top-1, with a capacity factor of E (C = N: no token
 is ever dropped, so both routers do the same total expert work). Its router is replaced by a fixed one: the
 balanced router sends token t to expert t % E (every rank's experts get N/ep rows from every rank); the skewed
 one sends every token to an expert of rank 0 (t % (E/ep)). Skewed, rank 0 computes ep x the balanced rows and
@@ -20,10 +20,10 @@ import time
 import torch
 import torch.nn as nn
 
-from common.grid import Grid
-from common.moe import ExpertParallelMoE, MoE
-from common.results import Report
-from common.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.grid import Grid
+from common.expert_parallel.moe import ExpertParallelMoE, MoE
+from common.harness.results import Report
+from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
 
 
 class FixedRouter(nn.Module):

@@ -21,16 +21,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common.grid import Grid
+from common.harness.grid import Grid
 from common.models import mlp
-from common.pipeline_executor import run_pipeline_step
-from common.pipeline_schedules import (default_split_points, microbatch_sizes, schedule_order, split_model,
+from common.pipeline.executor import run_pipeline_step
+from common.pipeline.schedules import (default_split_points, microbatch_sizes, schedule_order, split_model,
                                        theory_bubble, theory_speedup)
-from common.ranks import gather_to_rank0
-from common.results import Report
-from common.session import (LessonError, add_distributed_args, barrier, distributed_session, read_torchrun_env,
+from common.harness.ranks import gather_to_rank0
+from common.harness.results import Report
+from common.harness.session import (LessonError, add_distributed_args, barrier, distributed_session, read_torchrun_env,
                             run_main, set_seed)
-from common.stage_timers import SimulatedKernel, TimedStage, measured_bubble, record_step
+from common.pipeline.stage_timers import SimulatedKernel, TimedStage, measured_bubble, record_step
 
 
 def parse_args(argv=None) -> argparse.Namespace:

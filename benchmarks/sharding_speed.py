@@ -24,14 +24,14 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.counters import count_collectives
+from common.measure.counters import count_collectives
 from common.data import digits_split
-from common.grid import Grid
-from common.memory import ResidualMLP
-from common.results import Report
-from common.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
-from common.shard_accounting import held_bytes, moved_bytes
-from common.zero import ZeRO
+from common.harness.grid import Grid
+from common.measure.memory import ResidualMLP
+from common.harness.results import Report
+from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
+from common.sharding.accounting import held_bytes, moved_bytes
+from common.sharding.zero import ZeRO
 
 lesson = importlib.import_module("lessons.13_sharded_data_parallel")
 SETUPS = ("DDP", "stage 1", "stage 2", "stage 3", "FSDP2")

@@ -8,7 +8,7 @@ The harness (how a lesson runs, reports and ends):
     launch          run a lesson as a user does (torchrun / python) with a timeout, from a notebook or test
     checkpoint      atomic checkpoints written by global rank 0
     compat          the torch-version differences the lessons bridge
-    notebooks       re-execute every notebook in place (python -m common.notebooks)
+    notebooks       re-execute every notebook in place (python -m common.run.notebooks)
     data, models, metrics   the bundled digits, small models, evaluation without double-counted padding
 
 Subject matter (what the lessons teach, built by hand and checked against PyTorch's own):

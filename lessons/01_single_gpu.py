@@ -33,13 +33,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from common.checkpoint import load_checkpoint, save_checkpoint
+from common.harness.atomic import load_checkpoint, save_checkpoint
 from common.data import digits_split
-from common.metrics import evaluate
+from common.harness.metrics import evaluate
 from common.models import DigitsCNN
-from common.ranks import peak_rss_mb, print0, rank0_progress
-from common.results import Report
-from common.session import (DistInfo, LessonError, choose_backend_and_device, deterministic_cuda, run_main,
+from common.harness.ranks import peak_rss_mb, print0, rank0_progress
+from common.harness.results import Report
+from common.harness.session import (DistInfo, LessonError, choose_backend_and_device, deterministic_cuda, run_main,
                             set_seed)
 
 

@@ -46,17 +46,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common.backends import backend_table
-from common.bandwidth import bus_bandwidth_factor
-from common.counters import count_collectives
+from common.collectives.backends import backend_table
+from common.measure.bandwidth import bus_bandwidth_factor
+from common.measure.counters import count_collectives
 from common.data import digits_split
-from common.differences import max_over_ranks, nan_max
+from common.measure.differences import max_over_ranks, nan_max
 from common.models import mlp
-from common.ranks import gather_to_rank0, max_param_diff_across_ranks, print0
-from common.results import Report
-from common.ring import (LinkStats, parameter_server_all_reduce, ring_all_reduce, ring_link_bytes,
+from common.harness.ranks import gather_to_rank0, max_param_diff_across_ranks, print0
+from common.harness.results import Report
+from common.collectives.ring import (LinkStats, parameter_server_all_reduce, ring_all_reduce, ring_link_bytes,
                          server_link_bytes, simulation_equals_sum)
-from common.session import (LessonError, add_distributed_args, barrier, distributed_session,
+from common.harness.session import (LessonError, add_distributed_args, barrier, distributed_session,
                             read_torchrun_env, run_main, set_seed)
 
 DEMO_LEN = 4  # elements in the small tensors each collective demonstrates on (printed, so kept short)

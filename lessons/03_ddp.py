@@ -29,7 +29,7 @@ What to look for:
   leaves its own statistics.
 - --check-equivalence: rank 0 replays the same global batches in one process; the parameters match (<= 1e-5)
   on 1-2 ranks; on 3+ ranks float32 sums in another order drift apart, printed without a claim (ORDER_NOTE).
-  The other ranks wait for this rank-0-only phase without the --timeout-s bound (common.session.rank0_only).
+  The other ranks wait for this rank-0-only phase without the --timeout-s bound (common.harness.session.rank0_only).
 
 Learning rate and the global batch: one --lr on 1, 2 and 4 processes means global batches of 32, 64, 128 and
 45, 23, 12 steps per epoch: first-epoch train loss 0.84, 1.27, 1.85, test loss after 4 epochs 0.015, 0.059,
@@ -70,15 +70,15 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common.checkpoint import load_checkpoint, save_checkpoint
+from common.harness.atomic import load_checkpoint, save_checkpoint
 from common.data import digits_split, synthetic_split
-from common.differences import max_abs_diff_all
-from common.metrics import evaluate
+from common.measure.differences import max_abs_diff_all
+from common.harness.metrics import evaluate
 from common.models import DigitsCNN
-from common.ranks import (gather_to_rank0, global_mean, max_param_diff_across_ranks, peak_rss_mb, print0,
+from common.harness.ranks import (gather_to_rank0, global_mean, max_param_diff_across_ranks, peak_rss_mb, print0,
                           rank0_progress)
-from common.results import Report
-from common.session import (DistInfo, LessonError, add_distributed_args, choose_backend_and_device,
+from common.harness.results import Report
+from common.harness.session import (DistInfo, LessonError, add_distributed_args, choose_backend_and_device,
                             deterministic_cuda, distributed_session, rank0_only, run_main, set_seed)
 
 
@@ -240,7 +240,7 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
         sync()  # GPU work is asynchronous: wait before reading the clock
         elapsed = time.perf_counter() - t0
         train_loss = global_mean(loss_sum, seen, info)  # reduce (sum, count) pairs over ranks, divide once
-        test = evaluate(raw_model, test_set, info)  # raw_model (common/metrics.py), its own BatchNorm buffers
+        test = evaluate(raw_model, test_set, info)  # raw_model (common/harness/metrics.py), its own BatchNorm buffers
         history.append({"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test["loss"],
                         "test_accuracy": test["accuracy"], "rank0_first_indices": first_indices})
         # recorded once, in "history"

@@ -6,7 +6,7 @@ Run it:
     torchrun --standalone --nproc_per_node=2 lessons/04_custom_sampler.py  # 2 processes, gloo on CPU
     torchrun --standalone --nproc_per_node=2 lessons/04_custom_sampler.py --demo-size 9  # steps differ
 
-The samplers live in common/samplers.py and common/bucketing.py, where later lessons import them; their speed
+The samplers live in common/data_parallel/samplers.py and common/data_parallel/bucketing.py, where later lessons import them; their speed
 over 10^6 samples is benchmarks/sampler_speed.py. Uneven data (unpadded evaluation, Join, per-rank seeding) is
 lesson 05. Every number is printed once, with the bound it is held to, and recorded in --results.
 
@@ -41,12 +41,12 @@ import torch
 from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, Sampler, Subset,
                               WeightedRandomSampler)
 
-from common.bucketing import LengthGroupedDistributedBatchSampler, padded_tokens, synthetic_lengths
+from common.data_parallel.bucketing import LengthGroupedDistributedBatchSampler, padded_tokens, synthetic_lengths
 from common.data import digits_split
-from common.ranks import all_gather_objects, print0
-from common.results import Report
-from common.session import LessonError, add_distributed_args, distributed_session, run_main
-from common.samplers import DistributedSamplerByHand, WeightedDistributedSampler, distributed_indices
+from common.harness.ranks import all_gather_objects, print0
+from common.harness.results import Report
+from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main
+from common.data_parallel.samplers import DistributedSamplerByHand, WeightedDistributedSampler, distributed_indices
 
 NUM_CLASSES = 10
 

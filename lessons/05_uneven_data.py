@@ -7,7 +7,7 @@ Run it:
 
 What to look for:
 1. Evaluation: UnpaddedDistributedSampler gives ranks 180 and 179 of 359 test images; (loss_sum, correct,
-   count) summed over ranks, divided once, equals one process and common.metrics.evaluate (padding counted:
+   count) summed over ranks, divided once, equals one process and common.harness.metrics.evaluate (padding counted:
    360). Evaluate the UNWRAPPED model: with 1 image on 2 ranks, rank 1's shard is empty, and through the DDP
    wrapper rank 0's forward broadcasts buffers (BatchNorm statistics) that rank 1 never joins, until the
    timeout (2 s here).
@@ -25,7 +25,7 @@ What to look for:
 3. Seeding (myth 6). PyTorch already seeds torch, numpy and random differently in each worker of one rank;
    what goes wrong is the same seed on every rank: worker w on rank 0 repeats worker w on rank 1 (k workers),
    and with 0 workers (the default) the draws come from the global RNGs, alike on every rank, which a
-   DataLoader generator does not reach. seed_data_rngs(seed, rank) (common/seeding.py), called after the model
+   DataLoader generator does not reach. seed_data_rngs(seed, rank) (common/data_parallel/seeding.py), called after the model
    is built, re-seeds the global RNGs per rank and returns loader_generator(seed, rank): both cases differ by
    rank and reproduce on a rerun. A DataLoader draws a base seed every epoch; with persistent_workers, once in
    all.
@@ -51,15 +51,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from common.data import digits_split
-from common.launch import run_command, torchrun_command
-from common.metrics import evaluate
+from common.run.launch import run_command, torchrun_command
+from common.harness.metrics import evaluate
 from common.models import DigitsCNN
-from common.ranks import all_gather_objects, all_reduce_sum, max_param_diff_across_ranks, print0
-from common.results import Report
-from common.samplers import UnpaddedDistributedSampler
-from common.seeding import (augmentation_streams, describe_pairs, generator_draws, loader_generator,
+from common.harness.ranks import all_gather_objects, all_reduce_sum, max_param_diff_across_ranks, print0
+from common.harness.results import Report
+from common.data_parallel.samplers import UnpaddedDistributedSampler
+from common.data_parallel.seeding import (augmentation_streams, describe_pairs, generator_draws, loader_generator,
                             seed_data_rngs, stream_summary)
-from common.session import (LessonError, add_distributed_args, barrier, distributed_session, rank0_only,
+from common.harness.session import (LessonError, add_distributed_args, barrier, distributed_session, rank0_only,
                             run_main, set_seed)
 
 

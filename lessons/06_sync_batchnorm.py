@@ -16,7 +16,7 @@ What to look for (each number is a claim with its bound, recorded in --results):
    drift apart.
 3. DDP's default, forward_sync_buffers=True (torch 2.13's name; `broadcast_buffers` is deprecated), broadcasts
    rank 0's buffers before a forward only when the previous forward ran with gradient sync
-   (common/ddp_buffers.py quotes the source): once per training step, once per optimizer step under no_sync,
+   (common/data_parallel/ddp_buffers.py quotes the source): once per training step, once per optimizer step under no_sync,
    once per evaluation loop (at its first batch), not at the training step after it. It hides the drift (every
    rank evaluates rank 0's statistics) without fixing it: they are rank 0's micro-batches' statistics, not the
    global batch's.
@@ -29,7 +29,7 @@ What to look for (each number is a claim with its bound, recorded in --results):
 6. [perf] step time SyncBatchNorm / BatchNorm: 4 more collectives per step (large here: 4 processes, 2 cores).
 7. Which SyncBatchNorm runs: `torch.nn.SyncBatchNorm` on CUDA; on CPU, where torch 2.13's raises (its forward
    accepts cuda, hpu, xpu and PrivateUse1 devices) and DDP refuses it, the from-scratch
-   `common.sync_batchnorm`.
+   `common.data_parallel.sync_batchnorm`.
 
 Sources: Ioffe & Szegedy 2015 (arxiv.org/abs/1502.03167); MegDet, Peng et al. 2018 (arxiv.org/abs/1711.07240);
 Wu & He 2018 (arxiv.org/abs/1803.08494); pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html; DDP's
@@ -48,20 +48,20 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common.bn_stats import (batchnorm_modules, gather_stats, global_batch_tracker, local_accuracy,
+from common.data_parallel.bn_stats import (batchnorm_modules, gather_stats, global_batch_tracker, local_accuracy,
                              running_stats, spread)
-from common.compat import ddp_buffer_sync  # forward_sync_buffers= on torch >= 2.13
-from common.counters import CommCounter, count_collectives
+from common.harness.compat import ddp_buffer_sync  # forward_sync_buffers= on torch >= 2.13
+from common.measure.counters import CommCounter, count_collectives
 from common.data import digits_split
-from common.ddp_buffers import count_buffer_broadcasts
-from common.differences import nan_max
-from common.grid import Grid
+from common.data_parallel.ddp_buffers import count_buffer_broadcasts
+from common.measure.differences import nan_max
+from common.harness.grid import Grid
 from common.models import DigitsCNN
-from common.ranks import gather_to_rank0, max_param_diff_across_ranks
-from common.results import Report
-from common.session import (LessonError, add_distributed_args, choose_backend_and_device,
+from common.harness.ranks import gather_to_rank0, max_param_diff_across_ranks
+from common.harness.results import Report
+from common.harness.session import (LessonError, add_distributed_args, choose_backend_and_device,
                             distributed_session, rank0_only, read_torchrun_env, run_main, set_seed)
-from common.sync_batchnorm import convert_sync_batchnorm
+from common.data_parallel.sync_batchnorm import convert_sync_batchnorm
 
 DRIFT = 1e-3  # a spread of running statistics at least this large is drift, not rounding (float32: ~1e-7)
 ROUNDING = 1e-4  # the replay adds gradients in another order than DDP: ~1e-7 per step, grown over 60 steps
@@ -216,7 +216,7 @@ def report_setup(report: Report, args, info, grid: Grid, groups: list, steps: in
     report.value("setup", [info.world_size, args.batch_size, steps], "world_size {value[0]}, {value[2]} "
                  f"steps of {{value[0]}} x {{value[1]}} samples ({info.backend}, {info.device.type})")
     impl = ("torch.nn.SyncBatchNorm" if args.sync_impl == "torch"
-            else "common.sync_batchnorm.SyncBatchNorm (from scratch)")
+            else "common.data_parallel.sync_batchnorm.SyncBatchNorm (from scratch)")
     report.value("sync_impl", args.sync_impl, "SyncBatchNorm implementation: " + impl)
     report.value("bn_groups", [list(m) for m in groups], "SyncBatchNorm process groups (Grid dimension bn): "
                  + " ".join(str(list(m)) for m in groups))

@@ -30,16 +30,16 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.comm_hooks import predicted_buckets
-from common.counters import CommCounter
+from common.performance.comm_hooks import predicted_buckets
+from common.measure.counters import CommCounter
 from common.data import digits_split
-from common.differences import nan_max
-from common.memory import ResidualMLP, micro_batch_stream, no_sync_unless
-from common.metrics import evaluate
-from common.precision import PRECISIONS, autocast_context, max_diff, worst_over_ranks
-from common.ranks import global_mean, max_param_diff_across_ranks, print0
-from common.results import Report
-from common.session import (LessonError, add_distributed_args, distributed_session, rank0_only,
+from common.measure.differences import nan_max
+from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
+from common.harness.metrics import evaluate
+from common.measure.precision import PRECISIONS, autocast_context, max_diff, worst_over_ranks
+from common.harness.ranks import global_mean, max_param_diff_across_ranks, print0
+from common.harness.results import Report
+from common.harness.session import (LessonError, add_distributed_args, distributed_session, rank0_only,
                             read_torchrun_env, run_main, set_seed)
 
 TOL = 1e-5  # float32 rounding of sums taken in another order (measured: ~1e-8)

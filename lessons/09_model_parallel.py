@@ -39,18 +39,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common.data import digits_split
-from common.differences import nan_max  # a NaN anywhere makes the largest difference NaN
-from common.grid import Grid
+from common.measure.differences import nan_max  # a NaN anywhere makes the largest difference NaN
+from common.harness.grid import Grid
 from common.models import mlp
-from common.pipeline_executor import run_pipeline_step
-from common.pipeline_schedules import (default_split_points, interleaved_stage_indices, microbatch_sizes,
+from common.pipeline.executor import run_pipeline_step
+from common.pipeline.schedules import (default_split_points, interleaved_stage_indices, microbatch_sizes,
                                        peak_live_in_order, schedule_limit, schedule_order, split_model,
                                        theory_bubble)
-from common.ranks import gather_to_rank0, print0
-from common.results import Report
-from common.session import (LessonError, add_distributed_args, barrier, distributed_session, rank0_only,
+from common.harness.ranks import gather_to_rank0, print0
+from common.harness.results import Report
+from common.harness.session import (LessonError, add_distributed_args, barrier, distributed_session, rank0_only,
                             read_torchrun_env, run_main, set_seed)
-from common.stage_timers import (SimulatedKernel, TimedStage, busy_overlap_s, measured_bubble, peak_live,
+from common.pipeline.stage_timers import (SimulatedKernel, TimedStage, busy_overlap_s, measured_bubble, peak_live,
                                  record_step)
 
 SCHEDULES = ("gpipe", "1f1b", "torch-gpipe", "torch-1f1b", "torch-interleaved-1f1b")

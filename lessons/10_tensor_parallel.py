@@ -11,7 +11,7 @@ each split weight. A digit image is read as a sequence of S = 8 rows (tokens) of
 features. tp must divide H, the head count and S (sequence parallelism splits the tokens): 1, 2, 4 or 8 ranks.
 
 What to look for, section by section:
-1. By hand (common/tensor_parallel.py): the MLP block with fc1 split by output features (column parallel) and
+1. By hand (common/tensor_parallel/layers.py): the MLP block with fc1 split by output features (column parallel) and
    fc2 by input features (row parallel), joined by f (identity forward, all-reduce backward) and g (all-reduce
    forward, identity backward). Output, input gradient and every weight gradient equal the unsplit block
    (<= 1e-5); one all-reduce forward and one backward, each of B x S x H x 4 bytes. Self-attention split by
@@ -58,16 +58,16 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
                                                parallelize_module)
 
-from common.counters import count_collectives
+from common.measure.counters import count_collectives
 from common.data import digits_split
-from common.differences import max_abs_diff, max_over_ranks, nan_max
-from common.dtensor_counts import count_dtensor_collectives, saved_local_bytes
-from common.grid import Grid
-from common.ranks import print0
-from common.results import Report
-from common.session import (LessonError, add_distributed_args, distributed_session, read_torchrun_env,
+from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
+from common.measure.dtensor_counts import count_dtensor_collectives, saved_local_bytes
+from common.harness.grid import Grid
+from common.harness.ranks import print0
+from common.harness.results import Report
+from common.harness.session import (LessonError, add_distributed_args, distributed_session, read_torchrun_env,
                             run_main, set_seed)
-from common.tensor_parallel import (MLP, Block, SelfAttention, TPAttention, TPMLP, check_tp_degree,
+from common.tensor_parallel.layers import (MLP, Block, SelfAttention, TPAttention, TPMLP, check_tp_degree,
                                     digits_transformer, max_shard_diff, tensor_parallelize)
 
 SEQ = 8  # tokens per image: its 8 rows
@@ -115,7 +115,7 @@ def split_vs_unsplit(full, split, x, grid: Grid, counter, shard_seq: bool = Fals
         ys = split(xs)
     with counter() as bwd:
         ys.square().sum().div(yf.numel()).backward()  # the same per-element gradient with S/tp tokens
-    # NaN-safe: a NaN anywhere makes the difference NaN, and the claim fails (common/differences.py)
+    # NaN-safe: a NaN anywhere makes the difference NaN, and the claim fails (common/measure/differences.py)
     diffs = [max_abs_diff(ys, cut(yf)), max_abs_diff(xs.grad, cut(xf.grad)),
              max_shard_diff(full, split, tp_rank, grads=True)]  # DTensor gradients: full_tensor() sums
     return max_over_ranks(nan_max(diffs)), fwd, bwd

@@ -9,7 +9,7 @@ Run it:
         --dp-pp-tp 2x2x2                                                      # 3-D: pp=2 x dp=2 x tp=2
 
 The model: the digits read as 8 rows (tokens) of 8 pixels, Linear(8 -> H), --layers MLP blocks, mean,
-Linear(H -> 10) (`common.tensor_parallel.digits_transformer`). Every combination trains it for --steps SGD
+Linear(H -> 10) (`common.tensor_parallel.layers.digits_transformer`). Every combination trains it for --steps SGD
 steps on a global batch of --batch-size images, and is compared with one process training the unsplit model
 on that global batch.
 
@@ -57,16 +57,16 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from common.counters import CollectiveCount, count_collectives
+from common.measure.counters import CollectiveCount, count_collectives
 from common.data import digits_split
-from common.differences import max_over_ranks
-from common.dtensor_counts import count_dtensor_collectives
-from common.grid import Grid
-from common.ranks import gather_to_rank0
-from common.results import Report
-from common.session import (DistInfo, LessonError, add_distributed_args, distributed_session,
+from common.measure.differences import max_over_ranks
+from common.measure.dtensor_counts import count_dtensor_collectives
+from common.harness.grid import Grid
+from common.harness.ranks import gather_to_rank0
+from common.harness.results import Report
+from common.harness.session import (DistInfo, LessonError, add_distributed_args, distributed_session,
                             read_torchrun_env, run_main, set_seed)
-from common.tensor_parallel import check_tp_degree, digits_transformer, max_shard_diff, tensor_parallelize
+from common.tensor_parallel.layers import check_tp_degree, digits_transformer, max_shard_diff, tensor_parallelize
 
 TOL = 1e-5
 ORDER = ("pp", "dp", "tp")  # the grid's dimensions, outermost first

@@ -18,7 +18,7 @@ What to look for:
   own bookkeeping (gathering each rank's outcome to rank 0) runs on the default group with a 120 s
   timeout, so a broken exhibit never poisons the next one. Failures that kill a process (gloo's
   size-mismatch abort), launcher mistakes and a second job run as separate launches with a timeout
-  (common.launch.run_command).
+  (common.run.launch.run_command).
 - Every count follows the world size: rank 0 (or the last rank) plays the odd one out, the others alike.
 - The symptom index (docs/symptoms.md, docs/zh/symptoms.md) maps each error text to its exhibit and to the
   lesson that teaches the right way, and lists NCCL's own error texts (GPU only, not reproduced here).
@@ -36,9 +36,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from common.exhibits import GROUPS, load_exhibits, run_exhibit
-from common.results import Report
-from common.session import LessonError, add_distributed_args, distributed_session, run_main
+from common.exhibits.frame import GROUPS, load_exhibits, run_exhibit
+from common.harness.results import Report
+from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main
 
 BOOKKEEPING_TIMEOUT_S = 120.0  # the default group only gathers outcomes; the exhibits get --timeout-s
 

@@ -48,20 +48,20 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.counters import CommCounter, count_collectives
+from common.measure.counters import CommCounter, count_collectives
 from common.data import digits_split
-from common.env import DistInfo
-from common.grid import Grid
-from common.memory import ResidualMLP
-from common.precision import max_diff, worst_over_ranks
-from common.results import Report
-from common.session import (LessonError, add_distributed_args, distributed_session, rank0_only,
+from common.harness.env import DistInfo
+from common.harness.grid import Grid
+from common.measure.memory import ResidualMLP
+from common.measure.precision import max_diff, worst_over_ranks
+from common.harness.results import Report
+from common.harness.session import (LessonError, add_distributed_args, distributed_session, rank0_only,
                             read_torchrun_env, run_main, set_seed)
-from common.sharded_checkpoint import (FULL_MODEL, agreed_folder, check_complete, load_sharded, mark_complete,
+from common.checkpoint.sharded import (FULL_MODEL, agreed_folder, check_complete, load_sharded, mark_complete,
                                        model_signature, save_sharded)
-from common.shard_accounting import (activation_bytes, full_params, held_bytes, moved_bytes,
+from common.sharding.accounting import (activation_bytes, full_params, held_bytes, moved_bytes,
                                      relative_difference)
-from common.zero import ZeRO, check_stages, check_world_size
+from common.sharding.zero import ZeRO, check_stages, check_world_size
 
 EQUAL = 1e-3  # bound on relative_difference: float32 rounding stays far below it, a real error near 1
 CONTINUED = "after_more_steps.pt"  # the saving world's parameters --more-steps later: a loader's target

@@ -42,18 +42,18 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from common.comm_hooks import (HOOKS, allreduces_per_backward, comm_hook, gradient_storage_bytes,
+from common.performance.comm_hooks import (HOOKS, allreduces_per_backward, comm_hook, gradient_storage_bytes,
                                plain_until_switched, predicted_buckets)
-from common.compile_graphs import compiled_graphs, graphs_by_cap, refusal_below_1mib
-from common.counters import count_collectives
+from common.performance.compile_graphs import compiled_graphs, graphs_by_cap, refusal_below_1mib
+from common.measure.counters import count_collectives
 from common.data import digits_split
-from common.memory import ResidualMLP, micro_batch_stream, no_sync_unless
-from common.metrics import evaluate
-from common.precision import max_diff, worst_over_ranks
-from common.profiling import load_trace, step_profiles, summarize
-from common.ranks import gather_to_rank0, print0
-from common.results import Report
-from common.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
+from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
+from common.harness.metrics import evaluate
+from common.measure.precision import max_diff, worst_over_ranks
+from common.measure.profiling import load_trace, step_profiles, summarize
+from common.harness.ranks import gather_to_rank0, print0
+from common.harness.results import Report
+from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
 
 CAPS_MB = (None, 0.1, 1.0, 25.0, 100.0)  # bucket_cap_mb sweep; None is DDP's default
 ONE_BUCKET_MB = 100.0  # >= 2.2 MB of gradient: one bucket (PowerSGD under gloo needs it: common/comm_hooks)

@@ -14,7 +14,7 @@ accepted (one line names the reason), and cp must also divide --heads (8 by defa
 What to look for:
 - Why the sequence is the problem: attention written out saves a B x H x S x S matrix for backward (4x the
   bytes at 2S); ring attention saves only O(S/cp) per rank (q, k, v, out and the log-sum-exp).
-- Ring attention (common/ring_attention.py): keys and values travel around the cp ranks with batched
+- Ring attention (common/context_parallel/ring_attention.py): keys and values travel around the cp ranks with batched
   isend/irecv while each rank attends its queries to the block it holds; partial results merge with the
   log-sum-exp rule. Output and q, k, v gradients equal `F.scaled_dot_product_attention(is_causal=True)` on the
   whole sequence; each rank sends (cp - 1) key/value blocks forward, and 2cp - 1 blocks backward (keys and
@@ -46,17 +46,17 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from common.counters import count_collectives, saved_tensor_bytes
+from common.measure.counters import count_collectives, saved_tensor_bytes
 from common.data import PIXEL_VOCAB, digit_sequences, next_token_targets
-from common.differences import max_abs_diff, max_abs_diff_all, max_over_ranks, nan_max
-from common.grid import Grid
+from common.measure.differences import max_abs_diff, max_abs_diff_all, max_over_ranks, nan_max
+from common.harness.grid import Grid
 from common.models import CausalTransformer
-from common.ranks import all_gather_objects, all_reduce_sum
-from common.results import Report
-from common.ring_attention import RingStats, Split, causal_pairs, owners, ring_attention
-from common.session import LessonError, add_distributed_args, distributed_session, read_torchrun_env, run_main
-from common.session import set_seed
-from common.ulysses import ulysses_attention
+from common.harness.ranks import all_gather_objects, all_reduce_sum
+from common.harness.results import Report
+from common.context_parallel.ring_attention import RingStats, Split, causal_pairs, owners, ring_attention
+from common.harness.session import LessonError, add_distributed_args, distributed_session, read_torchrun_env, run_main
+from common.harness.session import set_seed
+from common.context_parallel.ulysses import ulysses_attention
 
 TOL = 1e-5  # float32: sums of a few hundred terms in another order differ by ~1e-7 relative
 D_MODEL, LAYERS, SEQ = 32, 2, 64  # the transformer; a digit is 64 pixel tokens

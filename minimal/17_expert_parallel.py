@@ -90,7 +90,7 @@ def train(args, rank, world_size, device) -> None:
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     sent = [torch.empty_like(send) for _ in range(world_size)]
     dist.all_gather(sent, send)
-    if rank == 0:  # the loss: common.moe.MoE's (top-1, no drops) at this seed
+    if rank == 0:  # the loss: common.expert_parallel.moe.MoE's (top-1, no drops) at this seed
         print(json.dumps({"ep": world_size, "rows_sent": torch.stack(sent).tolist(),
                           "max_diff": diff.item(), "loss": yf.square().sum().item()}))
     assert ok, f"rank {rank}: EP differs from one process"

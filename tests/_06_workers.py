@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from common.counters import count_collectives
+from common.measure.counters import count_collectives
 from common.models import DigitsCNN
-from common.session import exit_process
-from common.sync_batchnorm import convert_sync_batchnorm
+from common.harness.session import exit_process
+from common.data_parallel.sync_batchnorm import convert_sync_batchnorm
 
 C = 3  # channels
 
@@ -153,7 +153,7 @@ def proof_worker(rank: int, world_size: int, init_file: str, out_dir: str, devic
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
     finally:
         dist.destroy_process_group()
-    exit_process(0)  # skip interpreter finalization: the gloo exit abort (common.session.run_main)
+    exit_process(0)  # skip interpreter finalization: the gloo exit abort (common.harness.session.run_main)
 
 
 def buffer_broadcast_rule(rank: int, world_size: int) -> dict:
@@ -164,8 +164,8 @@ def buffer_broadcast_rule(rank: int, world_size: int) -> dict:
 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from common.bn_stats import global_batch_tracker, running_stats
-    from common.ddp_buffers import count_buffer_broadcasts
+    from common.data_parallel.bn_stats import global_batch_tracker, running_stats
+    from common.data_parallel.ddp_buffers import count_buffer_broadcasts
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
     with warnings.catch_warnings(record=True) as caught:

@@ -18,8 +18,8 @@ def ring_vs_sdpa(rank: int, world_size: int, kind: str, ulysses: bool = False) -
     """Ring (or Ulysses) attention on this rank's tokens vs SDPA on the whole sequence: output and q, k, v
     gradients (this rank's rows), the RingStats and whose key block the ring held at each step (from the
     values that arrived). Ulysses gets 2 heads per rank: with one, a wrong head order cannot show."""
-    from common.ring_attention import RingStats, Split, owners, ring_attention
-    from common.ulysses import ulysses_attention
+    from common.context_parallel.ring_attention import RingStats, Split, owners, ring_attention
+    from common.context_parallel.ulysses import ulysses_attention
     split = Split(kind, world_size)
     whole, mine = whole_and_mine(split, rank, (2, 2 * world_size if ulysses else 4, 16, 8))
     ref = F.scaled_dot_product_attention(*whole, is_causal=True)
@@ -39,7 +39,7 @@ def minimal_16_check(rank: int, world_size: int, bad: float) -> bool:
     """minimal/16_context_parallel.py's check() on every rank, rank 1's diff replaced by `bad`."""
     import importlib.util
 
-    from common.launch import REPO_ROOT
+    from common.run.launch import REPO_ROOT
     path = REPO_ROOT / "minimal" / "16_context_parallel.py"
     spec = importlib.util.spec_from_file_location("minimal_16", path)
     script = importlib.util.module_from_spec(spec)

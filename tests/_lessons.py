@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 # The device arguments of a lesson's main run: `--device cpu` on a machine without a GPU, which is the command
-# its notebook runs (so a test session launches it once, common/launch_cache.py), and the lesson's own choice
+# its notebook runs (so a test session launches it once, common/run/launch_cache.py), and the lesson's own choice
 # (auto: the GPU) where there is one, so that a GPU machine still tests the GPU.
 DEV: list[str] = [] if torch.cuda.is_available() else ["--device", "cpu"]
 
@@ -20,7 +20,7 @@ def assert_claims(results: dict, expected: set[str] | list[str]) -> dict:
     failing = {k: c for k, c in claims.items() if not c["holds"]}
     assert not failing, f"claims that do not hold: {failing}"
     for name, c in claims.items():  # a recorded 'holds' must agree with its own value, bound and relation
-        from common.results import holds
+        from common.harness.results import holds
         assert holds(c["value"], c["relation"], c["bound"]) == c["holds"], name
     return claims
 

@@ -18,17 +18,17 @@ from typing import Sequence
 
 import torch
 
-import common.ranks
-from common.exhibits import load_exhibits
-from common.session import run_main
+import common.harness.ranks
+from common.exhibits.frame import load_exhibits
+from common.harness.session import run_main
 
-REAL = common.ranks.max_param_diff_across_ranks
+REAL = common.harness.ranks.max_param_diff_across_ranks
 RUNNER = Path(__file__)
 
 
 def launch_with_nan_on_rank1(lesson: str, args: Sequence[str] = (), timeout_s: float = 300):
     """`lesson` ("03_ddp") under torchrun with 2 processes, through this file; its `LessonRun`."""
-    from common.launch import run_lesson
+    from common.run.launch import run_lesson
     return run_lesson(RUNNER, nproc=2, args=[f"lessons.{lesson}", *args], timeout_s=timeout_s)
 
 
@@ -55,7 +55,7 @@ def main() -> None:
     lesson = importlib.import_module(name)
     load_exhibits()  # lesson 12's exhibit modules, imported now so that their name is wrapped too
     for module_name, module in list(sys.modules.items()):
-        ours = module_name.startswith(("lessons.", "common.")) and module is not common.ranks
+        ours = module_name.startswith(("lessons.", "common.")) and module is not common.harness.ranks
         if ours and getattr(module, "max_param_diff_across_ranks", None) is REAL:
             module.max_param_diff_across_ranks = nan_on_rank1
     run_main(lesson.main)

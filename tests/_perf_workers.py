@@ -9,7 +9,7 @@ def hooks_on_gloo(rank: int, world_size: int):
     """A small DDP model on gloo: gradients after the bf16 and fp16 hooks against the plain all-reduce hook, the
     all-reduce calls counted against `predicted_buckets`, and the storage bytes with and without
     gradient_as_bucket_view."""
-    from common.comm_hooks import allreduces_per_backward, comm_hook, gradient_storage_bytes, predicted_buckets
+    from common.performance.comm_hooks import allreduces_per_backward, comm_hook, gradient_storage_bytes, predicted_buckets
     from common.models import mlp
 
     def model(**kw):

@@ -105,7 +105,7 @@ def lesson02_step_vs_ddp(rank: int, world_size: int) -> dict:
 
 def zero_vs_ddp(rank: int, world_size: int) -> dict:
     """ZeRO stages 1-3 with AdamW against DDP + AdamW; rank r > 0 starts elsewhere in both (the wrap broadcasts)."""
-    from common.zero import ZeRO
+    from common.sharding.zero import ZeRO
     torch.manual_seed(0)
     init = FrozenTied().state_dict()
     ref = _ddp_reference(init, rank, world_size, torch.optim.AdamW, perturb=True)
@@ -122,7 +122,7 @@ def zero_vs_ddp(rank: int, world_size: int) -> dict:
 
 def max_over_ranks_of_different_values(rank: int, world_size: int) -> list[float]:
     """Rank r reports 10 r - 3 (and r - 3.5): what one diverging rank looks like to a MAX reduction."""
-    from common.tensor_parallel import max_over_ranks
+    from common.tensor_parallel.layers import max_over_ranks
     return [max_over_ranks(10.0 * rank - 3), max_over_ranks(rank - 3.5)]
 
 
@@ -130,8 +130,8 @@ def save_over_a_finished_checkpoint(rank: int, world_size: int, path: str) -> di
     """Save a complete checkpoint into `path`, then start a second save there and stop before its marker (as a
     crash would): what `check_complete` says about the folder after each."""
     from types import SimpleNamespace
-    from common.env import LessonError
-    from common.sharded_checkpoint import check_complete, mark_complete, model_signature, save_sharded
+    from common.harness.env import LessonError
+    from common.checkpoint.sharded import check_complete, mark_complete, model_signature, save_sharded
     info = SimpleNamespace(master_process=rank == 0)
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
@@ -160,7 +160,7 @@ def load_full_from_rank0_into_meta(rank: int, world_size: int) -> dict:
     full_state_dict=True is left out (torch 2.13's checkpoint/state_dict.py refuses it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.fsdp import fully_shard
-    from common.memory import ResidualMLP
+    from common.measure.memory import ResidualMLP
     torch.manual_seed(1 + rank)  # different values on every rank: only rank 0's may end up loaded
     full = ResidualMLP(8, 2).state_dict() if rank == 0 else {}
     copy = {k: v.clone() for k, v in full.items()}  # set_model_state_dict turns `full`'s values into DTensors

@@ -8,10 +8,10 @@ import torch
 def hand_built_blocks(rank: int, world_size: int) -> dict:
     """The hand-built split MLP, attention and whole model against the unsplit ones on this tp group: output,
     input-gradient and weight-gradient differences, and the collectives counted in forward and in backward."""
-    from common.counters import count_collectives
-    from common.grid import Grid
-    from common.session import DistInfo
-    from common.tensor_parallel import (MLP, SelfAttention, TPAttention, TPMLP, digits_transformer,
+    from common.measure.counters import count_collectives
+    from common.harness.grid import Grid
+    from common.harness.session import DistInfo
+    from common.tensor_parallel.layers import (MLP, SelfAttention, TPAttention, TPMLP, digits_transformer,
                                         max_shard_diff, tensor_parallelize)
     grid = Grid(DistInfo(rank=rank, world_size=world_size, backend="gloo"), tp=world_size)
     tp = (grid.coords["tp"], grid.size("tp"), grid.group("tp"))
@@ -44,13 +44,13 @@ def hand_built_blocks(rank: int, world_size: int) -> dict:
 
 def dtensor_mlp_counts(rank: int, world_size: int) -> dict:
     """parallelize_module on the tp mesh: output difference, and DTensor's collectives in forward and backward as
-    common.dtensor_counts sees them."""
+    common.measure.dtensor_counts sees them."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from common.dtensor_counts import count_dtensor_collectives
-    from common.grid import Grid
-    from common.session import DistInfo
-    from common.tensor_parallel import MLP
+    from common.measure.dtensor_counts import count_dtensor_collectives
+    from common.harness.grid import Grid
+    from common.harness.session import DistInfo
+    from common.tensor_parallel.layers import MLP
     import copy
     grid = Grid(DistInfo(rank=rank, world_size=world_size, backend="gloo"), tp=world_size)
     torch.manual_seed(0)
@@ -71,10 +71,10 @@ def nan_on_one_rank(rank: int, world_size: int) -> dict:
     gloo's own MAX keeps rank 0's 0.0 here (the NaN is on a later rank)."""
     import torch.distributed as dist
 
-    from common.differences import max_over_ranks
-    from common.precision import worst_over_ranks
-    from common.session import DistInfo
-    from common.train_state import max_diff_over_ranks
+    from common.measure.differences import max_over_ranks
+    from common.measure.precision import worst_over_ranks
+    from common.harness.session import DistInfo
+    from common.checkpoint.train_state import max_diff_over_ranks
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
     last = rank == world_size - 1
     out = {}
@@ -94,9 +94,9 @@ def nan_on_one_rank(rank: int, world_size: int) -> dict:
 def finish_statuses(rank: int, world_size: int) -> dict:
     """Report.finish on a real world: rank 0's claims decide every rank's exit status (a claim only rank 0
     measures is recorded on the others with a placeholder that may not hold)."""
-    from common import session
-    from common.results import Report
-    from common.session import DistInfo
+    from common.harness import session
+    from common.harness.results import Report
+    from common.harness.session import DistInfo
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
     out = {}
     for case, rank0_value in (("rank0_holds", 0.0), ("rank0_fails", 1.0)):

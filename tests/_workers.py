@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from common.session import exit_process
+from common.harness.session import exit_process
 
 
 # A world's processes fork from one server process that has imported torch and the workers' modules once
@@ -44,7 +44,7 @@ def _entry(rank: int, fn, world_size: int, port: int, out_dir: str, args: tuple)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
-    exit_process(0)  # skip interpreter finalization: the gloo exit abort (common.session.run_main)
+    exit_process(0)  # skip interpreter finalization: the gloo exit abort (common.harness.session.run_main)
 
 
 def run_world(fn, world_size: int, tmp_path: Path, *args, timeout_s: float = 60) -> list:
@@ -77,8 +77,8 @@ class FirstTwoRight(torch.nn.Module):
 def eval_ten_samples(rank: int, world_size: int):
     from torch.utils.data import DistributedSampler, TensorDataset
 
-    from common.session import DistInfo
-    from common.metrics import evaluate
+    from common.harness.session import DistInfo
+    from common.harness.metrics import evaluate
     data = TensorDataset(torch.arange(10.0).unsqueeze(1), torch.zeros(10, dtype=torch.long))
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
     mine = list(DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=False))
@@ -86,8 +86,8 @@ def eval_ten_samples(rank: int, world_size: int):
 
 
 def accuracy_4_3_3(rank: int, world_size: int):
-    from common.ranks import global_mean
-    from common.session import DistInfo
+    from common.harness.ranks import global_mean
+    from common.harness.session import DistInfo
     held, correct = [4, 3, 3][rank], [4, 0, 0][rank]
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
     return {"global": global_mean(correct, held, info), "mean_of_means_part": correct / held}
@@ -96,8 +96,8 @@ def accuracy_4_3_3(rank: int, world_size: int):
 def param_diff(rank: int, world_size: int, perturb: float, on: int = -1):
     """max_param_diff_across_ranks of a Linear(4, 3) whose weight[0, 0] moves by `perturb` on rank `on` (the
     last by default); a NaN or inf `perturb` makes that weight NaN or inf there."""
-    from common.ranks import max_param_diff_across_ranks
-    from common.session import DistInfo
+    from common.harness.ranks import max_param_diff_across_ranks
+    from common.harness.session import DistInfo
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     if rank == on % world_size:
@@ -111,8 +111,8 @@ def grid_facts(rank: int, world_size: int, sizes: dict):
     sum of global ranks all-reduced inside each named group."""
     import torch.distributed as dist
 
-    from common.grid import Grid
-    from common.session import DistInfo
+    from common.harness.grid import Grid
+    from common.harness.session import DistInfo
     grid = Grid(DistInfo(rank=rank, world_size=world_size, backend="gloo"), **sizes)
     facts = {"coords": grid.coords, "ranks_in": {}, "group_ranks": {}, "sums": {}, "describe": grid.describe()}
     for name in sizes:
@@ -132,7 +132,7 @@ def rank0_phase(rank: int, world_size: int, mode: str):
 
     import torch.distributed as dist
 
-    from common.session import DistInfo, rank0_only
+    from common.harness.session import DistInfo, rank0_only
     short = dist.new_group(backend="gloo", timeout=timedelta(seconds=1))  # stands for --timeout-s 1
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
     if mode == "rank0_only":
@@ -155,7 +155,7 @@ def count_two_collectives(rank: int, world_size: int):
     """count_collectives in a real world: an all_reduce of 10 float32 and an all_gather_into_tensor to 2 x 3."""
     import torch.distributed as dist
 
-    from common.counters import count_collectives
+    from common.measure.counters import count_collectives
     with count_collectives() as c:
         dist.all_reduce(torch.ones(10))
         out = torch.empty(world_size * 3)

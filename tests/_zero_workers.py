@@ -11,10 +11,10 @@ def stages_vs_one_process(rank: int, world_size: int, width: int = 5, steps: int
     """Each ZeRO stage over this world against one process training on the whole global batch (computed here on
     every rank, no communication): the largest parameter difference, the collectives of one step, what the rank
     holds at the end of backward and at rest, and whether the padding stayed 0."""
-    from common.memory import ResidualMLP
-    from common.counters import count_collectives
-    from common.shard_accounting import held_bytes
-    from common.zero import ZeRO
+    from common.measure.memory import ResidualMLP
+    from common.measure.counters import count_collectives
+    from common.sharding.accounting import held_bytes
+    from common.sharding.zero import ZeRO
     torch.manual_seed(0)
     init = ResidualMLP(width, 1).state_dict()
     x, y = torch.randn(steps, 4 * world_size, 64), torch.randint(10, (steps, 4 * world_size))  # same on every rank

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from common import launch_cache
+from common.run import launch_cache
 
 settings.register_profile("ci", deadline=None, max_examples=60, derandomize=True)
 settings.register_profile("dev", deadline=None, max_examples=60)
@@ -43,7 +43,7 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
-# ---- one launch per lesson configuration (common/launch_cache.py) ---------------------------------------
+# ---- one launch per lesson configuration (common/run/launch_cache.py) ---------------------------------------
 # The controller makes a fresh directory for the session before xdist starts its workers, so that the
 # workers and the notebook kernels they start inherit LESSONS_LAUNCH_CACHE; it is removed when the session
 # ends. Set LESSONS_LAUNCH_CACHE=off to launch every call.

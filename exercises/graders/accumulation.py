@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.differences import nan_max
+from common.measure.differences import nan_max
 from exercises.graders._common import max_abs_diff, rank_failures
 
 WORLD_SIZE = 2

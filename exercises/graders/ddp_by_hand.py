@@ -10,7 +10,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.differences import nan_max
+from common.measure.differences import nan_max
 from exercises.graders._common import functions_replaced, max_abs_diff, rank_failures
 
 WORLD_SIZE = 3  # 3, not 2: an average hard-coded as x 0.5, or (sum of sums) / 2W, is right only at 2

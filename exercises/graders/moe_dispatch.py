@@ -1,5 +1,5 @@
 """Grader of exercises/moe_dispatch.py: send counts and the send order of expert parallelism's dispatch,
-graded in one process against the lesson's plan (common.moe's, without a capacity mask)."""
+graded in one process against the lesson's plan (common.expert_parallel.moe's, without a capacity mask)."""
 from __future__ import annotations
 
 import importlib

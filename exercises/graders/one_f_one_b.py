@@ -1,9 +1,9 @@
-"""Grader of exercises/one_f_one_b.py: the same order as lesson 09's schedule (common.pipeline_schedules)."""
+"""Grader of exercises/one_f_one_b.py: the same order as lesson 09's schedule (common.pipeline.schedules)."""
 from __future__ import annotations
 
 import importlib
 
-from common.pipeline_schedules import one_f_one_b_order as reference
+from common.pipeline.schedules import one_f_one_b_order as reference
 
 WORLD_SIZE = 0
 FUNCTIONS = ["one_f_one_b_order"]

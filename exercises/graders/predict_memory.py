@@ -1,9 +1,9 @@
 """Grader of exercises/predict_memory.py: what rank 0 of ZeRO by hand really keeps, counted from its tensors.
 
-For each unit the grader builds what lesson 13's common/zero.py builds on rank 0 (a flat buffer of N x s
+For each unit the grader builds what lesson 13's common/sharding/zero.py builds on rank 0 (a flat buffer of N x s
 elements, the parameters as views of it, this rank's shard: a view at stages 1-2, its own tensor at stage 3),
 takes the gradient a rank holds at the end of backward (all of them, or the unit's shard), runs torch's Adam
-on the shards, and counts storages once (common.memory.storage_bytes). No process group: the bytes a rank
+on the shards, and counts storages once (common.measure.memory.storage_bytes). No process group: the bytes a rank
 holds do not depend on what it receives, only on what it keeps.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.memory import ResidualMLP, storage_bytes
+from common.measure.memory import ResidualMLP, storage_bytes
 
 WORLD_SIZE = 0
 FUNCTIONS = ["bytes_per_rank"]
@@ -48,7 +48,7 @@ def measured(width: int, depth: int, N: int, stage: int) -> dict[str, int]:
         s = math.ceil(n / N)
         flat = torch.zeros(N * s)
         offset = 0
-        for p in ps:  # the parameters become views of the flat buffer, as in common/zero.py
+        for p in ps:  # the parameters become views of the flat buffer, as in common/sharding/zero.py
             flat[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
             p.data = flat[offset:offset + p.numel()].view_as(p)
             offset += p.numel()

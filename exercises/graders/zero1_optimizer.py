@@ -4,7 +4,7 @@ model of 2 parameters on 3 ranks (a rank may own none).
 
 Either layout of the shards passes: whole parameters, each owned by one rank (torch's
 ZeroRedundancyOptimizer), or flat buffers cut into N equal slices with up to N - 1 elements of padding each
-(the ZeRO paper's, lesson 13's common/zero.py): the ranks' state may exceed the unsharded optimizer's by that
+(the ZeRO paper's, lesson 13's common/sharding/zero.py): the ranks' state may exceed the unsharded optimizer's by that
 padding, no more."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from common.differences import nan_max
+from common.measure.differences import nan_max
 from exercises._ranks import describe
 from exercises.graders._common import max_abs_diff, rank_failures, unwaited, works_watched
 

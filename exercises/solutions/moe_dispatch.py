@@ -1,4 +1,4 @@
-"""Reference solution of exercises/moe_dispatch.py (lesson 17); common.moe.dispatch_plan does the same with a
+"""Reference solution of exercises/moe_dispatch.py (lesson 17); common.expert_parallel.moe.dispatch_plan does the same with a
 capacity mask."""
 import torch
 

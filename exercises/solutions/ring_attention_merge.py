@@ -1,4 +1,4 @@
-"""Reference solution of exercises/ring_attention_merge.py (lesson 16; common/ring_attention.py's merge)."""
+"""Reference solution of exercises/ring_attention_merge.py (lesson 16; common/context_parallel/ring_attention.py's merge)."""
 import torch
 
 

@@ -1,6 +1,6 @@
 """Reference solution of exercises/zero1_optimizer.py (lesson 13).
 
-One owner per parameter (torch's ZeroRedundancyOptimizer does the same); lesson 13's common/zero.py cuts
+One owner per parameter (torch's ZeroRedundancyOptimizer does the same); lesson 13's common/sharding/zero.py cuts
 flat, padded buffers into equal slices instead (the ZeRO paper's layout): both are right, and the grader takes
 either."""
 import torch.distributed as dist

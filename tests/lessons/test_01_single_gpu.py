@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from common.launch import lesson_path, run_command, run_lesson
+from common.run.launch import lesson_path, run_command, run_lesson
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 
 CLAIMS = {"loss_falls", "test_accuracy", "each_test_image_counted_once"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.launch import REPO_ROOT, run_lesson
+from common.run.launch import REPO_ROOT, run_lesson
 from tests._lessons import assert_claims, assert_fails_on_every_rank
 
 UNEVEN_LENGTHS = ["1", "2", "3", "5", "7", "1001"]  # none divisible by 4; 1, 2, 3 are smaller than 4 ranks

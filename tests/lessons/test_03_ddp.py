@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from common.launch import REPO_ROOT, lesson_path, run_command, run_lesson, torchrun_command
-from common.session import LessonError
+from common.run.launch import REPO_ROOT, lesson_path, run_command, run_lesson, torchrun_command
+from common.harness.session import LessonError
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 from tests._nan_on_rank1 import failing_claims, launch_with_nan_on_rank1
 from tests._workers import free_port
@@ -106,7 +106,7 @@ def test_spawn_needs_an_importable_function():
     `lessons.03_ddp.spawn_worker` from its kernel.)"""
     script = textwrap.dedent("""
         import json
-        from common.spawn import spawn_and_wait
+        from common.run.spawn import spawn_and_wait
 
         def inline_worker(rank, world_size):   # defined in __main__, as in a notebook cell
             print("never runs")
@@ -135,7 +135,7 @@ def test_spawn_is_refused_under_a_launcher(monkeypatch):
 @pytest.mark.timeout(600)
 def test_rank0_replay_longer_than_the_collective_timeout():
     """Issue 10 #18: rank 0 replays alone for longer than --timeout-s while rank 1 waits. Before, rank 1 died
-    in its barrier with a raw gloo timeout; the wait is now unbounded (common.session.rank0_only)."""
+    in its barrier with a raw gloo timeout; the wait is now unbounded (common.harness.session.rank0_only)."""
     # 60 epochs: the replay takes 7.0 s on this repository's 2-core machine when idle, 3.5 times the timeout, so
     # that a machine a few times faster still proves it (30 epochs, 3.7 s, proved it with a margin of 1.8)
     run = run_lesson("03_ddp", nproc=2, args=["--check-equivalence", "--epochs", "60", "--timeout-s", "2"],
@@ -172,8 +172,8 @@ def test_linear_lr_scaling_on_four_processes(ddp2, one):
     assert [f["steps"] for f in r["ranks"]] == [48] * 4  # 1438 / 4 -> 360 -> 12 batches of 32 x 4 epochs
 
     from common.data import digits_split
-    from common.metrics import evaluate
-    from common.session import DistInfo
+    from common.harness.metrics import evaluate
+    from common.harness.session import DistInfo
     lesson = importlib.import_module("lessons.03_ddp")
     train_set, test_set = digits_split()
     threads = torch.get_num_threads()

@@ -2,7 +2,7 @@
 The samplers' properties (hypothesis), given cases and bad input are unit tests: tests/unit/test_samplers.py."""
 import pytest
 
-from common.launch import run_lesson
+from common.run.launch import run_lesson
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 
 CLAIMS = {

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from common.launch import run_lesson
+from common.run.launch import run_lesson
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 from tests._nan_on_rank1 import failing_claims, launch_with_nan_on_rank1
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from common.launch import run_lesson
+from common.run.launch import run_lesson
 from tests._lessons import assert_claims, assert_fails_on_every_rank
 
 TOL = 1e-5  # float32
@@ -96,7 +96,7 @@ def test_lesson_four_ranks_in_two_groups(four_ranks_two_groups):
         "convert_swaps_in_place", "syncbn_stats_identical_within_group", "syncbn_accuracy_identical_within_group",
         "syncbn_stats_differ_between_groups", "batchnorm_running_mean_drifts", "batchnorm_running_var_drifts"})
     assert r["setup"] == [4, 4, 30] and r["sync_impl"] == "scratch" and "(gloo, cpu)" in run.stdout
-    assert "SyncBatchNorm implementation: common.sync_batchnorm.SyncBatchNorm (from scratch)" in run.stdout
+    assert "SyncBatchNorm implementation: common.data_parallel.sync_batchnorm.SyncBatchNorm (from scratch)" in run.stdout
     assert claims["convert_swaps_in_place"]["value"] == 2
     bn, sync = r["variants"]["batchnorm"], r["variants"]["syncbn"]
     for v in (bn, sync):

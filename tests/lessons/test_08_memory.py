@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from common.launch import REPO_ROOT, run_command, run_lesson
-from common.memory import residual_mlp_activation_bytes
+from common.run.launch import REPO_ROOT, run_command, run_lesson
+from common.measure.memory import residual_mlp_activation_bytes
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 
 LESSON = "08_memory"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.launch import run_lesson
+from common.run.launch import run_lesson
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 
 TOL = 1e-5
@@ -129,7 +129,7 @@ def test_bad_input_fails_on_every_rank(args, message):
 def test_benchmark_runs():
     """benchmarks/pipeline_bubble.py (the real-compute speed-up that left the lesson) still runs: one process, one
     stage (its send/recv path is the lesson's executor, tested above); timings only, as [perf] lines."""
-    from common.launch import REPO_ROOT
+    from common.run.launch import REPO_ROOT
     run = run_lesson(REPO_ROOT / "benchmarks" / "pipeline_bubble.py", nproc=None,
                      args=["--width", "64", "--batch", "16", "--steps", "1"], timeout_s=240).check()
     assert run.results["config"]["stages"] == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.launch import run_lesson
+from common.run.launch import run_lesson
 from tests._lessons import assert_claims, assert_fails_on_every_rank
 
 LESSON = "10_tensor_parallel"

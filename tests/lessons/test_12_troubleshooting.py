@@ -10,10 +10,10 @@ import importlib
 
 import pytest
 
-from common.launch import run_lesson
+from common.run.launch import run_lesson
 from tests._lessons import assert_claims, assert_fails_on_every_rank
 
-EXHIBITS = importlib.import_module("common.exhibits").load_exhibits()
+EXHIBITS = importlib.import_module("common.exhibits.frame").load_exhibits()
 
 
 @pytest.fixture(scope="module")

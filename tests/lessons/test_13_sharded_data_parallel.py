@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from common.launch import run_lesson
+from common.run.launch import run_lesson
 from tests._lessons import assert_claims, assert_fails_on_every_rank
 
 LESSON = "13_sharded_data_parallel"

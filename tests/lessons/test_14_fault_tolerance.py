@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from common.launch import run_command, run_lesson, torchrun_command
+from common.run.launch import run_command, run_lesson, torchrun_command
 from tests._lessons import assert_claims, assert_fails_on_every_rank
 from tests._workers import free_port
 
@@ -76,7 +76,7 @@ def test_crash_restart_equals_uninterrupted_run(crash_at_7):
 def test_a_sampler_that_never_rolls_over_fails_instead_of_looping(tmp_path, monkeypatch):
     """A sampler whose epoch never ends has no batch left after its first epoch: the training loop raises
     there, rather than starting empty epochs forever (the timeout above is only a safety net). One process."""
-    from common.env import DistInfo
+    from common.harness.env import DistInfo
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
     m = importlib.import_module(f"lessons.{LESSON}")
@@ -95,8 +95,8 @@ def test_a_sampler_that_never_rolls_over_fails_instead_of_looping(tmp_path, monk
 def test_each_resume_variant_leaves_the_snapshot_as_it_was(tmp_path, monkeypatch):
     """AdamW's load_state_dict keeps the tensors it is given and updates them in place: a snapshot shared by
     the variants reached the next one trained on (its step count went 12 -> 42). One process, in pytest."""
-    from common.env import DistInfo
-    from common.train_state import roundtrip
+    from common.harness.env import DistInfo
+    from common.checkpoint.train_state import roundtrip
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
     m = importlib.import_module(f"lessons.{LESSON}")
@@ -243,7 +243,7 @@ def two_nodes(tmp_path, fault: list[str], timeout_s: float = 240) -> dict:
 @pytest.mark.parametrize("fault", [["exit@7:1"], ["hang@7:1", "--timeout-s", "3"]], ids=["crash", "hang"])
 def test_two_nodes_restart_together_and_equal_the_uninterrupted_run(tmp_path, fault):
     """pytorch/pytorch#108158: the node whose workers did not fail restarts without counting; the attempt every
-    node agrees on (common/rendezvous.py) keeps both in one process group and one fault schedule."""
+    node agrees on (common/harness/rendezvous.py) keeps both in one process group and one fault schedule."""
     r = two_nodes(tmp_path, fault)
     claims = assert_claims(r, EXACT)
     assert all(claims[name]["value"] == 0.0 for name in EQUAL)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from common.launch import run_lesson
-from common.profiling import load_trace, step_profiles
+from common.run.launch import run_lesson
+from common.measure.profiling import load_trace, step_profiles
 from tests._lessons import assert_claims, assert_fails_on_every_rank
 
 LESSON = "15_performance"

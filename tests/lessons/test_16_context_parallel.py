@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.launch import run_lesson
-from common.ring_attention import causal_pairs
+from common.run.launch import run_lesson
+from common.context_parallel.ring_attention import causal_pairs
 from tests._lessons import assert_claims, assert_fails_on_every_rank
 
 LESSON = "16_context_parallel"

@@ -26,6 +26,6 @@ def test_a_nan_on_rank_1_alone_fails_the_fixed_replicas_claim(exhibit):
 def test_every_exhibit_that_compares_replicas_is_launched_above():
     import inspect
 
-    from common.exhibits import load_exhibits
+    from common.exhibits.frame import load_exhibits
     compares = [n for n, ex in load_exhibits().items() if "max_param_diff_across_ranks" in inspect.getsource(ex.fn)]
     assert sorted(compares) == sorted(EXHIBITS)

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from common.launch import REPO_ROOT, run_lesson
+from common.run.launch import REPO_ROOT, run_lesson
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
 TIMEOUT_S = 480

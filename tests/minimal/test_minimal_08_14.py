@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
-from common.grid import grid_layout
-from common.launch import REPO_ROOT, run_lesson
-from common.tensor_parallel import MLP
+from common.harness.grid import grid_layout
+from common.run.launch import REPO_ROOT, run_lesson
+from common.tensor_parallel.layers import MLP
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
 TIMEOUT_S = 480

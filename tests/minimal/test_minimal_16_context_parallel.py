@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from common.launch import REPO_ROOT, run_lesson
+from common.run.launch import REPO_ROOT, run_lesson
 from tests._cp_workers import minimal_16_check
 from tests._workers import run_world
 

@@ -1,5 +1,5 @@
-"""minimal/17_expert_parallel.py held to lesson 17's MoE layer (common.moe): launched as users launch it, at
-ep = 2 and as plain python, its rows sent per rank pair and its one-process loss are those of common.moe.MoE
+"""minimal/17_expert_parallel.py held to lesson 17's MoE layer (common.expert_parallel.moe): launched as users launch it, at
+ep = 2 and as plain python, its rows sent per rank pair and its one-process loss are those of common.expert_parallel.moe.MoE
 with top-1 routing and no drops at the same seed; the script checks EP = one process itself (exit 0)."""
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import math
 import pytest
 import torch
 
-from common.launch import REPO_ROOT, run_lesson
-from common.moe import MoE
+from common.run.launch import REPO_ROOT, run_lesson
+from common.expert_parallel.moe import MoE
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
 H, E, N = 32, 4, 64  # the script's shapes
 
 
 def reference(world_size: int, seed: int = 0) -> tuple[list, float]:
-    """common.moe at top-1, capacity factor E (C = N: nothing can be dropped): rows per rank pair, loss."""
+    """common.expert_parallel.moe at top-1, capacity factor E (C = N: nothing can be dropped): rows per rank pair, loss."""
     torch.manual_seed(seed)
     moe = MoE(H, E, k=1, capacity_factor=float(E))  # router, then each expert's fc1 and fc2: the script's order
     x = torch.randn(world_size, N, H)

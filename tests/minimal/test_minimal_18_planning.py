@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from common.launch import REPO_ROOT, run_lesson
+from common.run.launch import REPO_ROOT, run_lesson
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
 STAGES = {"0": "DDP", "1": "ZeRO-1", "2": "ZeRO-2", "3": "ZeRO-3"}

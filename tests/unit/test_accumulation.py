@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import TensorDataset
 
-from common.memory import ResidualMLP, micro_batch_stream, no_sync_unless
-from common.precision import max_diff
-from common.session import LessonError
+from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
+from common.measure.precision import max_diff
+from common.harness.session import LessonError
 
 lesson = importlib.import_module("lessons.07_gradient_accumulation")
 

@@ -8,12 +8,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import common.ring as ring
-from common.backends import BACKEND_OPS, BACKEND_SUPPORT, backend_table
-from common.bandwidth import bandwidths, bus_bandwidth_factor, spread, time_calls
-from common.ring import (chunk_bounds, ring_link_bytes, ring_schedule, server_link_bytes, simulate_ring_all_reduce,
+import common.collectives.ring as ring
+from common.collectives.backends import BACKEND_OPS, BACKEND_SUPPORT, backend_table
+from common.measure.bandwidth import bandwidths, bus_bandwidth_factor, spread, time_calls
+from common.collectives.ring import (chunk_bounds, ring_link_bytes, ring_schedule, server_link_bytes, simulate_ring_all_reduce,
                          simulation_equals_sum)
-from common.tensor_parallel import max_over_ranks
+from common.tensor_parallel.layers import max_over_ranks
 from tests._rank_workers import max_over_ranks_of_different_values
 from tests._workers import run_world
 
@@ -132,7 +132,7 @@ def test_backend_table_matches_the_docs_on_key_facts():
     assert lines[-1].split() == ["built", "here", "yes", "yes", "no", "no", "no", "no"]
     assert lines[1 + BACKEND_OPS.index("reduce_scatter")].split() == ["reduce_scatter", "yes", "yes", "no", "no",
                                                                       "no", "yes"]
-    # the docs' all_to_all row: not on gloo (although gloo on CPU runs it in torch 2.13: common/backends.py)
+    # the docs' all_to_all row: not on gloo (although gloo on CPU runs it in torch 2.13: common/collectives/backends.py)
     assert lines[1 + BACKEND_OPS.index("all_to_all")].split() == ["all_to_all", "no", "no", "yes", "?", "no", "yes"]
 
 

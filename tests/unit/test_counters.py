@@ -1,11 +1,11 @@
-"""Instruments (common/counters.py) count exactly: bytes are asserted equal, not as a lower bound."""
+"""Instruments (common/measure/counters.py) count exactly: bytes are asserted equal, not as a lower bound."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn as nn
 
-from common.counters import saved_tensor_bytes
+from common.measure.counters import saved_tensor_bytes
 from tests._workers import count_two_collectives, run_world
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from common.exhibits import load_exhibits
+from common.exhibits.frame import load_exhibits
 
 ROOT = Path(__file__).resolve().parents[2]
 LESSON_FILE = re.compile(r"lessons/\d\d_\w+\.py")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from common.launch import REPO_ROOT
+from common.run.launch import REPO_ROOT
 from exercises import EXERCISES
 
 

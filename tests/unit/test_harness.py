@@ -6,10 +6,10 @@ import torch
 import torch.nn as nn
 from torch.utils.data import TensorDataset
 
-from common import checkpoint
-from common.checkpoint import load_checkpoint, save_checkpoint
-from common.metrics import evaluate
-from common.session import DistInfo, LessonError
+from common.harness import atomic as checkpoint
+from common.harness.atomic import load_checkpoint, save_checkpoint
+from common.harness.metrics import evaluate
+from common.harness.session import DistInfo, LessonError
 from tests._workers import rank0_phase, run_world
 
 
@@ -60,7 +60,7 @@ def test_each_restart_attempt_meets_under_its_own_prefix(monkeypatch):
 
     import torch.distributed as dist
 
-    from common.session import rendezvous_store
+    from common.harness.session import rendezvous_store
     from tests._workers import free_port
     port = free_port()
     agent = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)  # torchrun's
@@ -69,7 +69,7 @@ def test_each_restart_attempt_meets_under_its_own_prefix(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
-    from common import rendezvous
+    from common.harness import rendezvous
     monkeypatch.setattr(rendezvous, "_AGREED", [0])  # the attempt every node agreed on (test_session.py)
     rendezvous_store().set("rank_0_address", "dead peer")
     monkeypatch.setattr(rendezvous, "_AGREED", [1])

@@ -1,7 +1,7 @@
-"""common.launch: the argv a multi-node launch gets, and the environment a launched process sees."""
+"""common.run.launch: the argv a multi-node launch gets, and the environment a launched process sees."""
 from __future__ import annotations
 
-from common.launch import _env, torchrun_command
+from common.run.launch import _env, torchrun_command
 
 
 def _rdzv_id(cmd: list[str]) -> str:

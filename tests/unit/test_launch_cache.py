@@ -1,4 +1,4 @@
-"""common.launch_cache: a configuration is launched once per session, a path or a timeout is never shared,
+"""common.run.launch_cache: a configuration is launched once per session, a path or a timeout is never shared,
 and a changed source file, argument or environment variable launches afresh."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from common import launch_cache
-from common.launch import REPO_ROOT, LessonTimeout
+from common.run import launch_cache
+from common.run.launch import REPO_ROOT, LessonTimeout
 
 LESSON = REPO_ROOT / "lessons" / "04_custom_sampler.py"
 
@@ -111,7 +111,7 @@ def test_an_inherited_variable_that_can_change_a_launch_changes_the_key(monkeypa
 
 
 def test_a_shared_run_longer_than_the_callers_timeout_is_its_timeout(monkeypatch, tmp_path):
-    from common import launch
+    from common.run import launch
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     made = launch_cache.make_session_dir()
     monkeypatch.setenv(launch_cache.CACHE_ENV, made)

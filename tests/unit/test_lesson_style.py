@@ -7,7 +7,7 @@ import ast
 
 import pytest
 
-from common.launch import lesson_path
+from common.run.launch import lesson_path
 
 UNPACKED = ["01_single_gpu", "02_collectives", "03_ddp", "04_custom_sampler", "05_uneven_data",
             "06_sync_batchnorm", "07_gradient_accumulation", "08_memory", "09_model_parallel",

@@ -1,4 +1,4 @@
-"""common/memory.py, common/precision.py and lesson 08's byte count, in one process (no torchrun)."""
+"""common/measure/memory.py, common/measure/precision.py and lesson 08's byte count, in one process (no torchrun)."""
 from __future__ import annotations
 
 import importlib
@@ -7,8 +7,8 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from common.memory import ResidualMLP, residual_mlp_activation_bytes, saved_activation_bytes, storage_bytes
-from common.precision import autocast_context, max_diff
+from common.measure.memory import ResidualMLP, residual_mlp_activation_bytes, saved_activation_bytes, storage_bytes
+from common.measure.precision import autocast_context, max_diff
 
 lesson = importlib.import_module("lessons.08_memory")
 

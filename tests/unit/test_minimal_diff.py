@@ -1,5 +1,5 @@
 """The notebooks print each minimal script's diff from its base, read from the files at run time."""
-from common.notebooks import MINIMAL, MINIMAL_BASE, minimal_diff, minimal_path
+from common.run.notebooks import MINIMAL, MINIMAL_BASE, minimal_diff, minimal_path
 
 
 def test_minimal_diff_is_read_from_the_files():

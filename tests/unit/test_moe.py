@@ -1,4 +1,4 @@
-"""common/moe.py in one process: routing, capacity and drops counted, the balance loss, EP at ep = 1."""
+"""common/expert_parallel/moe.py in one process: routing, capacity and drops counted, the balance loss, EP at ep = 1."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from common.moe import (ExpertParallelMoE, MoE, balance_loss, capacity, check_moe_options, dispatch_plan,
+from common.expert_parallel.moe import (ExpertParallelMoE, MoE, balance_loss, capacity, check_moe_options, dispatch_plan,
                         histogram, keep_mask, route)
 
 

@@ -1,4 +1,4 @@
-"""Pipeline schedules and the hand-written executor (common/pipeline_schedules.py, common/pipeline_executor.py):
+"""Pipeline schedules and the hand-written executor (common/pipeline/schedules.py, common/pipeline/executor.py):
 pure functions, one-stage runs in this process, and one 2-rank world showing torch 2.13's uneven-micro-batch failure.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 from common.models import mlp
-from common.pipeline_executor import check_order, run_pipeline_step
-from common.pipeline_schedules import (default_split_points, gpipe_order, interleaved_1f1b_order,
+from common.pipeline.executor import check_order, run_pipeline_step
+from common.pipeline.schedules import (default_split_points, gpipe_order, interleaved_1f1b_order,
                                        interleaved_stage_indices, microbatch_sizes, one_f_one_b_order,
                                        peak_live_in_order, schedule_limit, schedule_order, split_model,
                                        theory_bubble, theory_speedup)
@@ -142,8 +142,8 @@ def torch_gpipe_on_uneven(rank: int, world_size: int):
     """One rank of a 2-stage torch ScheduleGPipe on 10 samples in 4 micro-batches, through the lesson's own
     `pipeline_step`; returns the error this rank saw (None if none). Each rank catches its error and leaves, so
     that the peer's wait ends with a closed connection instead of the timeout."""
-    from common.grid import Grid
-    from common.session import DistInfo
+    from common.harness.grid import Grid
+    from common.harness.session import DistInfo
     lesson = importlib.import_module("lessons.09_model_parallel")
     args = lesson.parse_args(["--stage-ms", "0"])
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")

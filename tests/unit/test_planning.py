@@ -1,4 +1,4 @@
-"""The cost model of lesson 18 (common/planning.py): published numbers, exact small cases, FLOPs vs the counter;
+"""The cost model of lesson 18 (common/planning/cost_model.py): published numbers, exact small cases, FLOPs vs the counter;
 the planner's rows held to closed forms (lesson 18's section 6); the meta-device recipe against a wrong one."""
 import importlib
 import math
@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from common.gpt import matmul_attention
+from common.planning.transformer import matmul_attention
 from common.models import CausalTransformer
-from common.memory import ResidualMLP
-from common.planning import (GPT, fit_alpha_beta, gpt_flops, gpt_params, in_flight_micro_batches, mfu,
+from common.measure.memory import ResidualMLP
+from common.planning.cost_model import (GPT, fit_alpha_beta, gpt_flops, gpt_params, in_flight_micro_batches, mfu,
                              residual_mlp_activations, residual_mlp_flops, ring_time, sharded_fp32_bytes,
                              transformer_layer_activations, zero_mixed_bytes, zero_paper_activations)
 
@@ -54,7 +54,7 @@ def test_sharded_fp32_bytes_stage_shares():
 
 
 def test_residual_mlp_formulas_match_common_memory_and_flop_counter():
-    from common.memory import residual_mlp_activation_bytes
+    from common.measure.memory import residual_mlp_activation_bytes
     for ck in (False, True):
         assert residual_mlp_activations(8, 33, 2, ck) == residual_mlp_activation_bytes(8, 33, 2, ck)
     torch.manual_seed(0)
@@ -87,7 +87,7 @@ def test_alpha_beta_fit_recovers_its_inputs_and_mfu():
 
 
 def test_planner_70b_fits_and_bad_degrees_are_refused():
-    from common.planner import NAMED, Assumptions, PlanError, plan, shape_for_params
+    from common.planning.planner import NAMED, Assumptions, PlanError, plan, shape_for_params
     assert abs(gpt_params(shape_for_params(70e9))["total"] - 70e9) / 70e9 < 0.01
     rows = plan(NAMED["70b"], Assumptions(gpus=64))
     fit = [r for r in rows if r["fits"]]
@@ -117,7 +117,7 @@ def test_planner_rows_hold_the_lessons_closed_forms():
     # each of these fails if the planner leaves the recomputed forward out of the step time, counts the dp
     # gradients as fp32, shards ZeRO over dp instead of dp x cp, drops the recomputed layer's activations, or
     # charges ZeRO-2/3 once per step instead of once per micro-batch
-    from common.results import Report
+    from common.harness.results import Report
     report = Report()
     lesson18().planner_closed_forms(report)
     claims = report.results["claims"]
@@ -128,7 +128,7 @@ def test_planner_rows_hold_the_lessons_closed_forms():
 
 
 def test_planner_zero3_memory_at_cp2_is_half_of_cp1_and_the_gradient_dtype_is_an_assumption():
-    from common.planner import NAMED, Assumptions, describe, evaluate
+    from common.planning.planner import NAMED, Assumptions, describe, evaluate
     c, a = NAMED["7b"], Assumptions(gpus=8, global_batch=64)
     def states(r):
         return sum(r["memory"][k] for k in ("parameters", "gradients", "optimizer_state"))
@@ -146,7 +146,7 @@ def test_planner_zero3_memory_at_cp2_is_half_of_cp1_and_the_gradient_dtype_is_an
 
 
 def test_planner_megatron_zero1_fit_map_cell_tp8_pp1_does_not_fit_with_fp32_gradients():
-    from common.planner import NAMED, Assumptions, evaluate
+    from common.planning.planner import NAMED, Assumptions, evaluate
     bf16 = evaluate(NAMED["70b"], Assumptions(gpus=64), 8, 8, 1, 1, 1, False)
     fp32 = evaluate(NAMED["70b"], Assumptions(gpus=64, grad_bytes=4), 8, 8, 1, 1, 1, False)
     assert round(bf16["memory"]["total"] / 1e9, 1) == 56.3 and bf16["fits"]
@@ -154,7 +154,7 @@ def test_planner_megatron_zero1_fit_map_cell_tp8_pp1_does_not_fit_with_fp32_grad
 
 
 def test_planner_expresses_llama3_405b_128k_stage_and_names_the_constraint():
-    from common.planner import Assumptions, PlanError, plan, shape_for_params
+    from common.planning.planner import Assumptions, PlanError, plan, shape_for_params
     c = shape_for_params(405e9, seq=131072)
     a = Assumptions(gpus=16384, tp=8, cp=16, pp=16, global_batch=128, grad_bytes=4)  # cp 16 leaves the node
     rows = plan(c, a)
@@ -168,7 +168,7 @@ def test_planner_expresses_llama3_405b_128k_stage_and_names_the_constraint():
 def test_meta_init_compares_buffers_and_a_parameters_only_recipe_fails():
     import torch
 
-    from common.gpt import init_weights
+    from common.planning.transformer import init_weights
     lesson, cpu = lesson18(), torch.device("cpu")
     assert lesson.meta_init_gap(lesson.materialise, cpu, 0) == 0.0
 

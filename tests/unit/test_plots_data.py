@@ -1,10 +1,10 @@
-"""The measurements behind notebooks 05-08's pictures (common/plots_data.py, common.seeding.describe_pairs)."""
+"""The measurements behind notebooks 05-08's pictures (common/plots/data_movement.py, common.data_parallel.seeding.describe_pairs)."""
 import torch
 import torch.nn.functional as F
 
-from common.memory import ResidualMLP, residual_mlp_activation_bytes
-from common.plots_data import micro_step_timelines, one_process_group, saved_bytes_timeline
-from common.seeding import describe_pairs
+from common.measure.memory import ResidualMLP, residual_mlp_activation_bytes
+from common.plots.data_movement import micro_step_timelines, one_process_group, saved_bytes_timeline
+from common.data_parallel.seeding import describe_pairs
 
 
 def test_describe_pairs_names_the_main_process_and_workers():

@@ -6,29 +6,29 @@ import matplotlib
 matplotlib.use("Agg")
 import torch  # noqa: E402
 
-from common.memory import ResidualMLP  # noqa: E402
-from common.plots_hang import parse_py_spy, shared_depth  # noqa: E402
-from common.plots_zero import record_holdings, zero_probe  # noqa: E402
-from common.zero import ZeRO  # noqa: E402
+from common.measure.memory import ResidualMLP  # noqa: E402
+from common.plots.hang import parse_py_spy, shared_depth  # noqa: E402
+from common.plots.zero import record_holdings, zero_probe  # noqa: E402
+from common.sharding.zero import ZeRO  # noqa: E402
 
 lesson = importlib.import_module("lessons.13_sharded_data_parallel")
 
 DUMP_RANK0 = """Process ...
 Thread ...
     all_reduce (torch/distributed/distributed_c10d.py:3252)
-    train_step (common/exhibits_worker.py:121)
-    <module> (common/exhibits_worker.py:146)
+    train_step (common/exhibits/worker.py:121)
+    <module> (common/exhibits/worker.py:146)
 """
 DUMP_RANK1 = """Process ...
 Thread ...
-    train_step (common/exhibits_worker.py:123)
-    <module> (common/exhibits_worker.py:146)
+    train_step (common/exhibits/worker.py:123)
+    <module> (common/exhibits/worker.py:146)
 """
 
 
 def test_py_spy_stacks_part_where_the_lines_differ():
     stacks = [parse_py_spy(DUMP_RANK0), parse_py_spy(DUMP_RANK1)]
-    assert stacks[0][0] == ("<module>", "common/exhibits_worker.py:146")  # outermost first
+    assert stacks[0][0] == ("<module>", "common/exhibits/worker.py:146")  # outermost first
     assert stacks[0][-1][0] == "all_reduce"
     assert shared_depth(stacks) == 1  # train_step is on both, at different lines
 

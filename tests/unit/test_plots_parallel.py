@@ -5,8 +5,8 @@ matplotlib.use("Agg")
 
 import torch  # noqa: E402
 
-from common.plots_parallel import locate_shard, owner_map, plot_tp_shards  # noqa: E402
-from common.tensor_parallel import MLP, ColumnParallelLinear, RowParallelLinear  # noqa: E402
+from common.plots.parallel import locate_shard, owner_map, plot_tp_shards  # noqa: E402
+from common.tensor_parallel.layers import MLP, ColumnParallelLinear, RowParallelLinear  # noqa: E402
 
 
 def test_owner_map_finds_column_and_row_shards():

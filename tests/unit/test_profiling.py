@@ -1,4 +1,4 @@
-"""common.profiling (intervals from a torch.profiler trace) and common.comm_hooks (PyTorch's hooks, counted),
+"""common.measure.profiling (intervals from a torch.profiler trace) and common.performance.comm_hooks (PyTorch's hooks, counted),
 checked on hand-made traces with known answers and in one small 2-rank gloo world."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common.comm_hooks import comm_hook, powersgd_rank, predicted_buckets
-from common.profiling import intersect_length, is_allreduce, load_trace, step_profiles, summarize, union_length
+from common.performance.comm_hooks import comm_hook, powersgd_rank, predicted_buckets
+from common.measure.profiling import intersect_length, is_allreduce, load_trace, step_profiles, summarize, union_length
 from tests._workers import run_world
 
 

@@ -47,7 +47,7 @@ def test_torch_jit_deprecations_from_torch_are_ignored():
 
 
 @pytest.mark.parametrize("message, category, module", [
-    (TORCH_JIT_SCRIPT, DeprecationWarning, "common.zero"),  # our code calling torch.jit would show
+    (TORCH_JIT_SCRIPT, DeprecationWarning, "common.sharding.zero"),  # our code calling torch.jit would show
     (TORCH_JIT_SCRIPT, UserWarning, "torch.jit._script"),
     ("`torch.distributed.nn.functional.all_reduce` is deprecated", DeprecationWarning, "torch.distributed.nn"),
     ("torch.distributed.launch is deprecated", FutureWarning, "torch.distributed.launch"),  # lesson 03 shows it
@@ -65,7 +65,7 @@ def test_collection_froze_the_objects_it_imported():
 
 
 def test_the_tensor_parallel_picture_gives_matplotlib_arrays():
-    from common.plots_parallel import plot_tp_shards
+    from common.plots.parallel import plot_tp_shards
     torch.manual_seed(0)
     w1, w2, h = torch.randn(8, 2), torch.randn(2, 8), torch.randn(3, 8)
     with warnings.catch_warnings():

@@ -1,4 +1,4 @@
-"""Claims recorded once (common/results.py): printed on rank 0 and recorded under the same name."""
+"""Claims recorded once (common/harness/results.py): printed on rank 0 and recorded under the same name."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from common.results import Report, holds
-from common.session import DistInfo
+from common.harness.results import Report, holds
+from common.harness.session import DistInfo
 from tests._lessons import assert_claims
 
 
@@ -64,8 +64,8 @@ def test_assert_claims_names_the_missing_claim():
 
 @pytest.fixture
 def exit_status():
-    """common.session's pending exit status, restored after the test (finish sets it)."""
-    from common import session
+    """common.harness.session's pending exit status, restored after the test (finish sets it)."""
+    from common.harness import session
     yield session
     session.set_exit_status(0)
 
@@ -102,7 +102,7 @@ def test_finish_on_another_rank_prints_nothing_but_sets_the_status(tmp_path, cap
 def test_run_main_exits_1_after_finish_finds_a_claim_that_does_not_hold(tmp_path):
     import subprocess
     import sys
-    code = ("from common.results import Report\nfrom common.session import run_main\n"
+    code = ("from common.harness.results import Report\nfrom common.harness.session import run_main\n"
             "def main():\n    r = Report()\n    r.claim('equal', float('nan'), '<=', 1e-5, 'd {value}')\n"
             "    r.finish(None)\n    print('main returned')\nrun_main(main)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

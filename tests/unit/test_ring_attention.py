@@ -1,4 +1,4 @@
-"""common/ring_attention.py, common/ulysses.py and the causal transformer of common/models.py: the log-sum-exp
+"""common/context_parallel/ring_attention.py, common/context_parallel/ulysses.py and the causal transformer of common/models.py: the log-sum-exp
 merge, the splits' positions and exact work counts in one process; ring and Ulysses attention (forward and
 q, k, v gradients) equal to SDPA on the whole sequence in spawned gloo worlds of 2 and 4; NaN stays NaN."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from common.data import PIXEL_VOCAB, digit_sequences, next_token_targets
-from common.differences import max_abs_diff
+from common.measure.differences import max_abs_diff
 from common.models import CausalTransformer
-from common.ring_attention import (RingStats, Split, block_attention, causal_pairs, merge, owners,
+from common.context_parallel.ring_attention import (RingStats, Split, block_attention, causal_pairs, merge, owners,
                                    ring_attention)
 from tests._cp_workers import ring_vs_sdpa
 from tests._workers import run_world
@@ -120,9 +120,9 @@ def test_a_nan_input_makes_the_lessons_equality_claims_fail(monkeypatch):
     """The lesson's own path (ring_run, Report.claim) on q, k, v with one NaN: the claim does not hold."""
     import importlib
 
-    from common.env import DistInfo
-    from common.grid import Grid
-    from common.results import Report
+    from common.harness.env import DistInfo
+    from common.harness.grid import Grid
+    from common.harness.results import Report
     lesson = importlib.import_module("lessons.16_context_parallel")
     args = lesson.parse_args([])
     clean = lesson.qkv

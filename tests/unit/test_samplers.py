@@ -1,4 +1,4 @@
-"""Unit tests of the samplers and seeding helpers (common/samplers.py, common/bucketing.py, common/seeding.py) and of
+"""Unit tests of the samplers and seeding helpers (common/data_parallel/samplers.py, common/data_parallel/bucketing.py, common/data_parallel/seeding.py) and of
 lesson 04's and 05's pure functions: hypothesis properties, given cases, bad input. No torchrun: a sampler takes
 (num_replicas, rank) directly, so every rank of a world is built in this one process."""
 import importlib
@@ -11,14 +11,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset, WeightedRandomSampler
 
-from common.bucketing import LengthGroupedDistributedBatchSampler, padded_token_fraction, padded_tokens
-from common.launch import REPO_ROOT
-from common.metrics import evaluate
-from common.samplers import (DistributedSamplerByHand, UnpaddedDistributedSampler, WeightedDistributedSampler,
+from common.data_parallel.bucketing import LengthGroupedDistributedBatchSampler, padded_token_fraction, padded_tokens
+from common.run.launch import REPO_ROOT
+from common.harness.metrics import evaluate
+from common.data_parallel.samplers import (DistributedSamplerByHand, UnpaddedDistributedSampler, WeightedDistributedSampler,
                              distributed_indices)
-from common.seeding import (augmentation_streams, generator_draws, loader_generator, rank_seed, seed_data_rngs,
+from common.data_parallel.seeding import (augmentation_streams, generator_draws, loader_generator, rank_seed, seed_data_rngs,
                             stream_summary)
-from common.session import DistInfo, LessonError, set_seed
+from common.harness.session import DistInfo, LessonError, set_seed
 
 lesson04 = importlib.import_module("lessons.04_custom_sampler")
 

@@ -1,4 +1,4 @@
-"""Unit tests of common.session: the device `setup` picks on every node, and the legacy launcher's --local-rank.
+"""Unit tests of common.harness.session: the device `setup` picks on every node, and the legacy launcher's --local-rank.
 
 No process group is created: `init_process_group` and `torch.cuda.set_device` are faked, and so are 2 GPUs, so
 that the CUDA branch runs on this CPU-only machine (a CPU run hides a device chosen from the wrong variable).
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from common import session
+from common.harness import session
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ def test_distributed_session_prints_the_note_once(monkeypatch, capsys):
     assert capsys.readouterr().out.count("note: --local-rank") == 1
 
 
-# ---- restart attempts every node agrees on (common/rendezvous.py, pytorch/pytorch#108158) ---------------------
+# ---- restart attempts every node agrees on (common/harness/rendezvous.py, pytorch/pytorch#108158) ---------------------
 
 def _agent_store():
     """torchrun's shared store (a TCPStore server the agent hosts; workers are clients)."""
@@ -125,7 +125,7 @@ def _agent_store():
 
 def _attempt_of_every_rank(client, world_size: int, order: list[int]) -> list[int]:
     """One attempt: the ranks start in `order` (a non-zero rank first reads what a dead attempt left)."""
-    from common.rendezvous import agree_attempt
+    from common.harness.rendezvous import agree_attempt
     with ThreadPoolExecutor(world_size) as pool:
         futures = {}
         for r in order:
@@ -152,7 +152,7 @@ def test_every_rank_agrees_on_the_attempt_whatever_a_dead_attempt_left():
 
 @pytest.mark.timeout(30)
 def test_attempt_is_zero_without_torchrun_and_the_prefix_carries_it(monkeypatch):
-    from common import rendezvous
+    from common.harness import rendezvous
     monkeypatch.setattr(rendezvous, "_AGREED", [])
     monkeypatch.delenv("RANK", raising=False)
     assert rendezvous.attempt() == 0 and rendezvous.attempt_if_known() == "0"

@@ -1,5 +1,5 @@
 """Lesson 06's building blocks without torchrun: the from-scratch SyncBatchNorm in one process, its instruments
-(common.bn_stats), the one-process replay, and DDP's buffer-broadcast rule in a spawned world of 2 (a few seconds).
+(common.data_parallel.bn_stats), the one-process replay, and DDP's buffer-broadcast rule in a spawned world of 2 (a few seconds).
 
     python -m pytest tests/unit/test_sync_batchnorm.py -q
 
@@ -19,11 +19,11 @@ import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.bn_stats import local_accuracy, running_stats, spread
-from common.counters import count_collectives
+from common.data_parallel.bn_stats import local_accuracy, running_stats, spread
+from common.measure.counters import count_collectives
 from common.data import digits_split
 from common.models import DigitsCNN
-from common.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
+from common.data_parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 from tests._workers import run_world
 
 TOL = 1e-5  # float32

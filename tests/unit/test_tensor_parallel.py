@@ -1,12 +1,12 @@
-"""Hand-built tensor parallelism (common/tensor_parallel.py) and the DTensor counter (common/dtensor_counts.py):
+"""Hand-built tensor parallelism (common/tensor_parallel/layers.py) and the DTensor counter (common/measure/dtensor_counts.py):
 split = unsplit, one all-reduce forward and one backward per block, 1/tp of the weights, one clear error."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from common.env import LessonError
-from common.tensor_parallel import (MLP, ColumnParallelLinear, RowParallelLinear, TPMLP, check_tp_degree,
+from common.harness.env import LessonError
+from common.tensor_parallel.layers import (MLP, ColumnParallelLinear, RowParallelLinear, TPMLP, check_tp_degree,
                                     digits_transformer, max_shard_diff, tensor_parallelize)
 from tests._tp_workers import dtensor_mlp_counts, hand_built_blocks
 from tests._workers import run_world

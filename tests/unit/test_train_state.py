@@ -1,4 +1,4 @@
-"""The full training-state checkpoint (common/train_state.py) and the fault timeline (common/faults.py), in one
+"""The full training-state checkpoint (common/checkpoint/train_state.py) and the fault timeline (common/fault_tolerance/faults.py), in one
 process: no torchrun, a few seconds in all. The crash-and-restart runs are in tests/lessons/test_14_fault_tolerance.py.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.env import DistInfo, LessonError
-from common.faults import parse_faults, timeline
-from common.train_state import (ResumableDistributedSampler, capture_rng, check_same_run, find_latest, leftovers,
+from common.harness.env import DistInfo, LessonError
+from common.fault_tolerance.faults import parse_faults, timeline
+from common.checkpoint.train_state import (ResumableDistributedSampler, capture_rng, check_same_run, find_latest, leftovers,
                                 load_train_state, model_signature, restore_rng, roundtrip, save_train_state)
 
 SIG = {"w": [2, 2]}
@@ -94,9 +94,9 @@ def test_complete_checkpoints_only(tmp_path):
 
 KILLED_WRITER = """
 import sys, torch
-from common.env import DistInfo
-from common.faults import Fault, EventLog
-from common.train_state import save_train_state
+from common.harness.env import DistInfo
+from common.fault_tolerance.faults import Fault, EventLog
+from common.checkpoint.train_state import save_train_state
 d = sys.argv[1]
 save_train_state({"step": 4, "x": torch.zeros(1000)}, d, 4, DistInfo(), {"w": [2, 2]})
 log = EventLog(d + "/events.jsonl", 0, 0)
@@ -165,7 +165,7 @@ def test_timeline_from_events():
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_nan_or_inf_parameter_fails_the_equality_claims(bad):
     """Python's max(worst, nan) keeps the old value: the difference must come back NaN wherever the NaN is."""
-    from common.train_state import max_diff_over_ranks
+    from common.checkpoint.train_state import max_diff_over_ranks
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
     same = [p.detach().clone() for p in model.parameters()]
     assert max_diff_over_ranks(model, same, DistInfo()) == 0.0

@@ -1,5 +1,5 @@
-"""ZeRO by hand (common/zero.py), its accounting (common/shard_accounting.py) and the completion marker of sharded
-checkpoints (common/sharded_checkpoint.py): stages equal one process, bytes as the formulas, one clear error;
+"""ZeRO by hand (common/sharding/zero.py), its accounting (common/sharding/accounting.py) and the completion marker of sharded
+checkpoints (common/checkpoint/sharded.py): stages equal one process, bytes as the formulas, one clear error;
 with frozen and tied parameters, lesson 02's step and every stage equal DDP + torch.optim, frozen ones untouched."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 
-from common.env import LessonError
-from common.memory import ResidualMLP
-from common.shard_accounting import activation_bytes, held_bytes, moved_bytes, relative_difference
-from common.sharded_checkpoint import MARKER, check_complete, model_signature
-from common.zero import ZeRO, check_stages, check_world_size
+from common.harness.env import LessonError
+from common.measure.memory import ResidualMLP
+from common.sharding.accounting import activation_bytes, held_bytes, moved_bytes, relative_difference
+from common.checkpoint.sharded import MARKER, check_complete, model_signature
+from common.sharding.zero import ZeRO, check_stages, check_world_size
 from tests._workers import run_world
 from tests._rank_workers import (FrozenTied, lesson02_step_vs_ddp, load_full_from_rank0_into_meta,
                                  save_over_a_finished_checkpoint, zero_vs_ddp)

@@ -1,4 +1,4 @@
-"""Right: the ZeRO paper's layout (lesson 13's common/zero.py): each parameter group's trainable parameters
+"""Right: the ZeRO paper's layout (lesson 13's common/sharding/zero.py): each parameter group's trainable parameters
 in one flat buffer of N x ceil(n / N) elements, rank r owning slice r (the last up to N - 1 elements padding);
 Adam steps the slice, an all-gather rebuilds the buffer. The ranks hold 2 x 28 = 56 state elements each where
 the unsharded AdamW holds 166: the 2 extra are padding."""

@@ -1,0 +1,259 @@
+"""The harness every lesson runs in: shared options, the process group's life, errors and the exit (lesson 03 on).
+
+Every lesson runs unchanged in three ways:
+
+    python lessons/03_ddp.py                                        # one process, no process group
+    torchrun --standalone --nproc_per_node=2 lessons/03_ddp.py      # one node, 2 processes
+    torchrun --nnodes=2 --nproc_per_node=2 \\
+        --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 --rdzv-id=lessons lessons/03_ddp.py  # on each node
+
+`common.harness.env` reads who this process is; this module turns that into a process group and ends it cleanly.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import traceback
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from common.harness.env import DistInfo, LessonError, choose_backend_and_device, read_torchrun_env
+from common.harness.rendezvous import attempt_if_known, rendezvous_store
+
+__all__ = [
+    "LessonError", "DistInfo", "add_distributed_args", "add_legacy_launcher_args", "read_torchrun_env",
+    "choose_backend_and_device", "setup", "cleanup", "distributed_session", "legacy_launcher_note", "run_main",
+    "exit_process", "set_exit_status", "rank0_only", "barrier", "set_seed", "deterministic_cuda",
+    "rendezvous_store", "one_thread_unless_told",
+]
+
+_exit_status = 0  # what run_main ends the process with when main returns: 1 after a claim that does not hold
+
+
+def add_legacy_launcher_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Accept `--local-rank N` / `--local_rank N`, which `python -m torch.distributed.launch` appends.
+
+    That launcher is deprecated but still in torch 2.13 and in most older tutorials. It sets LOCAL_RANK in the
+    environment too, and that is what `setup` reads, so the value is ignored; `legacy_launcher_note` says once that torchrun
+    replaces the launcher (https://pytorch.org/docs/stable/distributed.html#launch-utility).
+    """
+    parser.add_argument("--local-rank", "--local_rank", dest="legacy_local_rank", type=int, default=None,
+                        help=argparse.SUPPRESS)
+    return parser
+
+
+def add_distributed_args(parser: argparse.ArgumentParser, timeout_s: float = 60.0) -> argparse.ArgumentParser:
+    """Add --backend, --device and --timeout-s, the options every lesson shares (and the legacy --local-rank)."""
+    add_legacy_launcher_args(parser)
+    g = parser.add_argument_group("distributed")
+    g.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                   help="process-group backend (auto: nccl when every local rank has a GPU, else gloo)")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="compute device (auto: cuda:LOCAL_RANK when there are enough GPUs, else cpu)")
+    g.add_argument("--timeout-s", type=float, default=timeout_s,
+                   help="seconds any collective may wait before the process group raises (default %(default)s)")
+    return parser
+
+
+def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 60.0) -> DistInfo:
+    """Create the default process group when launched by torchrun; otherwise describe a single process.
+
+    Under torchrun this calls `dist.init_process_group` on the store torchrun prepared, with a `timeout` so that
+    a collective some rank never joins raises instead of hanging forever
+    (https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group). The store is
+    torchrun's, under a prefix per restart attempt that every node agrees on: common/harness/rendezvous.py says why
+    neither the env:// default nor TORCHELASTIC_RESTART_COUNT will do.
+
+    Raises:
+        LessonError: see `read_torchrun_env` and `choose_backend_and_device`.
+    """
+    if timeout_s <= 0:
+        raise LessonError(f"--timeout-s must be positive, got {timeout_s}")
+    rank, local_rank, world_size, local_world_size = read_torchrun_env()
+    backend_name, dev = choose_backend_and_device(backend, device, local_rank, local_world_size)
+    if dev.type == "cuda":
+        deterministic_cuda()
+        torch.cuda.set_device(dev)  # before init: NCCL binds this process to cuda:LOCAL_RANK
+    if "RANK" not in os.environ:  # plain `python lesson.py`: no process group, world of one
+        return DistInfo(device=dev)
+    dist.init_process_group(backend=backend_name, store=rendezvous_store(), rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s), device_id=dev if dev.type == "cuda" else None)
+    return DistInfo(rank, local_rank, world_size, local_world_size, backend_name, dev)
+
+
+def deterministic_cuda() -> None:
+    """Ask CUDA for deterministic kernels, before its first use: the lessons prove equalities bit for bit.
+
+    By default cuDNN and cuBLAS may pick algorithms that sum in a varying order (atomic adds), so two identical
+    runs differ by ~1e-7 per step, and a few hundred steps amplify that to ~1e-2: measured on an H200, a resumed
+    run against an uninterrupted one, and DDP against its one-process replay. Real training usually leaves this
+    off for speed. See https://pytorch.org/docs/stable/notes/randomness.html (CUBLAS_WORKSPACE_CONFIG included);
+    `warn_only`: an op without a deterministic CUDA kernel warns instead of raising.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def cleanup() -> None:
+    """Destroy the default process group if there is one (call it in a `finally`)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def legacy_launcher_note(args: argparse.Namespace) -> None:
+    """Rank 0 says once that `torch.distributed.launch` (which passed --local-rank) is replaced by torchrun."""
+    if getattr(args, "legacy_local_rank", None) is not None and int(os.environ.get("RANK", "0")) == 0:
+        print("note: --local-rank came from the deprecated `python -m torch.distributed.launch`; it is ignored "
+              "(LOCAL_RANK is read from the environment). Use torchrun: same options, no --local-rank.",
+              flush=True)
+
+
+@contextmanager
+def distributed_session(args: argparse.Namespace) -> Iterator[DistInfo]:
+    """`with distributed_session(args) as info:` -- setup from --backend/--device/--timeout-s, cleanup always.
+
+    End the process with `run_main` (or `exit_process`), not by returning to the interpreter: see `run_main` for
+    the gloo abort at interpreter exit that this avoids. Tests that spawn worlds end each worker the same way.
+    """
+    legacy_launcher_note(args)
+    try:
+        yield setup(args.backend, args.device, args.timeout_s)
+    finally:
+        cleanup()
+
+
+@contextmanager
+def rank0_only(info: DistInfo, phase: str) -> Iterator[bool]:
+    """`with rank0_only(info, "the one-process replay") as mine:` -- rank 0 works, the others wait unbounded.
+
+    A phase that only rank 0 runs (a replay, a reference computation, writing a report) can outlast
+    --timeout-s, which bounds every collective on the default group: a plain `dist.barrier()` after it would
+    make the waiting ranks raise a raw backend timeout. So the waiting ranks meet rank 0 in a barrier of a
+    separate gloo group (CPU, works beside NCCL too) whose timeout is a day, not --timeout-s. If rank 0 dies
+    instead, torchrun stops the others. Yields True on rank 0; the body should do nothing when it is False.
+    """
+    if not info.distributed:  # nobody to wait for
+        yield info.master_process
+        return
+    waiting_room = dist.new_group(backend="gloo", timeout=timedelta(days=1))  # every rank creates it
+    try:
+        yield info.master_process
+    finally:
+        dist.barrier(group=waiting_room)
+        dist.destroy_process_group(waiting_room)
+
+
+def set_exit_status(code: int) -> None:
+    """The status `run_main` ends the process with when `main` returns normally (`Report.finish` sets 1 when a
+    claim does not hold): main still returns, so `distributed_session` destroys the process group first."""
+    global _exit_status
+    _exit_status = code
+
+
+def run_main(main: Callable[[], object]) -> None:
+    """Run a lesson's `main`; turn a `LessonError` into one line on stderr and exit status 2; exit with the
+    status `set_exit_status` left (1 when `Report.finish` found a claim that does not hold), else 0.
+
+    Every rank validates the same arguments, so on bad input every rank prints the same line and exits
+    non-zero before any collective can wait for a rank that already left.
+
+    The process then ends with `os._exit` after flushing stdout and stderr, skipping interpreter finalization.
+    Why: in torch 2.13 a gloo worker thread may still be releasing its last finished all-reduce (whose
+    thread-local state holds a Python object) when the interpreter shuts down; it then needs the GIL of a
+    finalizing interpreter and the process aborts with "terminate called without an active exception" after
+    all its work is done. We measured it in 9 of 65 two-process DDP launches here and in 0 of 40 with this exit
+    (backtrace: ProcessGroupGloo::runLoop -> ~AsyncAllreduceWork -> ~ThreadLocalState -> gil_scoped_acquire;
+    the same race is described in pytorch/pytorch PR 179291). The process group itself is still destroyed
+    by `distributed_session`'s `finally` before we get here. Any other exception prints its traceback and
+    exits 1 the same way (the interpreter's own exit would risk the same abort).
+    """
+    code = 0
+    try:
+        one_thread_unless_told()
+        main()
+        code = _exit_status
+    except LessonError as e:
+        rank = os.environ.get("RANK")
+        prefix = f"[rank {rank}] " if rank is not None else ""
+        sys.stderr.flush()
+        # one write(2) of the whole line: ranks failing together cannot interleave inside it (print() writes
+        # the text and the newline separately, and we saw two ranks' lines run together in one pipe)
+        os.write(2, f"{prefix}error: {e}\n".encode())
+        _wait_for_failing_peers()
+        code = 2
+    except Exception:  # after `@record` (lesson 14) wrote it to this rank's error file: the traceback, exit 1
+        traceback.print_exc()
+        code = 1
+    exit_process(code)
+
+
+def one_thread_unless_told() -> None:
+    """One compute thread per process when OMP_NUM_THREADS is unset, as under torchrun and in the notebooks.
+
+    torchrun sets OMP_NUM_THREADS=1 for nproc_per_node > 1 and the notebooks launch with it; a plain `python
+    lessons/NN_x.py` would otherwise start one thread per core. Measured on the 2-core machine: lesson 01 ran
+    2.3x slower with 2 threads beside other work, and its printed losses differed in the last digits from the
+    notebook's (a sum split over threads adds in another order). Processes this one starts (mp.spawn) inherit
+    the variable. Set OMP_NUM_THREADS yourself to choose another count; rank 0 says so in one line.
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    if os.environ.get("RANK", "0") == "0":
+        print("note: OMP_NUM_THREADS is unset: 1 compute thread per process, as torchrun and the notebooks use "
+              "(set it to choose)", flush=True)
+
+
+def exit_process(code: int = 0) -> None:
+    """Flush stdout and stderr and end the process at once with `code` (`os._exit`): see `run_main` for why."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _wait_for_failing_peers(timeout_s: float = 10.0) -> None:
+    """Under torchrun, wait (at most `timeout_s`) until every rank has reported an error, then return.
+
+    torchrun terminates all workers as soon as one exits non-zero. A rank that is still importing torch when
+    its peer fails would be killed before printing its own error line. So each failing rank counts itself in
+    torchrun's key-value store (the agent's TCPStore, TORCHELASTIC_USE_AGENT_STORE=True, which exists before any
+    process group) and leaves when all WORLD_SIZE ranks have counted themselves, or when the time is up.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size < 2 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    try:
+        import time
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=timeout_s))
+        key = f"lessons/failed_ranks/{attempt_if_known()}"
+        store.add(key, 1)
+        deadline = time.monotonic() + timeout_s
+        while store.add(key, 0) < world_size and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except Exception:  # no store to reach: exit at once rather than fail differently
+        return
+
+
+def barrier(info: DistInfo) -> None:
+    """dist.barrier() when a process group exists (bounded by the group's timeout)."""
+    if info.distributed:
+        dist.barrier()
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python's `random`, numpy and torch (CPU and CUDA) with one integer."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+

@@ -1,0 +1,149 @@
+"""A hand-written pipeline executor: one stage per rank, activations forward and gradients back with send/recv,
+in the order a schedule gives (lesson 09).
+
+It runs the orders of `common.pipeline.schedules` (GPipe, 1F1B) on this rank's stage; torch's own executor is
+`torch.distributed.pipelining` (`PipelineStage` + `ScheduleGPipe` / `Schedule1F1B`,
+https://pytorch.org/docs/stable/distributed.pipelining.html), which lesson 09 runs beside it. Unlike torch 2.13's,
+this one takes unequal micro-batches (3, 3, 3, 1) and weights each micro-batch's mean loss by n_i/N.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from common.pipeline.stage_timers import activation_bytes
+
+__all__ = ["StepResult", "check_order", "run_pipeline_step"]
+
+
+@dataclass
+class StepResult:
+    """What one stage saw during one pipelined training step (before the optimizer step).
+
+    Attributes:
+        loss: on the last stage, the batch's mean loss sum_i (n_i / N) loss_i; None elsewhere.
+        events: this stage's (kind, microbatch, start_s, end_s, stage), if the stage is a `TimedStage`.
+        peak_live_microbatches: most micro-batches whose forward ran and whose backward had not.
+        peak_activation_bytes: most bytes of saved activations held at once (see `activation_bytes`).
+    """
+
+    loss: float | None
+    events: list = field(default_factory=list)
+    peak_live_microbatches: int = 0
+    peak_activation_bytes: int = 0
+
+
+def check_order(order: Sequence[tuple[str, int]], num_microbatches: int) -> None:
+    """Raise ValueError unless `order` holds ('F', i) and ('B', i) once each for i < m, every F before its B."""
+    m = num_microbatches
+    if sorted(order) != sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)]):
+        raise ValueError(f"order must hold F and B of micro-batches 0..{m - 1} once each, got {order}")
+    forwarded: set[int] = set()
+    for kind, i in order:
+        if kind == "B" and i not in forwarded:
+            raise ValueError(f"the backward of micro-batch {i} comes before its forward in {order}")
+        forwarded.add(i)
+
+
+def run_pipeline_step(stage: nn.Module, order: Sequence[tuple[str, int]], *, pp_rank: int, pp_world_size: int,
+                      sizes: Sequence[int], recv_shape: tuple[int, ...], inputs: Sequence[torch.Tensor] = (),
+                      targets: Sequence[torch.Tensor] = (), loss_fn: Callable | None = None,
+                      device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
+                      stage_ranks: Sequence[int] | None = None) -> StepResult:
+    """Run forward and backward of one batch through this rank's stage in the given order; leaves .grad set.
+
+    Activations go to the next stage and gradients to the previous one with `dist.isend` (non-blocking: with
+    blocking sends 1F1B deadlocks, both neighbours sending at once) and arrive with blocking receives; the
+    per-pair order of messages is the same on both ends, so they match.
+
+    A send that is directly followed by a receive from the same peer is posted together with it in one
+    `dist.batch_isend_irecv` (as torch.distributed.pipelining's Schedule1F1B does). Why: NCCL runs a rank's
+    operations with one peer in the order they were posted, and a send larger than its internal buffer
+    (NCCL_BUFFSIZE, 4 MiB by default) waits for the matching receive. In 1F1B with 2 stages, stage 0 would post
+    "send activation i+1" then "receive gradient i" while stage 1 posts "send gradient i" then "receive
+    activation i+1": posted one by one, large messages would wait for each other until the timeout.
+
+    Args:
+        stage: this rank's modules; (n_i, *recv_shape) -> next stage's input, or logits on the last stage.
+        order: [('F', i) / ('B', i), ...], from `gpipe_order` or `one_f_one_b_order`.
+        sizes: samples per micro-batch, sum = N (unequal sizes are fine: 3, 3, 3, 1).
+        recv_shape: per-sample shape of this stage's input (not used on the first stage).
+        inputs / targets: the micro-batches, on the first / last stage.
+        loss_fn: mean loss of one micro-batch (logits, target) -> scalar; weighted by n_i/N here so that the
+            sum over micro-batches is the mean over the whole batch.
+        stage_ranks: global rank of each stage (`Grid.ranks_in("pp")`); default: stage k on rank k.
+
+    Raises:
+        ValueError: order does not contain each micro-batch's F and B exactly once, F before B (checked before
+            anything is sent, so a bad order fails alike on every rank).
+    """
+    check_order(order, len(sizes))
+    ranks = list(range(pp_world_size)) if stage_ranks is None else list(stage_ranks)
+    first, last = pp_rank == 0, pp_rank == pp_world_size - 1
+    total = sum(sizes)
+    params = list(stage.parameters())
+    kept: dict[int, tuple] = {}  # micro-batch -> (input, output or weighted loss, activation bytes)
+    sends: list = []
+    held: list = []  # a send waiting to be posted with the receive that comes right after it
+
+    def recv_peer(step: int) -> int | None:
+        """The rank the op at order[step] starts by receiving from (None: it receives nothing)."""
+        if step >= len(order):
+            return None
+        if order[step][0] == "F":
+            return None if first else ranks[pp_rank - 1]
+        return None if last else ranks[pp_rank + 1]
+
+    def send(t: torch.Tensor, dst: int, step: int) -> None:
+        if recv_peer(step + 1) == dst:
+            held.append(dist.P2POp(dist.isend, t, dst))  # posted together with that receive
+        else:
+            sends.append(dist.isend(t, dst=dst))
+
+    def recv(buf: torch.Tensor, src: int) -> None:
+        works = dist.batch_isend_irecv([*held, dist.P2POp(dist.irecv, buf, src)])
+        sends.extend(works[:-1])
+        held.clear()
+        works[-1].wait()
+
+    live = peak_live = live_bytes = peak_bytes = 0
+    loss_sum = 0.0
+    for step, (kind, i) in enumerate(order):
+        if kind == "F":
+            if first:
+                x = inputs[i].to(device)
+            else:
+                x = torch.empty((sizes[i], *recv_shape), device=device, dtype=dtype)
+                recv(x, ranks[pp_rank - 1])
+                x.requires_grad_()  # we need d loss / d x to send back to the previous stage
+            with activation_bytes(params) as saved:
+                out = stage(x)
+                if last:
+                    out = loss_fn(out, targets[i].to(device)) * (sizes[i] / total)  # weight n_i / N
+            if not last:
+                send(out.detach(), ranks[pp_rank + 1], step)
+            else:
+                loss_sum += out.item()
+            kept[i] = (x, out, saved[0])
+            live += 1
+            live_bytes += saved[0]
+            peak_live, peak_bytes = max(peak_live, live), max(peak_bytes, live_bytes)
+        else:
+            x, out, nbytes = kept.pop(i)
+            if last:
+                out.backward()
+            else:
+                g = torch.empty_like(out)
+                recv(g, ranks[pp_rank + 1])
+                out.backward(g)
+            if not first:
+                send(x.grad, ranks[pp_rank - 1], step)
+            live -= 1
+            live_bytes -= nbytes
+    for s in sends:
+        s.wait()
+    return StepResult(loss_sum if last else None, list(getattr(stage, "events", [])), peak_live, peak_bytes)
