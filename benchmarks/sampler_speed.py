@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from common.data_parallel.bucketing import LengthGroupedDistributedBatchSampler, synthetic_lengths
-from common.run.launch import PERF_PREFIX
+from common.harness.results import PERF_PREFIX
 from common.data_parallel.samplers import DistributedSamplerByHand, UnpaddedDistributedSampler, WeightedDistributedSampler
 
 

@@ -1,0 +1,1 @@
+"""Collectives by hand: the ring all-reduce and the backend table (lesson 02)."""

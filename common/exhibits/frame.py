@@ -36,7 +36,7 @@ __all__ = ["Exhibit", "EXHIBITS", "GROUPS", "exhibit", "load_exhibits", "Outcome
            "first_line"]
 
 GROUPS = ("collectives", "training", "launch")
-# common.exhibits_<module>, in --list order
+# common.exhibits.<module>, in --list order
 MODULES = ("collectives", "uneven", "training", "gradients", "nan", "launchers", "jobs")
 
 

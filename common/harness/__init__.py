@@ -1,0 +1,1 @@
+"""How a lesson runs, reports and ends; imports no topic, no plot and no run tool."""

@@ -18,7 +18,7 @@ It is built on `torch.distributed.device_mesh.init_device_mesh`
 (https://pytorch.org/docs/stable/distributed.html#torch.distributed.device_mesh.init_device_mesh), which creates
 one process group per mesh dimension and hands out the `DeviceMesh` that DTensor, `parallelize_module` and
 `fully_shard` take. A plain `python` run (no process group) gets a grid whose every size is 1 and whose groups
-are None. Introduced by the restructure; used by lessons 06 (SyncBatchNorm groups) and 09 (pipeline stages) on.
+are None. used by lessons 06 (SyncBatchNorm groups) and 09 (pipeline stages) on.
 """
 from __future__ import annotations
 

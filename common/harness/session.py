@@ -67,9 +67,10 @@ def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 60.0) 
 
     Under torchrun this calls `dist.init_process_group` on the store torchrun prepared, with a `timeout` so that
     a collective some rank never joins raises instead of hanging forever
-    (https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group). The store is
-    torchrun's, under a prefix per restart attempt that every node agrees on: common/harness/rendezvous.py says why
-    neither the env:// default nor TORCHELASTIC_RESTART_COUNT will do.
+    (https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group). It is the plain
+    env:// call, unless torchrun may restart the job (`--max-restarts` > 0, TORCHELASTIC_MAX_RESTARTS): then the
+    group meets in torchrun's store under a prefix per restart attempt that every node agrees on, and
+    common/harness/rendezvous.py says why neither env:// nor TORCHELASTIC_RESTART_COUNT will do there.
 
     Raises:
         LessonError: see `read_torchrun_env` and `choose_backend_and_device`.
@@ -83,8 +84,13 @@ def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 60.0) 
         torch.cuda.set_device(dev)  # before init: NCCL binds this process to cuda:LOCAL_RANK
     if "RANK" not in os.environ:  # plain `python lesson.py`: no process group, world of one
         return DistInfo(device=dev)
-    dist.init_process_group(backend=backend_name, store=rendezvous_store(), rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s), device_id=dev if dev.type == "cuda" else None)
+    timeout = timedelta(seconds=timeout_s)
+    device_id = dev if dev.type == "cuda" else None
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:  # torchrun may restart this job
+        dist.init_process_group(backend=backend_name, store=rendezvous_store(), rank=rank,
+                                world_size=world_size, timeout=timeout, device_id=device_id)
+    else:  # the plain call a reader copies: env:// reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE
+        dist.init_process_group(backend=backend_name, timeout=timeout, device_id=device_id)
     return DistInfo(rank, local_rank, world_size, local_world_size, backend_name, dev)
 
 

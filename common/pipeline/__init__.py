@@ -1,0 +1,1 @@
+"""Pipeline parallelism: schedules, a send/recv executor, stage timers (lesson 09)."""

@@ -1,0 +1,1 @@
+"""The notebooks' pictures, drawn from the runs' own tensors and groups."""

@@ -1,0 +1,1 @@
+"""Launching lessons from notebooks, tests and benchmarks; never imported by a lesson."""

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from common.harness.results import PERF_PREFIX
 from common.run.launch_cache import cache_dir, config_key, log_launch, shareable, shared_launch
 
-__all__ = ["REPO_ROOT", "PERF_PREFIX", "LessonRun", "LessonTimeout", "lesson_path", "torchrun_command",
+__all__ = ["REPO_ROOT", "LessonRun", "LessonTimeout", "lesson_path", "torchrun_command",
            "run_lesson", "run_command"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PERF_PREFIX = "[perf]"
 
 
 class LessonTimeout(RuntimeError):

@@ -1,0 +1,1 @@
+"""Sharded data parallelism: ZeRO by hand and what a shard holds and sends (lesson 13)."""

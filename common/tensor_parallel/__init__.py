@@ -1,0 +1,1 @@
+"""Tensor parallelism by hand, Megatron-style (lessons 10, 11)."""
