@@ -32,6 +32,8 @@ def fake_two_gpu_node(monkeypatch):
 
 
 def _torchrun_env(monkeypatch, rank, local_rank, world_size=4, local_world_size=2):
+    monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)  # a job torchrun will not restart
+    monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)  # a job torchrun will not restart
     env = dict(RANK=rank, LOCAL_RANK=local_rank, WORLD_SIZE=world_size, LOCAL_WORLD_SIZE=local_world_size)
     for k, v in env.items():
         monkeypatch.setenv(k, str(v))
@@ -49,6 +51,15 @@ def test_setup_on_a_second_node_uses_local_rank_for_the_device(fake_two_gpu_node
     (kw,) = fake_two_gpu_node["init_process_group"]
     assert kw["backend"] == "nccl" and kw["device_id"] == torch.device("cuda:1")
     assert kw["timeout"].total_seconds() == 5
+    assert set(kw) == {"backend", "timeout", "device_id"}  # env:// reads RANK and WORLD_SIZE itself
+
+
+def test_a_restartable_job_meets_under_its_attempts_prefix(fake_two_gpu_node, monkeypatch):
+    """torchrun --max-restarts=2: the process group meets in torchrun's store under this attempt's prefix."""
+    _torchrun_env(monkeypatch, rank=3, local_rank=1)
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+    session.setup(timeout_s=5)
+    (kw,) = fake_two_gpu_node["init_process_group"]
     assert (kw["rank"], kw["world_size"], kw["store"]) == (3, 4, "torchrun's store, this attempt's prefix")
 
 
