@@ -21,7 +21,8 @@ import torch.distributed as dist
 from common.measure.bandwidth import bandwidths, bus_bandwidth_factor, spread, time_calls
 from common.harness.results import Report
 from common.collectives.ring import ring_all_reduce
-from common.harness.session import LessonError, add_distributed_args, barrier, distributed_session, run_main
+from common.harness.session import add_distributed_args, barrier, distributed_session, run_main
+from common.harness.env import LessonError
 
 
 def parse_args(argv=None) -> argparse.Namespace:

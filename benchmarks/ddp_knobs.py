@@ -40,7 +40,8 @@ from common.data import digits_split
 from common.run.launch import REPO_ROOT, run_command, torchrun_command
 from common.measure.memory import ResidualMLP, no_sync_unless
 from common.harness.ranks import all_gather_objects
-from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main
+from common.harness.session import add_distributed_args, distributed_session, run_main
+from common.harness.env import LessonError
 
 KNOBS = ["default", "default again", "bucket_cap_mb=0.1", "bucket_cap_mb=1", "bucket_cap_mb=100",
          "gradient_as_bucket_view", "static_graph", "fp16 hook", "bf16 hook", "powersgd1 (1 bucket)",

@@ -25,7 +25,8 @@ from common.measure.memory import ResidualMLP, no_sync_unless, saved_activation_
 from common.measure.precision import autocast_context
 from common.harness.ranks import gather_to_rank0
 from common.harness.results import Report
-from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.env import LessonError
 
 
 def main() -> None:

@@ -23,7 +23,8 @@ import torch.nn as nn
 from common.harness.grid import Grid
 from common.expert_parallel.moe import ExpertParallelMoE, MoE
 from common.harness.results import Report
-from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.env import LessonError
 
 
 class FixedRouter(nn.Module):

@@ -28,8 +28,8 @@ from common.pipeline.schedules import (default_split_points, microbatch_sizes, s
                                        theory_bubble, theory_speedup)
 from common.harness.ranks import gather_to_rank0
 from common.harness.results import Report
-from common.harness.session import (LessonError, add_distributed_args, barrier, distributed_session, read_torchrun_env,
-                            run_main, set_seed)
+from common.harness.session import add_distributed_args, barrier, distributed_session, run_main, set_seed
+from common.harness.env import LessonError, read_torchrun_env
 from common.pipeline.stage_timers import SimulatedKernel, TimedStage, measured_bubble, record_step
 
 

@@ -19,7 +19,8 @@ from torch.utils.data import DistributedSampler
 
 from common.data_parallel.bucketing import LengthGroupedDistributedBatchSampler, synthetic_lengths
 from common.harness.results import PERF_PREFIX
-from common.data_parallel.samplers import DistributedSamplerByHand, UnpaddedDistributedSampler, WeightedDistributedSampler
+from common.data_parallel.samplers import (DistributedSamplerByHand, UnpaddedDistributedSampler,
+                                           WeightedDistributedSampler)
 
 
 def bench(n: int, world_size: int, rank: int, seed: int = 0, repeats: int = 3) -> dict:

@@ -29,7 +29,8 @@ from common.data import digits_split
 from common.harness.grid import Grid
 from common.measure.memory import ResidualMLP
 from common.harness.results import Report
-from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.env import LessonError
 from common.sharding.accounting import held_bytes, moved_bytes
 from common.sharding.zero import ZeRO
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from common.harness.session import LessonError
+from common.harness.env import LessonError
 
 __all__ = ["DIGITS_PATH", "DIGITS_SHA256", "load_digits", "digits_split", "synthetic_images", "synthetic_split",
            "digit_sequences", "next_token_targets", "PIXEL_VOCAB"]

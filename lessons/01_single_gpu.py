@@ -39,8 +39,8 @@ from common.harness.metrics import evaluate
 from common.models import DigitsCNN
 from common.harness.ranks import peak_rss_mb, print0, rank0_progress
 from common.harness.results import Report
-from common.harness.session import (DistInfo, LessonError, choose_backend_and_device, deterministic_cuda, run_main,
-                            set_seed)
+from common.harness.session import deterministic_cuda, run_main, set_seed
+from common.harness.env import DistInfo, LessonError, choose_backend_and_device
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -56,8 +56,8 @@ from common.harness.ranks import gather_to_rank0, max_param_diff_across_ranks, p
 from common.harness.results import Report
 from common.collectives.ring import (LinkStats, parameter_server_all_reduce, ring_all_reduce, ring_link_bytes,
                          server_link_bytes, simulation_equals_sum)
-from common.harness.session import (LessonError, add_distributed_args, barrier, distributed_session,
-                            read_torchrun_env, run_main, set_seed)
+from common.harness.session import add_distributed_args, barrier, distributed_session, run_main, set_seed
+from common.harness.env import LessonError, read_torchrun_env
 
 DEMO_LEN = 4  # elements in the small tensors each collective demonstrates on (printed, so kept short)
 PSI = 1024  # float32 elements in the ring-versus-server count: 4096 bytes, divisible by 2, 4 and 8 ranks

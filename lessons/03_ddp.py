@@ -29,7 +29,8 @@ What to look for:
   leaves its own statistics.
 - --check-equivalence: rank 0 replays the same global batches in one process; the parameters match (<= 1e-5)
   on 1-2 ranks; on 3+ ranks float32 sums in another order drift apart, printed without a claim (ORDER_NOTE).
-  The other ranks wait for this rank-0-only phase without the --timeout-s bound (common.harness.session.rank0_only).
+  The other ranks wait for this rank-0-only phase without the --timeout-s bound
+  (common.harness.session.rank0_only).
 
 Learning rate and the global batch: one --lr on 1, 2 and 4 processes means global batches of 32, 64, 128 and
 45, 23, 12 steps per epoch: first-epoch train loss 0.84, 1.27, 1.85, test loss after 4 epochs 0.015, 0.059,
@@ -75,11 +76,12 @@ from common.data import digits_split, synthetic_split
 from common.measure.differences import max_abs_diff_all
 from common.harness.metrics import evaluate
 from common.models import DigitsCNN
-from common.harness.ranks import (gather_to_rank0, global_mean, max_param_diff_across_ranks, peak_rss_mb, print0,
-                          rank0_progress)
+from common.harness.ranks import (gather_to_rank0, global_mean, max_param_diff_across_ranks, peak_rss_mb,
+                                  print0, rank0_progress)
 from common.harness.results import Report
-from common.harness.session import (DistInfo, LessonError, add_distributed_args, choose_backend_and_device,
-                            deterministic_cuda, distributed_session, rank0_only, run_main, set_seed)
+from common.harness.session import (add_distributed_args, deterministic_cuda, distributed_session, rank0_only,
+                                    run_main, set_seed)
+from common.harness.env import DistInfo, LessonError, choose_backend_and_device
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -240,7 +242,8 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
         sync()  # GPU work is asynchronous: wait before reading the clock
         elapsed = time.perf_counter() - t0
         train_loss = global_mean(loss_sum, seen, info)  # reduce (sum, count) pairs over ranks, divide once
-        test = evaluate(raw_model, test_set, info)  # raw_model (common/harness/metrics.py), its own BatchNorm buffers
+        # raw_model (common/harness/metrics.py), with its own BatchNorm buffers
+        test = evaluate(raw_model, test_set, info)
         history.append({"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test["loss"],
                         "test_accuracy": test["accuracy"], "rank0_first_indices": first_indices})
         # recorded once, in "history"

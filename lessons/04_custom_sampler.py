@@ -6,9 +6,10 @@ Run it:
     torchrun --standalone --nproc_per_node=2 lessons/04_custom_sampler.py  # 2 processes, gloo on CPU
     torchrun --standalone --nproc_per_node=2 lessons/04_custom_sampler.py --demo-size 9  # steps differ
 
-The samplers live in common/data_parallel/samplers.py and common/data_parallel/bucketing.py, where later lessons import them; their speed
-over 10^6 samples is benchmarks/sampler_speed.py. Uneven data (unpadded evaluation, Join, per-rank seeding) is
-lesson 05. Every number is printed once, with the bound it is held to, and recorded in --results.
+The samplers live in common/data_parallel/samplers.py and common/data_parallel/bucketing.py, where later
+lessons import them; their speed over 10^6 samples is benchmarks/sampler_speed.py. Uneven data (unpadded
+evaluation, Join, per-rank seeding) is lesson 05. Every number is printed once, with the bound it is held to,
+and recorded in --results.
 
 What to look for:
 1. DistributedSampler index by index: every rank computes the SAME permutation from seed + epoch, pads it by
@@ -41,12 +42,15 @@ import torch
 from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, Sampler, Subset,
                               WeightedRandomSampler)
 
-from common.data_parallel.bucketing import LengthGroupedDistributedBatchSampler, padded_tokens, synthetic_lengths
+from common.data_parallel.bucketing import (LengthGroupedDistributedBatchSampler, padded_tokens,
+                                            synthetic_lengths)
 from common.data import digits_split
 from common.harness.ranks import all_gather_objects, print0
 from common.harness.results import Report
-from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main
-from common.data_parallel.samplers import DistributedSamplerByHand, WeightedDistributedSampler, distributed_indices
+from common.harness.session import add_distributed_args, distributed_session, run_main
+from common.harness.env import LessonError
+from common.data_parallel.samplers import (DistributedSamplerByHand, WeightedDistributedSampler,
+                                           distributed_indices)
 
 NUM_CLASSES = 10
 

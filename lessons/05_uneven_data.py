@@ -7,10 +7,10 @@ Run it:
 
 What to look for:
 1. Evaluation: UnpaddedDistributedSampler gives ranks 180 and 179 of 359 test images; (loss_sum, correct,
-   count) summed over ranks, divided once, equals one process and common.harness.metrics.evaluate (padding counted:
-   360). Evaluate the UNWRAPPED model: with 1 image on 2 ranks, rank 1's shard is empty, and through the DDP
-   wrapper rank 0's forward broadcasts buffers (BatchNorm statistics) that rank 1 never joins, until the
-   timeout (2 s here).
+   count) summed over ranks, divided once, equals one process and common.harness.metrics.evaluate (padding
+   counted: 360). Evaluate the UNWRAPPED model: with 1 image on 2 ranks, rank 1's shard is empty, and through
+   the DDP wrapper rank 0's forward broadcasts buffers (BatchNorm statistics) that rank 1 never joins, until
+   the timeout (2 s here).
 2. Join: rank r holds 4 + r batches. Under `Join([model])` every rank finishes, after 4 and 5 steps, with
    identical parameters: a rank that ran out shadows DDP's collectives. Without Join, rank 1 (every rank but
    0) waits in its 5th gradient all-reduce until the timeout. Join covers ONLY the collectives of the objects
@@ -25,10 +25,10 @@ What to look for:
 3. Seeding (myth 6). PyTorch already seeds torch, numpy and random differently in each worker of one rank;
    what goes wrong is the same seed on every rank: worker w on rank 0 repeats worker w on rank 1 (k workers),
    and with 0 workers (the default) the draws come from the global RNGs, alike on every rank, which a
-   DataLoader generator does not reach. seed_data_rngs(seed, rank) (common/data_parallel/seeding.py), called after the model
-   is built, re-seeds the global RNGs per rank and returns loader_generator(seed, rank): both cases differ by
-   rank and reproduce on a rerun. A DataLoader draws a base seed every epoch; with persistent_workers, once in
-   all.
+   DataLoader generator does not reach. seed_data_rngs(seed, rank) (common/data_parallel/seeding.py), called
+   after the model is built, re-seeds the global RNGs per rank and returns loader_generator(seed, rank): both
+   cases differ by rank and reproduce on a rerun. A DataLoader draws a base seed every epoch; with
+   persistent_workers, once in all.
 
 Sources: https://pytorch.org/docs/stable/distributed.algorithms.join.html;
 .../distributed.html#torch.distributed. init_process_group (timeout);
@@ -57,10 +57,11 @@ from common.models import DigitsCNN
 from common.harness.ranks import all_gather_objects, all_reduce_sum, max_param_diff_across_ranks, print0
 from common.harness.results import Report
 from common.data_parallel.samplers import UnpaddedDistributedSampler
-from common.data_parallel.seeding import (augmentation_streams, describe_pairs, generator_draws, loader_generator,
-                            seed_data_rngs, stream_summary)
-from common.harness.session import (LessonError, add_distributed_args, barrier, distributed_session, rank0_only,
-                            run_main, set_seed)
+from common.data_parallel.seeding import (augmentation_streams, describe_pairs, generator_draws,
+                                          loader_generator, seed_data_rngs, stream_summary)
+from common.harness.session import (add_distributed_args, barrier, distributed_session, rank0_only, run_main,
+                                    set_seed)
+from common.harness.env import LessonError
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -16,10 +16,10 @@ What to look for (each number is a claim with its bound, recorded in --results):
    drift apart.
 3. DDP's default, forward_sync_buffers=True (torch 2.13's name; `broadcast_buffers` is deprecated), broadcasts
    rank 0's buffers before a forward only when the previous forward ran with gradient sync
-   (common/data_parallel/ddp_buffers.py quotes the source): once per training step, once per optimizer step under no_sync,
-   once per evaluation loop (at its first batch), not at the training step after it. It hides the drift (every
-   rank evaluates rank 0's statistics) without fixing it: they are rank 0's micro-batches' statistics, not the
-   global batch's.
+   (common/data_parallel/ddp_buffers.py quotes the source): once per training step, once per optimizer step
+   under no_sync, once per evaluation loop (at its first batch), not at the training step after it. It hides
+   the drift (every rank evaluates rank 0's statistics) without fixing it: they are rank 0's micro-batches'
+   statistics, not the global batch's.
 4. --group-size 2: `Grid(info, replica=2, bn=2)`; dimension `bn` holds the ranks that share statistics, {0,1}
    and {2,3} (consecutive ranks: on GPUs, one node); `replica` numbers those groups.
 5. `replay` computes rank 0's run in one process (claims `replay_equals_ddp_*`); notebook 06 uses it to sweep
@@ -48,8 +48,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common.data_parallel.bn_stats import (batchnorm_modules, gather_stats, global_batch_tracker, local_accuracy,
-                             running_stats, spread)
+from common.data_parallel.bn_stats import (batchnorm_modules, gather_stats, global_batch_tracker,
+                                           local_accuracy, running_stats, spread)
 from common.harness.compat import ddp_buffer_sync  # forward_sync_buffers= on torch >= 2.13
 from common.measure.counters import CommCounter, count_collectives
 from common.data import digits_split
@@ -59,8 +59,8 @@ from common.harness.grid import Grid
 from common.models import DigitsCNN
 from common.harness.ranks import gather_to_rank0, max_param_diff_across_ranks
 from common.harness.results import Report
-from common.harness.session import (LessonError, add_distributed_args, choose_backend_and_device,
-                            distributed_session, rank0_only, read_torchrun_env, run_main, set_seed)
+from common.harness.session import add_distributed_args, distributed_session, rank0_only, run_main, set_seed
+from common.harness.env import LessonError, choose_backend_and_device, read_torchrun_env
 from common.data_parallel.sync_batchnorm import convert_sync_batchnorm
 
 DRIFT = 1e-3  # a spread of running statistics at least this large is drift, not rounding (float32: ~1e-7)

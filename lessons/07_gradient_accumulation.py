@@ -39,8 +39,8 @@ from common.harness.metrics import evaluate
 from common.measure.precision import PRECISIONS, autocast_context, max_diff, worst_over_ranks
 from common.harness.ranks import global_mean, max_param_diff_across_ranks, print0
 from common.harness.results import Report
-from common.harness.session import (LessonError, add_distributed_args, distributed_session, rank0_only,
-                            read_torchrun_env, run_main, set_seed)
+from common.harness.session import add_distributed_args, distributed_session, rank0_only, run_main, set_seed
+from common.harness.env import LessonError, read_torchrun_env
 
 TOL = 1e-5  # float32 rounding of sums taken in another order (measured: ~1e-8)
 

@@ -39,12 +39,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.measure.counters import CommCounter
 from common.data import digits_split
-from common.measure.memory import (ResidualMLP, micro_batch_stream, no_sync_unless, residual_mlp_activation_bytes,
-                           saved_activation_bytes, storage_bytes)
+from common.measure.memory import (ResidualMLP, micro_batch_stream, no_sync_unless,
+                                   residual_mlp_activation_bytes, saved_activation_bytes, storage_bytes)
 from common.measure.precision import autocast_context, max_diff, worst_over_ranks
 from common.harness.ranks import print0
 from common.harness.results import Report
-from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.env import LessonError
 
 TOL = 1e-5
 

@@ -48,10 +48,11 @@ from common.pipeline.schedules import (default_split_points, interleaved_stage_i
                                        theory_bubble)
 from common.harness.ranks import gather_to_rank0, print0
 from common.harness.results import Report
-from common.harness.session import (LessonError, add_distributed_args, barrier, distributed_session, rank0_only,
-                            read_torchrun_env, run_main, set_seed)
-from common.pipeline.stage_timers import (SimulatedKernel, TimedStage, busy_overlap_s, measured_bubble, peak_live,
-                                 record_step)
+from common.harness.session import (add_distributed_args, barrier, distributed_session, rank0_only, run_main,
+                                    set_seed)
+from common.harness.env import LessonError, read_torchrun_env
+from common.pipeline.stage_timers import (SimulatedKernel, TimedStage, busy_overlap_s, measured_bubble,
+                                          peak_live, record_step)
 
 SCHEDULES = ("gpipe", "1f1b", "torch-gpipe", "torch-1f1b", "torch-interleaved-1f1b")
 TOL = 1e-5  # float32 rounding: a pipelined step computes the unsplit step's numbers in another order

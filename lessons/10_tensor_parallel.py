@@ -11,7 +11,8 @@ each split weight. A digit image is read as a sequence of S = 8 rows (tokens) of
 features. tp must divide H, the head count and S (sequence parallelism splits the tokens): 1, 2, 4 or 8 ranks.
 
 What to look for, section by section:
-1. By hand (common/tensor_parallel/layers.py): the MLP block with fc1 split by output features (column parallel) and
+1. By hand (common/tensor_parallel/layers.py): the MLP block with fc1 split by output features (column
+parallel) and
    fc2 by input features (row parallel), joined by f (identity forward, all-reduce backward) and g (all-reduce
    forward, identity backward). Output, input gradient and every weight gradient equal the unsplit block
    (<= 1e-5); one all-reduce forward and one backward, each of B x S x H x 4 bytes. Self-attention split by
@@ -65,8 +66,8 @@ from common.measure.dtensor_counts import count_dtensor_collectives, saved_local
 from common.harness.grid import Grid
 from common.harness.ranks import print0
 from common.harness.results import Report
-from common.harness.session import (LessonError, add_distributed_args, distributed_session, read_torchrun_env,
-                            run_main, set_seed)
+from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.env import LessonError, read_torchrun_env
 from common.tensor_parallel.layers import (MLP, Block, SelfAttention, TPAttention, TPMLP, check_tp_degree,
                                     digits_transformer, max_shard_diff, tensor_parallelize)
 

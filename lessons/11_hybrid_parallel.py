@@ -9,9 +9,9 @@ Run it:
         --dp-pp-tp 2x2x2                                                      # 3-D: pp=2 x dp=2 x tp=2
 
 The model: the digits read as 8 rows (tokens) of 8 pixels, Linear(8 -> H), --layers MLP blocks, mean,
-Linear(H -> 10) (`common.tensor_parallel.layers.digits_transformer`). Every combination trains it for --steps SGD
-steps on a global batch of --batch-size images, and is compared with one process training the unsplit model
-on that global batch.
+Linear(H -> 10) (`common.tensor_parallel.layers.digits_transformer`). Every combination trains it for --steps
+SGD steps on a global batch of --batch-size images, and is compared with one process training the unsplit
+model on that global batch.
 
 The grid's order: pp outermost, then dp, then tp innermost (torchtitan's and Megatron-LM's order).
 Consecutive ranks share the innermost group, and a GPU node holds consecutive ranks: so tp, which all-reduces
@@ -64,9 +64,10 @@ from common.measure.dtensor_counts import count_dtensor_collectives
 from common.harness.grid import Grid
 from common.harness.ranks import gather_to_rank0
 from common.harness.results import Report
-from common.harness.session import (DistInfo, LessonError, add_distributed_args, distributed_session,
-                            read_torchrun_env, run_main, set_seed)
-from common.tensor_parallel.layers import check_tp_degree, digits_transformer, max_shard_diff, tensor_parallelize
+from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.env import DistInfo, LessonError, read_torchrun_env
+from common.tensor_parallel.layers import (check_tp_degree, digits_transformer, max_shard_diff,
+                                           tensor_parallelize)
 
 TOL = 1e-5
 ORDER = ("pp", "dp", "tp")  # the grid's dimensions, outermost first

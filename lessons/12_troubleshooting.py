@@ -38,7 +38,8 @@ import time
 
 from common.exhibits.frame import GROUPS, load_exhibits, run_exhibit
 from common.harness.results import Report
-from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main
+from common.harness.session import add_distributed_args, distributed_session, run_main
+from common.harness.env import LessonError
 
 BOOKKEEPING_TIMEOUT_S = 120.0  # the default group only gathers outcomes; the exhibits get --timeout-s
 

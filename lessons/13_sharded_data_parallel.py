@@ -55,12 +55,12 @@ from common.harness.grid import Grid
 from common.measure.memory import ResidualMLP
 from common.measure.precision import max_diff, worst_over_ranks
 from common.harness.results import Report
-from common.harness.session import (LessonError, add_distributed_args, distributed_session, rank0_only,
-                            read_torchrun_env, run_main, set_seed)
+from common.harness.session import add_distributed_args, distributed_session, rank0_only, run_main, set_seed
+from common.harness.env import LessonError, read_torchrun_env
 from common.checkpoint.sharded import (FULL_MODEL, agreed_folder, check_complete, load_sharded, mark_complete,
                                        model_signature, save_sharded)
-from common.sharding.accounting import (activation_bytes, full_params, held_bytes, moved_bytes,
-                                     relative_difference)
+from common.sharding.accounting import activation_bytes, full_params, held_bytes, moved_bytes
+from common.measure.differences import relative_difference
 from common.sharding.zero import ZeRO, check_stages, check_world_size
 
 EQUAL = 1e-3  # bound on relative_difference: float32 rounding stays far below it, a real error near 1

@@ -11,8 +11,9 @@
         --resume-sharded /tmp/ft14/sharded_step_000008 [--keep-global-batch]
 
 torchrun restarts EVERY rank on every node when one fails (--max-restarts times). TORCHELASTIC_RESTART_COUNT
-is per node (a node with healthy workers restarts uncounted, pytorch/pytorch#108158): common/harness/rendezvous.py
-agrees on the attempt through torchrun's store; each attempt's process group has its own prefix. Look for:
+is per node (a node with healthy workers restarts uncounted, pytorch/pytorch#108158):
+common/harness/rendezvous.py agrees on the attempt through torchrun's store; each attempt's process group has
+its own prefix. Look for:
 1. A crash at step 7 (first step of epoch 1, 6 steps per epoch): the restarted job ends EQUAL to an
    uninterrupted run: 0.0 on 1 or 2 ranks. The checkpoint holds the full training state: model, AdamW, LR
    scheduler, GradScaler, every rank's RNG streams (torch, numpy, random, its generator), the sampler's epoch
@@ -60,17 +61,18 @@ from torch.utils.data import DataLoader, Subset
 
 from common.harness.atomic import atomic_write
 from common.data import digits_split
-from common.fault_tolerance.faults import EventLog, exit_on_peer_failure, parse_faults, read_events, report_timeline
+from common.fault_tolerance.faults import (EventLog, exit_on_peer_failure, parse_faults, read_events,
+                                           report_timeline)
 from common.harness.ranks import print0
 from common.harness.rendezvous import attempt
 from common.checkpoint.reshard import check_sharded, load_sharded, micro_steps_for, save_sharded
 from common.harness.results import Report
 from common.data_parallel.seeding import rank_seed
-from common.harness.session import (LessonError, add_distributed_args, distributed_session, read_torchrun_env,
-                            run_main, set_seed)
-from common.checkpoint.train_state import (ResumableDistributedSampler, capture_rng_all_ranks, clear_run, leftovers,
-                                load_train_state, max_diff_over_ranks, model_signature, restore_rng,
-                                resume_point, roundtrip, save_train_state)
+from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.env import LessonError, read_torchrun_env
+from common.checkpoint.train_state import (ResumableDistributedSampler, capture_rng_all_ranks, clear_run,
+                                           leftovers, load_train_state, max_diff_over_ranks, model_signature,
+                                           restore_rng, resume_point, roundtrip, save_train_state)
 
 # A sharded checkpoint continues one trajectory: a run resuming it must use the saving run's values of these.
 RUN_FLAGS = ("lr", "steps", "seed", "train_samples", "no_random_draws", "amp")

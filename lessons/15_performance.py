@@ -53,7 +53,8 @@ from common.measure.precision import max_diff, worst_over_ranks
 from common.measure.profiling import load_trace, step_profiles, summarize
 from common.harness.ranks import gather_to_rank0, print0
 from common.harness.results import Report
-from common.harness.session import LessonError, add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.env import LessonError
 
 CAPS_MB = (None, 0.1, 1.0, 25.0, 100.0)  # bucket_cap_mb sweep; None is DDP's default
 ONE_BUCKET_MB = 100.0  # >= 2.2 MB of gradient: one bucket (PowerSGD under gloo needs it: common/comm_hooks)

@@ -14,7 +14,8 @@ accepted (one line names the reason), and cp must also divide --heads (8 by defa
 What to look for:
 - Why the sequence is the problem: attention written out saves a B x H x S x S matrix for backward (4x the
   bytes at 2S); ring attention saves only O(S/cp) per rank (q, k, v, out and the log-sum-exp).
-- Ring attention (common/context_parallel/ring_attention.py): keys and values travel around the cp ranks with batched
+- Ring attention (common/context_parallel/ring_attention.py): keys and values travel around the cp ranks with
+batched
   isend/irecv while each rank attends its queries to the block it holds; partial results merge with the
   log-sum-exp rule. Output and q, k, v gradients equal `F.scaled_dot_product_attention(is_causal=True)` on the
   whole sequence; each rank sends (cp - 1) key/value blocks forward, and 2cp - 1 blocks backward (keys and
@@ -54,7 +55,8 @@ from common.models import CausalTransformer
 from common.harness.ranks import all_gather_objects, all_reduce_sum
 from common.harness.results import Report
 from common.context_parallel.ring_attention import RingStats, Split, causal_pairs, owners, ring_attention
-from common.harness.session import LessonError, add_distributed_args, distributed_session, read_torchrun_env, run_main
+from common.harness.session import add_distributed_args, distributed_session, run_main
+from common.harness.env import LessonError, read_torchrun_env
 from common.harness.session import set_seed
 from common.context_parallel.ulysses import ulysses_attention
 

@@ -19,7 +19,8 @@ What to look for:
 - Expert parallelism by hand: rank r holds experts r*E/ep ... (r+1)*E/ep - 1. Per layer: one all_to_all_single
   of the split sizes (how many rows each rank will receive), one of the token rows (dispatch), one of their
   expert ids, the local experts, one back (combine); backward: the same calls with the splits swapped
-  (common.expert_parallel.moe.AllToAll: ours rather than torch.distributed.nn.functional.all_to_all_single, deprecated in
+  (common.expert_parallel.moe.AllToAll: ours rather than torch.distributed.nn.functional.all_to_all_single,
+  deprecated in
   2.13, which gives the same rows and gradients, checked). Output, input gradient, expert and router gradients
   equal the same MoE in one process; the rows each rank sends to each other rank equal the routing histogram
   exactly; the bytes counted at the calls equal the formula. Training steps follow the one-process model.
@@ -47,13 +48,15 @@ import torch.distributed.nn.functional as dist_nn
 from common.measure.counters import count_collectives
 from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
 from common.harness.grid import Grid
-from common.expert_parallel.moe import AllToAll, ExpertParallelMoE, MoE, all_to_all_traffic, check_moe_options, route
+from common.expert_parallel.moe import (AllToAll, ExpertParallelMoE, MoE, all_to_all_traffic,
+                                        check_moe_options, route)
 from common.models import CausalTransformer
-from common.expert_parallel.model import EXPERTS, digit_tokens, moe_of, moe_transformer, next_token_loss, set_moe
+from common.expert_parallel.model import (EXPERTS, digit_tokens, moe_of, moe_transformer, next_token_loss,
+                                          set_moe)
 from common.harness.ranks import print0
 from common.harness.results import Report
-from common.harness.session import (LessonError, add_distributed_args, distributed_session, read_torchrun_env,
-                            run_main, set_seed)
+from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
+from common.harness.env import LessonError, read_torchrun_env
 
 TOL = 1e-5
 FEATURE_CALLS = ("dispatch", "combine", "dispatch backward", "combine backward")
@@ -114,7 +117,8 @@ def routing(report: Report, args: argparse.Namespace) -> None:
     report.value("histogram", s["counts"].tolist(), f"routing {args.tokens} tokens, top-{args.top_k} of "
                  f"{args.experts} experts: assignments per expert {{value}}, capacity C = {s['cap']}")
     exact = args.capacity_factor * args.tokens * args.top_k / args.experts  # C before rounding
-    cap = math.ceil(exact)  # here, not common.expert_parallel.moe.capacity: the layer and its reference share that one
+    # computed here, not by common.expert_parallel.moe.capacity, which the layer and its reference share
+    cap = math.ceil(exact)
     kept = torch.bincount(s["idx"][s["keep"]], minlength=args.experts)  # counted from the keep mask
     want = s["counts"].clamp(max=cap)
     report.claim("kept_equals_min_count_capacity", max_abs_diff(kept, want), "==", 0,

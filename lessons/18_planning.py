@@ -7,7 +7,8 @@ checked against measurement, then used for models too big to build.
     python lessons/18_planning.py --model 7b --gpus 8 --gpu-memory-gb 80 --network-gbps 400 --peak-tflops 989
 
 What to look for:
-1. Bytes a rank holds and sends, PREDICTED by common/planning/cost_model.py and MEASURED from tensors by lessons 08, 10
+1. Bytes a rank holds and sends, PREDICTED by common/planning/cost_model.py and MEASURED from tensors by
+lessons 08, 10
    and 13's instruments, equal to the byte on 1, 2 and 4 ranks: DDP + Adam (parameters P, gradients P, DDP's
    buckets P: a flat copy of the gradients, Adam 2P + a 4-byte step per tensor, activations with and without
    checkpointing), ZeRO 1-3 by hand (padded) and Megatron tensor parallelism. These claims test a system;
@@ -18,7 +19,8 @@ What to look for:
 3. The meta device: a 6.7B GPT counted from shapes, no byte allocated. `to_empty` leaves parameters AND
    buffers uninitialised; every module's `reset_parameters()` equals eager init, buffers included.
 4. Alpha-beta fitted to this machine's gloo all-reduce ([perf] lines: a benchmark, not a claim).
-5. The planner (--params or --model; common/planning/planner.py): every (dp, tp, pp, cp, ZeRO, checkpointing) that
+5. The planner (--params or --model; common/planning/planner.py): every (dp, tp, pp, cp, ZeRO, checkpointing)
+that
    fits, memory, bytes sent, step time and MFU under printed assumptions; its rows held to closed forms.
    Llama 3 405B's 128K stage, tp 8 x cp 16 (across nodes), pp 16: `--params 405e9 --seq 131072 --gpus
    16384 --tp 8 --cp 16 --pp 16 --global-batch 128 --grad-bytes 4`.
@@ -44,14 +46,16 @@ from common.planning.transformer import matmul_attention, saved_bytes_from_shape
 from common.harness.grid import Grid
 from common.measure.memory import ResidualMLP, saved_activation_bytes, storage_bytes
 from common.models import CausalTransformer, DigitsCNN
-from common.planning.planner import (NAMED, Assumptions, PlanError, add_planner_args, evaluate, planner_inputs,
-                            report_plan)
-from common.planning.cost_model import (GPT, fit_alpha_beta, gpt_flops, gpt_params, mfu, residual_mlp_activations,
-                             residual_mlp_flops, ring_bytes_sent, ring_time, sharded_fp32_bytes,
-                             tp_all_reduces, tp_layer_params, transformer_layer_activations)
+from common.planning.planner import (NAMED, Assumptions, PlanError, add_planner_args, evaluate,
+                                     planner_inputs, report_plan)
+from common.planning.cost_model import (GPT, fit_alpha_beta, gpt_flops, gpt_params, mfu,
+                                        residual_mlp_activations, residual_mlp_flops, ring_bytes_sent,
+                                        ring_time, sharded_fp32_bytes, tp_all_reduces, tp_layer_params,
+                                        transformer_layer_activations)
 from common.harness.ranks import print0
 from common.harness.results import Report
-from common.harness.session import LessonError, add_distributed_args, distributed_session, read_torchrun_env, run_main
+from common.harness.session import add_distributed_args, distributed_session, run_main
+from common.harness.env import LessonError, read_torchrun_env
 from common.harness.session import set_seed
 from common.sharding.accounting import held_bytes, moved_bytes
 from common.tensor_parallel.layers import digits_transformer, tensor_parallelize
@@ -169,8 +173,9 @@ def bytes_predicted_vs_measured(args, info, report: Report) -> None:
         predicted[f"ZeRO-{stage}"] = sharded_fp32_bytes(numels, tensors, N, stage)
     report.value("n_params", sum(numels), f"world_size {N}, ResidualMLP width {w} depth {d}: {{value}} "
                  f"parameters in units {numels}; micro-batch {B} per rank")
-    report.value("predicted_bytes", predicted, "1. bytes per rank, PREDICTED by common/planning/cost_model.py (fp32, "
-                 "Adam; gradients at the end of backward; sent: ring model per step)\n" + table(predicted))
+    heading = ("1. bytes per rank, PREDICTED by common/planning/cost_model.py "
+               "(fp32, Adam; gradients at the end of backward; sent: ring model per step)")
+    report.value("predicted_bytes", predicted, heading + "\n" + table(predicted))
     report.record("measured_bytes", measured)
     for name in predicted:
         report.claim(f"{name.lower().replace('-', '')}_bytes_predicted_exactly",
@@ -347,8 +352,9 @@ def alpha_beta(info, report: Report) -> None:
 
 # ---------------------------------------------------------------- 5. the planner
 def planner_closed_forms(report: Report) -> None:
-    """The planner's rows (common/planning/planner.py) against closed forms written out here: a 7b-shaped GPT on 8
-    GPUs, tp = pp = 1 (a rank holds all Psi parameters), micro-batch 1, flash attention (34 s b h a layer)."""
+    """The planner's rows (common/planning/planner.py) against closed forms written out here: a 7b-shaped GPT
+    on 8 GPUs, tp = pp = 1 (a rank holds all Psi parameters), micro-batch 1, flash attention (34 s b h a
+    layer)."""
     c, a = NAMED["7b"], Assumptions(gpus=8, global_batch=64)
     psi, L, sbh, m = gpt_params(c)["total"], c.layers, c.seq * c.hidden, 64 // 8  # m: micro-batches per step
     ddp, ckpt, zero2, zero3, cp2 = (evaluate(c, a, dp, 1, 1, cp, zero, ck)  # cp2: ZeRO-3 at dp 4 x cp 2

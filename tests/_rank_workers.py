@@ -122,7 +122,7 @@ def zero_vs_ddp(rank: int, world_size: int) -> dict:
 
 def max_over_ranks_of_different_values(rank: int, world_size: int) -> list[float]:
     """Rank r reports 10 r - 3 (and r - 3.5): what one diverging rank looks like to a MAX reduction."""
-    from common.tensor_parallel.layers import max_over_ranks
+    from common.measure.differences import max_over_ranks
     return [max_over_ranks(10.0 * rank - 3), max_over_ranks(rank - 3.5)]
 
 

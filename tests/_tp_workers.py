@@ -10,7 +10,7 @@ def hand_built_blocks(rank: int, world_size: int) -> dict:
     input-gradient and weight-gradient differences, and the collectives counted in forward and in backward."""
     from common.measure.counters import count_collectives
     from common.harness.grid import Grid
-    from common.harness.session import DistInfo
+    from common.harness.env import DistInfo
     from common.tensor_parallel.layers import (MLP, SelfAttention, TPAttention, TPMLP, digits_transformer,
                                         max_shard_diff, tensor_parallelize)
     grid = Grid(DistInfo(rank=rank, world_size=world_size, backend="gloo"), tp=world_size)
@@ -49,7 +49,7 @@ def dtensor_mlp_counts(rank: int, world_size: int) -> dict:
 
     from common.measure.dtensor_counts import count_dtensor_collectives
     from common.harness.grid import Grid
-    from common.harness.session import DistInfo
+    from common.harness.env import DistInfo
     from common.tensor_parallel.layers import MLP
     import copy
     grid = Grid(DistInfo(rank=rank, world_size=world_size, backend="gloo"), tp=world_size)
@@ -73,7 +73,7 @@ def nan_on_one_rank(rank: int, world_size: int) -> dict:
 
     from common.measure.differences import max_over_ranks
     from common.measure.precision import worst_over_ranks
-    from common.harness.session import DistInfo
+    from common.harness.env import DistInfo
     from common.checkpoint.train_state import max_diff_over_ranks
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
     last = rank == world_size - 1
@@ -96,7 +96,7 @@ def finish_statuses(rank: int, world_size: int) -> dict:
     measures is recorded on the others with a placeholder that may not hold)."""
     from common.harness import session
     from common.harness.results import Report
-    from common.harness.session import DistInfo
+    from common.harness.env import DistInfo
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
     out = {}
     for case, rank0_value in (("rank0_holds", 0.0), ("rank0_fails", 1.0)):

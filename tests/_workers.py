@@ -77,7 +77,7 @@ class FirstTwoRight(torch.nn.Module):
 def eval_ten_samples(rank: int, world_size: int):
     from torch.utils.data import DistributedSampler, TensorDataset
 
-    from common.harness.session import DistInfo
+    from common.harness.env import DistInfo
     from common.harness.metrics import evaluate
     data = TensorDataset(torch.arange(10.0).unsqueeze(1), torch.zeros(10, dtype=torch.long))
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
@@ -87,7 +87,7 @@ def eval_ten_samples(rank: int, world_size: int):
 
 def accuracy_4_3_3(rank: int, world_size: int):
     from common.harness.ranks import global_mean
-    from common.harness.session import DistInfo
+    from common.harness.env import DistInfo
     held, correct = [4, 3, 3][rank], [4, 0, 0][rank]
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
     return {"global": global_mean(correct, held, info), "mean_of_means_part": correct / held}
@@ -97,7 +97,7 @@ def param_diff(rank: int, world_size: int, perturb: float, on: int = -1):
     """max_param_diff_across_ranks of a Linear(4, 3) whose weight[0, 0] moves by `perturb` on rank `on` (the
     last by default); a NaN or inf `perturb` makes that weight NaN or inf there."""
     from common.harness.ranks import max_param_diff_across_ranks
-    from common.harness.session import DistInfo
+    from common.harness.env import DistInfo
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     if rank == on % world_size:
@@ -112,7 +112,7 @@ def grid_facts(rank: int, world_size: int, sizes: dict):
     import torch.distributed as dist
 
     from common.harness.grid import Grid
-    from common.harness.session import DistInfo
+    from common.harness.env import DistInfo
     grid = Grid(DistInfo(rank=rank, world_size=world_size, backend="gloo"), **sizes)
     facts = {"coords": grid.coords, "ranks_in": {}, "group_ranks": {}, "sums": {}, "describe": grid.describe()}
     for name in sizes:
@@ -132,7 +132,8 @@ def rank0_phase(rank: int, world_size: int, mode: str):
 
     import torch.distributed as dist
 
-    from common.harness.session import DistInfo, rank0_only
+    from common.harness.session import rank0_only
+    from common.harness.env import DistInfo
     short = dist.new_group(backend="gloo", timeout=timedelta(seconds=1))  # stands for --timeout-s 1
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
     if mode == "rank0_only":

@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from common.harness.session import DistInfo, LessonError, rank0_only
+from common.harness.session import rank0_only
+from common.harness.env import DistInfo, LessonError
 
 __all__ = ["atomic_write", "save_checkpoint", "load_checkpoint"]
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from common.harness.ranks import all_reduce_sum
-from common.harness.session import DistInfo, LessonError
+from common.harness.env import DistInfo, LessonError
 
 __all__ = ["is_padding", "evaluate"]
 

@@ -28,10 +28,9 @@ from common.harness.env import DistInfo, LessonError, choose_backend_and_device,
 from common.harness.rendezvous import attempt_if_known, rendezvous_store
 
 __all__ = [
-    "LessonError", "DistInfo", "add_distributed_args", "add_legacy_launcher_args", "read_torchrun_env",
-    "choose_backend_and_device", "setup", "cleanup", "distributed_session", "legacy_launcher_note", "run_main",
-    "exit_process", "set_exit_status", "rank0_only", "barrier", "set_seed", "deterministic_cuda",
-    "rendezvous_store", "one_thread_unless_told",
+    "add_distributed_args", "add_legacy_launcher_args", "setup", "cleanup", "distributed_session",
+    "legacy_launcher_note", "run_main", "exit_process", "set_exit_status", "rank0_only", "barrier", "set_seed",
+    "deterministic_cuda", "one_thread_unless_told",
 ]
 
 _exit_status = 0  # what run_main ends the process with when main returns: 1 after a claim that does not hold

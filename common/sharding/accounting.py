@@ -18,7 +18,7 @@ from common.measure.memory import storage_bytes
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
-__all__ = ["held_bytes", "moved_bytes", "full_params", "activation_bytes", "relative_difference"]
+__all__ = ["held_bytes", "moved_bytes", "full_params", "activation_bytes"]
 
 
 def held_bytes(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],

@@ -32,7 +32,7 @@ from common.harness.env import LessonError
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear", "MLP", "SelfAttention",
            "Block", "TPMLP", "TPAttention", "digits_transformer", "tensor_parallelize", "check_tp_degree",
-           "max_shard_diff", "max_over_ranks"]
+           "max_shard_diff"]
 
 
 def _tp_size(group) -> int:

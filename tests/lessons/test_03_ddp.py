@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from common.run.launch import REPO_ROOT, lesson_path, run_command, run_lesson, torchrun_command
-from common.harness.session import LessonError
+from common.harness.env import LessonError
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 from tests._nan_on_rank1 import failing_claims, launch_with_nan_on_rank1
 from tests._workers import free_port
@@ -134,7 +134,7 @@ def test_spawn_is_refused_under_a_launcher(monkeypatch):
 
 @pytest.mark.timeout(600)
 def test_rank0_replay_longer_than_the_collective_timeout():
-    """Issue 10 #18: rank 0 replays alone for longer than --timeout-s while rank 1 waits. Before, rank 1 died
+    """rank 0 replays alone for longer than --timeout-s while rank 1 waits. Before, rank 1 died
     in its barrier with a raw gloo timeout; the wait is now unbounded (common.harness.session.rank0_only)."""
     # 60 epochs: the replay takes 7.0 s on this repository's 2-core machine when idle, 3.5 times the timeout, so
     # that a machine a few times faster still proves it (30 epochs, 3.7 s, proved it with a margin of 1.8)
@@ -161,7 +161,7 @@ def test_one_process_under_torchrun_and_plain_python(nproc, one):
 
 @pytest.mark.timeout(600)
 def test_linear_lr_scaling_on_four_processes(ddp2, one):
-    """Issue 10 #14: one lr on 1, 2, 4 processes (global batch 32, 64, 128) slows the first epoch as the world
+    """one lr on 1, 2, 4 processes (global batch 32, 64, 128) slows the first epoch as the world
     grows; the linear scaling rule (lr x global / 32) brings it back. Measured on 4 real processes; the
     one-lr 4-process run and the scaled 2-process run are replayed here (the replay equals DDP: claim)."""
     run = run_lesson("03_ddp", nproc=4, args=["--lr-scaling", "linear", "--check-equivalence"], timeout_s=560).check()
@@ -173,7 +173,7 @@ def test_linear_lr_scaling_on_four_processes(ddp2, one):
 
     from common.data import digits_split
     from common.harness.metrics import evaluate
-    from common.harness.session import DistInfo
+    from common.harness.env import DistInfo
     lesson = importlib.import_module("lessons.03_ddp")
     train_set, test_set = digits_split()
     threads = torch.get_num_threads()

@@ -38,7 +38,7 @@ def test_two_ranks_claims_hold(two_ranks):
         assert sorted(epoch_indices[0] + epoch_indices[1]) == sorted(list(range(11)) + [epoch_indices[0][0]])
     assert res["indices"][0] != res["indices"][1]
     # 2. __len__ (myth 5): our samplers' len equals what they yield, the same on both ranks; the blog sampler says 6
-    #    and yields 3, and its ranks run [3, 3] steps without drop_last and [3, 2] with it (issue 10, item 9)
+    #    and yields 3, and its ranks run [3, 3] steps without drop_last and [3, 2] with it
     for name in ("by_hand", "by_hand_drop_last", "length_grouped"):
         rows = res["len_check"][name]
         assert all(c["len"] == c["yielded"] for c in rows) and rows[0]["yielded"] == rows[1]["yielded"]
@@ -51,7 +51,7 @@ def test_two_ranks_claims_hold(two_ranks):
     assert wt["class_count"][0] / wt["class_count"][-1] > 10
     assert min(wt["max_min_ratio"]["plain"]) > 5 and max(wt["max_min_ratio"]["weighted"]) < 3
     assert claims["weighted_ranks_differ"]["value"] == 2
-    # issue 10, item 5: without replacement and 2 ranks not dividing 101 draws, the old promise does not hold
+    # without replacement and 2 ranks not dividing 101 draws, the old promise does not hold
     assert claims["weighted_no_replacement_equals_torch_total_draw_only_if_w_divides"]["value"] == 0
     # 4. bucketing: padding cut by at least half (the issue's bar); this seeded run cuts 90%, the lesson's claim
     assert claims["bucketing_cuts_padding"]["value"] > 0.85

@@ -38,19 +38,19 @@ def test_two_ranks_claims_hold(two_ranks):
     claims = assert_claims(res, CLAIMS | FAILURES)
     assert res["world_size"] == 2
     # 1. evaluation: shards 180 + 179, every image once, padding counted as data would count 360; 1 image on 2
-    #    ranks works with the unwrapped model and times out through DDP (issue 10, item 20)
+    #    ranks works with the unwrapped model and times out through DDP
     assert res["eval_shards"] == [180, 179] and res["eval_unpadded"]["count"] == 359
     assert claims["padding_counted_as_data"]["value"] == 360
     assert claims["unpadded_equals_one_process_accuracy"]["value"] <= 1e-12
     assert claims["unpadded_equals_metrics_evaluate_loss"]["value"] <= 1e-5
     assert "shards [1, 0]" in claims["tiny_eval_unwrapped_equals_one_process"]["text"]
     # 2. Join: 4 and 5 optimizer steps, identical parameters; without Join rank 1 timed out after 4 full steps on
-    #    both ranks, within 60 s; a user all_reduce inside Join fails (issue 10, item 2)
+    #    both ranks, within 60 s; a user all_reduce inside Join fails
     assert res["join_steps"] == [4, 5] and claims["join_replicas_identical"]["value"] == 0.0
     assert res["no_join"] == ["finished", "timed out"]
     assert "[4, 4] full steps" in claims["no_join_last_rank_times_out"]["text"]
     assert claims["no_join_wait_bounded"]["value"] < 60
-    assert claims["default_timeout_gloo_minutes"]["value"] == 30  # not "forever" (issue 10, item 9)
+    assert claims["default_timeout_gloo_minutes"]["value"] == 30  # not "forever"
     # 3. seeding: the same seed duplicates (rank, worker) streams across ranks; the fix gives 4 distinct streams
     sd = res["seeding"]
     assert sd["same_seed"]["identical_pairs"] == ["r0w0=r1w0", "r0w1=r1w1"]

@@ -97,7 +97,7 @@ def test_allreduce_counts(two_ranks):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("which", ["two_ranks", "one_process"])
 def test_training_loop_equals_one_process_replay(which, request):
-    """Issue 10 #22: the training LOOP (not only the proof functions) is checked against a one-process replay
+    """the training LOOP (not only the proof functions) is checked against a one-process replay
     of its global batches; dividing the loss by micro_step + 1 in the loop makes this fail (5.6e-02)."""
     r = request.getfixturevalue(which)
     c = r["claims"]["training_loop_equals_one_process_replay"]

@@ -34,7 +34,7 @@ def one_process():
 
 @pytest.mark.timeout(600)
 def test_bytes_a_rank_holds_exactly(two_ranks, one_process):
-    """Issue 10 #26: exact bytes, so that double counting fails (not a lower bound)."""
+    """exact bytes, so that double counting fails (not a lower bound)."""
     assert_claims(two_ranks, CLAIMS | {"ddp_bucket_bytes_exact"})
     assert_claims(one_process, CLAIMS)
     for r, buckets in ((two_ranks, 1), (one_process, 0)):

@@ -15,7 +15,7 @@ from common.run.launch import REPO_ROOT, run_lesson
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
 TIMEOUT_S = 480
-TOL = 1e-6  # issue 19: the loss history equal within 1e-6 (measured: 0.0 for 01, 03, 04, 07; 6e-8 for 06)
+TOL = 1e-6  # the loss history equal within 1e-6 (measured: 0.0 for 01, 03, 04, 07; 6e-8 for 06)
 
 
 def minimal(name: str, nproc: int | None = 2, args: list[str] = ()) -> tuple[list[dict], str]:

@@ -19,7 +19,7 @@ from common.tensor_parallel.layers import MLP
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
 TIMEOUT_S = 480
-TOL = 1e-6  # issue 19: a lesson's numbers reproduced within 1e-6
+TOL = 1e-6  # a lesson's numbers reproduced within 1e-6
 
 
 def minimal(name: str, nproc: int | None = 2, args: list[str] = ()) -> list[dict]:

@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset
 
 from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
 from common.measure.precision import max_diff
-from common.harness.session import LessonError
+from common.harness.env import LessonError
 
 lesson = importlib.import_module("lessons.07_gradient_accumulation")
 

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 import common.collectives.ring as ring
 from common.collectives.backends import BACKEND_OPS, BACKEND_SUPPORT, backend_table
 from common.measure.bandwidth import bandwidths, bus_bandwidth_factor, spread, time_calls
-from common.collectives.ring import (chunk_bounds, ring_link_bytes, ring_schedule, server_link_bytes, simulate_ring_all_reduce,
-                         simulation_equals_sum)
-from common.tensor_parallel.layers import max_over_ranks
+from common.collectives.ring import (chunk_bounds, ring_link_bytes, ring_schedule, server_link_bytes,
+                                     simulate_ring_all_reduce, simulation_equals_sum)
+from common.measure.differences import max_over_ranks
 from tests._rank_workers import max_over_ranks_of_different_values
 from tests._workers import run_world
 

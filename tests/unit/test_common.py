@@ -11,7 +11,7 @@ from torch.utils.data import DistributedSampler
 from common.harness import env as cd
 from common.harness.atomic import atomic_write, load_checkpoint, save_checkpoint
 from common.data import digits_split, load_digits, synthetic_images
-from common.harness.session import DistInfo, LessonError, choose_backend_and_device, read_torchrun_env
+from common.harness.env import DistInfo, LessonError, choose_backend_and_device, read_torchrun_env
 from common.harness.metrics import is_padding
 from common.models import DigitsCNN, mlp
 from tests._workers import accuracy_4_3_3, eval_ten_samples, param_diff, run_world

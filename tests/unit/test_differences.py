@@ -12,7 +12,7 @@ from common.run.launch import REPO_ROOT
 from common.measure.differences import max_abs_diff, max_abs_diff_all, max_over_ranks, nan_max
 from common.measure.precision import max_diff, worst_over_ranks
 from common.harness.results import holds
-from common.harness.session import DistInfo
+from common.harness.env import DistInfo
 from common.tensor_parallel.layers import digits_transformer, max_shard_diff, tensor_parallelize
 from common.checkpoint.train_state import max_diff_over_ranks
 from tests._tp_workers import nan_on_one_rank

@@ -116,7 +116,7 @@ def test_lesson_files_named_in_the_readmes_exist():
         assert missing == [], f"{name} names lesson files that do not exist: {missing}"
 
 
-# --- The README as a map (issue 19), its pages under docs/ and their Chinese counterparts (issue 21) ---
+# --- The README as a map, its pages under docs/ and their Chinese counterparts ---
 
 README_MAX_WORDS = 1500
 # Links into paths another branch was still creating were once tolerated here; every such path has landed, so
@@ -366,7 +366,7 @@ def test_chinese_symptom_rows_quote_the_same_error_texts_and_point_at_the_same_l
                                          f"{zh_lessons}, the English {en_lessons}"
 
 
-# --- The Chinese reading guide of each lesson (issue 21): docs/zh/lessons/NN_x.md ---
+# --- The Chinese reading guide of each lesson: docs/zh/lessons/NN_x.md ---
 
 NOTEBOOKS = ROOT / "notebooks"  # the checkout's, also when a drift test points ROOT at a copy of the pages
 GUIDE_SECTIONS = ("## 这一课讲什么", "## 术语", "## 命令", "## 输出里看什么", "## 纠正的误区", "## 练习与最小脚本")
@@ -472,7 +472,7 @@ DRIFTS = {
 
 @pytest.mark.parametrize("drift", sorted(DRIFTS))
 def test_the_checks_catch_each_drift(drift, tmp_path, monkeypatch):
-    """Each check fails on an edit it exists to catch, applied to a copy of the pages (issue 21)."""
+    """Each check fails on an edit it exists to catch, applied to a copy of the pages."""
     for page in markdown_pages():
         (tmp_path / rel(page)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(page, tmp_path / rel(page))

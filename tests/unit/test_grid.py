@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from common.harness.grid import Grid, grid_layout
-from common.harness.session import DistInfo, LessonError
+from common.harness.env import DistInfo, LessonError
 from tests._workers import grid_facts, run_world
 
 CASES = [(2, {"dp": 2}), (4, {"dp": 2, "tp": 2}), (4, {"pp": 2, "dp": 1, "tp": 2}), (4, {"dp": 4, "tp": 1})]

@@ -9,7 +9,7 @@ from torch.utils.data import TensorDataset
 from common.harness import atomic as checkpoint
 from common.harness.atomic import load_checkpoint, save_checkpoint
 from common.harness.metrics import evaluate
-from common.harness.session import DistInfo, LessonError
+from common.harness.env import DistInfo, LessonError
 from tests._workers import rank0_phase, run_world
 
 
@@ -60,7 +60,7 @@ def test_each_restart_attempt_meets_under_its_own_prefix(monkeypatch):
 
     import torch.distributed as dist
 
-    from common.harness.session import rendezvous_store
+    from common.harness.rendezvous import rendezvous_store
     from tests._workers import free_port
     port = free_port()
     agent = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)  # torchrun's

@@ -1,4 +1,4 @@
-"""The measured lessons stay unpacked (issue 19, item 6): lines <= 110 characters, no assignment expression
+"""The measured lessons stay unpacked: lines <= 110 characters, no assignment expression
 inside a call's arguments, no lambda that fills a container as a side effect, no function over 60 lines, no
 lesson over 450 lines. Lessons 10-15 join the list once they are unpacked."""
 from __future__ import annotations

@@ -7,7 +7,8 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from common.measure.memory import ResidualMLP, residual_mlp_activation_bytes, saved_activation_bytes, storage_bytes
+from common.measure.memory import (ResidualMLP, residual_mlp_activation_bytes, saved_activation_bytes,
+                                   storage_bytes)
 from common.measure.precision import autocast_context, max_diff
 
 lesson = importlib.import_module("lessons.08_memory")

@@ -1,4 +1,4 @@
-"""The promises every minimal/ script makes (issue 19), checked on the files without running them (fast):
+"""The promises every minimal/ script makes, checked on the files without running them (fast):
 at most 120 lines including the docstring, lines of at most 100 characters, imports of torch, numpy and the
 standard library only (no `common`, no `lessons`), and a process group from torchrun's environment that a
 `finally` destroys."""

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from common.expert_parallel.moe import (ExpertParallelMoE, MoE, balance_loss, capacity, check_moe_options, dispatch_plan,
-                        histogram, keep_mask, route)
+from common.expert_parallel.moe import (ExpertParallelMoE, MoE, balance_loss, capacity, check_moe_options,
+                                        dispatch_plan, histogram, keep_mask, route)
 
 
 def test_route_renormalizes_the_top_k_weights():

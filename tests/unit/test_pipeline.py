@@ -143,7 +143,7 @@ def torch_gpipe_on_uneven(rank: int, world_size: int):
     `pipeline_step`; returns the error this rank saw (None if none). Each rank catches its error and leaves, so
     that the peer's wait ends with a closed connection instead of the timeout."""
     from common.harness.grid import Grid
-    from common.harness.session import DistInfo
+    from common.harness.env import DistInfo
     lesson = importlib.import_module("lessons.09_model_parallel")
     args = lesson.parse_args(["--stage-ms", "0"])
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
@@ -158,7 +158,7 @@ def torch_gpipe_on_uneven(rank: int, world_size: int):
 @pytest.mark.slow  # two spawned processes importing torch: about 5 s, kept out of the fast subset
 @pytest.mark.timeout(90)
 def test_torch_pipelining_fails_on_uneven_microbatches(tmp_path):
-    """Issue 10 #7: torch 2.13's schedules cut 10 samples as 3, 3, 2, 2 and the last stage reuses the first
+    """torch 2.13's schedules cut 10 samples as 3, 3, 2, 2 and the last stage reuses the first
     micro-batch's shape, so the loss fails; its peer is left waiting for a gradient. In its own processes with
     its own timeout. If a later torch fixes this, the test fails and the lesson's sentence must change."""
     errors = run_world(torch_gpipe_on_uneven, 2, tmp_path, timeout_s=60)

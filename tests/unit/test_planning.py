@@ -10,9 +10,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from common.planning.transformer import matmul_attention
 from common.models import CausalTransformer
 from common.measure.memory import ResidualMLP
-from common.planning.cost_model import (GPT, fit_alpha_beta, gpt_flops, gpt_params, in_flight_micro_batches, mfu,
-                             residual_mlp_activations, residual_mlp_flops, ring_time, sharded_fp32_bytes,
-                             transformer_layer_activations, zero_mixed_bytes, zero_paper_activations)
+from common.planning.cost_model import (GPT, fit_alpha_beta, gpt_flops, gpt_params, in_flight_micro_batches,
+                                        mfu, residual_mlp_activations, residual_mlp_flops, ring_time,
+                                        sharded_fp32_bytes, transformer_layer_activations, zero_mixed_bytes,
+                                        zero_paper_activations)
 
 
 def test_zero_paper_figure1_7_5b_on_64_gpus():

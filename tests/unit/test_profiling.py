@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from common.performance.comm_hooks import comm_hook, powersgd_rank, predicted_buckets
-from common.measure.profiling import intersect_length, is_allreduce, load_trace, step_profiles, summarize, union_length
+from common.measure.profiling import (intersect_length, is_allreduce, load_trace, step_profiles, summarize,
+                                      union_length)
 from tests._workers import run_world
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from common.harness.results import Report, holds
-from common.harness.session import DistInfo
+from common.harness.env import DistInfo
 from tests._lessons import assert_claims
 
 

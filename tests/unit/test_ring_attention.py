@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from common.data import PIXEL_VOCAB, digit_sequences, next_token_targets
 from common.measure.differences import max_abs_diff
 from common.models import CausalTransformer
-from common.context_parallel.ring_attention import (RingStats, Split, block_attention, causal_pairs, merge, owners,
-                                   ring_attention)
+from common.context_parallel.ring_attention import (RingStats, Split, block_attention, causal_pairs, merge,
+                                                    owners, ring_attention)
 from tests._cp_workers import ring_vs_sdpa
 from tests._workers import run_world
 

@@ -11,14 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset, WeightedRandomSampler
 
-from common.data_parallel.bucketing import LengthGroupedDistributedBatchSampler, padded_token_fraction, padded_tokens
+from common.data_parallel.bucketing import (LengthGroupedDistributedBatchSampler, padded_token_fraction,
+                                            padded_tokens)
 from common.run.launch import REPO_ROOT
 from common.harness.metrics import evaluate
-from common.data_parallel.samplers import (DistributedSamplerByHand, UnpaddedDistributedSampler, WeightedDistributedSampler,
-                             distributed_indices)
-from common.data_parallel.seeding import (augmentation_streams, generator_draws, loader_generator, rank_seed, seed_data_rngs,
-                            stream_summary)
-from common.harness.session import DistInfo, LessonError, set_seed
+from common.data_parallel.samplers import (DistributedSamplerByHand, UnpaddedDistributedSampler,
+                                           WeightedDistributedSampler, distributed_indices)
+from common.data_parallel.seeding import (augmentation_streams, generator_draws, loader_generator, rank_seed,
+                                          seed_data_rngs, stream_summary)
+from common.harness.session import set_seed
+from common.harness.env import DistInfo, LessonError
 
 lesson04 = importlib.import_module("lessons.04_custom_sampler")
 
@@ -190,7 +192,7 @@ def test_bad_input_raises_one_clear_line(make, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-# ------------------------------ weighted without replacement (issue 10, item 5) ------------------------------
+# ------------------------------ weighted without replacement ------------------------------
 @given(n=st.integers(1, 60), w=worlds, seed=seeds, epoch=epochs, data=st.data())
 def test_weighted_without_replacement_is_torch_draw_plus_padding(n, w, seed, epoch, data):
     """The promise as fixed: the interleaved ranks are WeightedRandomSampler(weights, num_samples, False) followed by
@@ -230,7 +232,7 @@ def test_by_hand_matches_torch_on_the_lesson_grid():
     assert match == total == 832
 
 
-# ------------------------------ evaluation on fewer samples than ranks (issue 10, item 20) ----------------------------
+# ------------------------------ evaluation on fewer samples than ranks ----------------------------
 def test_unpadded_sampler_smaller_than_world():
     assert [list(UnpaddedDistributedSampler(1, 2, r)) for r in range(2)] == [[0], []]
     assert [len(UnpaddedDistributedSampler(2, 3, r)) for r in range(3)] == [1, 1, 0]
@@ -242,7 +244,7 @@ def test_metrics_evaluate_refuses_an_empty_dataset():
         evaluate(torch.nn.Flatten(), empty, DistInfo())
 
 
-# ------------------------------------ seeding (issue 10, items 13 and 19) ------------------------------------
+# ------------------------------------ seeding ------------------------------------
 def test_rank_seed_and_loader_generator():
     assert rank_seed(0, 0) == rank_seed(0, 0) and len({rank_seed(s, r) for s in range(3) for r in range(3)}) == 9
     draws = [torch.empty((), dtype=torch.int64).random_(generator=loader_generator(5, r)).item() for r in (0, 1, 0)]

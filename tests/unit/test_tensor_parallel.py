@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from common.harness.env import LessonError
-from common.tensor_parallel.layers import (MLP, ColumnParallelLinear, RowParallelLinear, TPMLP, check_tp_degree,
-                                    digits_transformer, max_shard_diff, tensor_parallelize)
+from common.tensor_parallel.layers import (MLP, ColumnParallelLinear, RowParallelLinear, TPMLP,
+                                           check_tp_degree, digits_transformer, max_shard_diff,
+                                           tensor_parallelize)
 from tests._tp_workers import dtensor_mlp_counts, hand_built_blocks
 from tests._workers import run_world
 

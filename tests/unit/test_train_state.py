@@ -15,8 +15,9 @@ import torch
 
 from common.harness.env import DistInfo, LessonError
 from common.fault_tolerance.faults import parse_faults, timeline
-from common.checkpoint.train_state import (ResumableDistributedSampler, capture_rng, check_same_run, find_latest, leftovers,
-                                load_train_state, model_signature, restore_rng, roundtrip, save_train_state)
+from common.checkpoint.train_state import (ResumableDistributedSampler, capture_rng, check_same_run,
+                                           find_latest, leftovers, load_train_state, model_signature,
+                                           restore_rng, roundtrip, save_train_state)
 
 SIG = {"w": [2, 2]}
 

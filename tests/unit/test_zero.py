@@ -11,7 +11,8 @@ import torch
 
 from common.harness.env import LessonError
 from common.measure.memory import ResidualMLP
-from common.sharding.accounting import activation_bytes, held_bytes, moved_bytes, relative_difference
+from common.sharding.accounting import activation_bytes, held_bytes, moved_bytes
+from common.measure.differences import relative_difference
 from common.checkpoint.sharded import MARKER, check_complete, model_signature
 from common.sharding.zero import ZeRO, check_stages, check_world_size
 from tests._workers import run_world
