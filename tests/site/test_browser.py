@@ -1,0 +1,184 @@
+"""The built website in a real headless Chromium: every page loads whole from the site alone (no console
+error, no failed request, nothing fetched from outside), every notebook image renders, search finds the right
+page first in both languages, the language switch lands on the counterpart and back, a lesson page fits a
+375-pixel phone, and screenshots of three pages are written for a person to look at."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.site.conftest import ARTIFACTS  # noqa: E402  (where the screenshots go)
+
+pytestmark = pytest.mark.slow
+
+REDIRECT_FOLDERS = ("lessons", "notebooks")  # numbered names, e.g. lessons/03_ddp.html: redirects only
+
+
+def pages(site: Path) -> list[str]:
+    """Every page of both languages, relative to the site's root, redirects left out."""
+    found = []
+    for path in sorted(site.rglob("*.html")):
+        rel = path.relative_to(site).as_posix()
+        parts = rel.split("/")
+        if len(parts) == 3 and parts[1] in REDIRECT_FOLDERS and parts[2][:2].isdigit():
+            continue
+        if parts[0] in ("en", "zh") and not parts[1].startswith("_"):
+            found.append(rel)
+    return found
+
+
+def settle(driver, timeout_s: float = 30.0):
+    """Wait until the page, its images and its math (MathJax, where the page has it) are done."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = driver.execute_script(
+            "return document.readyState === 'complete' && "
+            "Array.from(document.images).every(i => i.complete) && "
+            "(!document.querySelector('.math') || !!document.querySelector('mjx-container'));")
+        if done:
+            break
+        time.sleep(0.1)
+    time.sleep(0.2)  # late requests (fonts) show up in the log
+
+
+def drain(driver) -> tuple[list[dict], list[dict]]:
+    """(console entries, network events) logged since the last call."""
+    console = driver.get_log("browser")
+    events = [json.loads(e["message"])["message"] for e in driver.get_log("performance")]
+    return console, events
+
+
+def visit(driver, url: str) -> dict:
+    drain(driver)
+    driver.get(url)
+    settle(driver)
+    console, events = drain(driver)
+    requests, failed, bad_status = [], [], []
+    for event in events:
+        method, params = event.get("method"), event.get("params", {})
+        if method == "Network.requestWillBeSent":
+            requests.append(params["request"]["url"])
+        elif method == "Network.loadingFailed":
+            failed.append(f"{params.get('errorText')} ({params.get('type')})")
+        elif method == "Network.responseReceived" and params["response"]["status"] >= 400:
+            bad_status.append(f"{params['response']['status']} {params['response']['url']}")
+    images = driver.execute_script(
+        "return Array.from(document.querySelectorAll('img')).map("
+        "i => [i.getAttribute('src'), i.naturalWidth, !!i.closest('.cell_output')]);")
+    return {"console": [e["message"] for e in console if e["level"] == "SEVERE"], "requests": requests,
+            "failed": failed, "bad_status": bad_status, "images": images, "final_url": driver.current_url}
+
+
+@pytest.fixture(scope="session")
+def visits(site, server, browser) -> dict[str, dict]:
+    """Every page, loaded once: what the browser logged and requested while loading it."""
+    return {rel: visit(browser, f"{server}/{rel}") for rel in pages(site)}
+
+
+def test_every_page_loads_with_no_error_and_nothing_from_outside(visits, server):
+    assert len(visits) > 60, sorted(visits)
+    problems = []
+    for rel, seen in visits.items():
+        outside = [u for u in seen["requests"] if not u.startswith((server + "/", "data:", "blob:"))]
+        for kind, items in (("console error", seen["console"]), ("request to outside the site", outside),
+                            ("failed request", seen["failed"]), ("HTTP error", seen["bad_status"])):
+            problems += [f"{rel}: {kind}: {item}" for item in items]
+    assert not problems, "\n".join(problems[:40])
+
+
+def test_math_is_typeset_from_the_site(visits, server, browser):
+    page = "en/lessons/sync-batchnorm/index.html"
+    assert any("/_static/mathjax/" in u for u in visits[page]["requests"]), visits[page]["requests"]
+    browser.get(f"{server}/{page}")
+    settle(browser)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not browser.find_elements("css selector", "mjx-container"):
+        time.sleep(0.2)
+    assert browser.find_elements("css selector", "mjx-container"), "MathJax typeset nothing on notebook 06"
+
+
+def test_every_notebook_image_renders(visits, site):
+    lesson_pages = [rel for rel in visits if rel.startswith("en/lessons/") and rel != "en/lessons/index.html"]
+    assert len(lesson_pages) == len(list((site.parent / "site-src" / "en" / "lessons").glob("*/index.ipynb")))
+    shown = 0
+    for rel in lesson_pages:
+        for src, width, in_output in visits[rel]["images"]:
+            assert width > 0, f"{rel}: image {src} did not render"
+            shown += in_output
+    assert shown >= 40, f"only {shown} notebook images on the lesson pages"
+
+
+def first_result(driver, server: str, rel: str, query: str) -> str:
+    driver.get(f"{server}/{rel}?q={query}")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        links = driver.find_elements("css selector", "#search-results ul.search li a")
+        if links:
+            return links[0].get_attribute("href")
+        time.sleep(0.2)
+    raise AssertionError(f"search for {query!r} showed no result")
+
+
+@pytest.mark.parametrize("lang,query,page", [
+    ("en", "set_epoch", "/en/lessons/custom-sampler/index.html"),
+    ("zh", "梯度累积", "/zh/lessons/gradient-accumulation/index.html"),
+    ("zh", "同步批归一化", "/zh/lessons/sync-batchnorm/index.html"),
+])
+def test_search_finds_the_right_page_first(browser, server, visits, lang, query, page):
+    href = first_result(browser, server, f"{lang}/search.html", query)
+    assert href.split("#")[0].split("?")[0].endswith(page), f"first result for {query!r}: {href}"
+
+
+@pytest.mark.parametrize("start,counterpart", [
+    ("en/lessons/ddp/index.html", "zh/lessons/ddp/index.html"),
+    ("en/docs/glossary/index.html", "zh/docs/glossary/index.html"),
+    ("en/index.html", "zh/index.html"),
+])
+def test_language_switch_round_trips(browser, server, visits, start, counterpart):
+    browser.get(f"{server}/{start}")
+    browser.find_element("id", "lang-switch").click()
+    settle(browser)
+    assert browser.current_url == f"{server}/{counterpart}"
+    browser.find_element("id", "lang-switch").click()
+    settle(browser)
+    assert browser.current_url == f"{server}/{start}"
+
+
+def test_numbered_names_redirect_to_the_slug(browser, server, visits):
+    for old, new in (("en/notebooks/03_ddp.html", "en/lessons/ddp/index.html"),
+                     ("zh/lessons/07_gradient_accumulation.html", "zh/lessons/gradient-accumulation/index.html")):
+        browser.get(f"{server}/{old}")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not browser.current_url.endswith(new):
+            time.sleep(0.1)
+        assert browser.current_url == f"{server}/{new}"
+
+
+def test_lesson_page_has_no_horizontal_scroll_on_a_phone(browser, server, visits):
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": 375, "height": 812, "deviceScaleFactor": 1, "mobile": True})
+    try:
+        for rel in ("en/lessons/ddp/index.html", "zh/lessons/gradient-accumulation/index.html"):
+            browser.get(f"{server}/{rel}")
+            settle(browser)
+            width, view = browser.execute_script(
+                "return [document.documentElement.scrollWidth, document.documentElement.clientWidth];")
+            assert view == 375 and width <= view, f"{rel}: content {width} px wide in a {view} px viewport"
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+def test_screenshots(browser, server, visits):
+    """Written for a person to open: an English lesson, a Chinese guide, the home page."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for rel, name in (("en/lessons/ddp/index.html", "en-lesson-ddp.png"),
+                      ("zh/lessons/gradient-accumulation/index.html", "zh-guide-gradient-accumulation.png"),
+                      ("en/index.html", "en-home.png")):
+        browser.get(f"{server}/{rel}")
+        settle(browser)
+        assert browser.save_screenshot(str(ARTIFACTS / name))
+        assert (ARTIFACTS / name).stat().st_size > 10_000
+    print(f"screenshots: {ARTIFACTS}")
