@@ -209,7 +209,8 @@ class Linker:
 
 def suffix(lang: str, doc: str) -> str:
     """The staged file's suffix of docname `doc`: an English lesson page is its notebook."""
-    return ".ipynb" if lang == "en" and re.fullmatch(r"lessons/[^/]+/index", doc) and doc != "lessons/index" else ".md"
+    lesson_page = re.fullmatch(r"lessons/[^/]+/index", doc) and doc != "lessons/index"
+    return ".ipynb" if lang == "en" and lesson_page else ".md"
 
 
 def md_link(lang: str, page: str, doc: str) -> str:
@@ -234,7 +235,7 @@ def fence(code: str, lang: str = "python") -> str:
 
 
 def dropdown(title: str, body: str) -> str:
-    colons = ":" * max(3, max((len(m) for m in re.findall(r"^:{3,}", body, re.M)), default=0) + 1)
+    colons = ":" * max(3, max((len(m) for m in re.findall(r"^:{3,}", body, re.MULTILINE)), default=0) + 1)
     return f"{colons}{{dropdown}} {title}\n{body.rstrip()}\n{colons}\n"
 
 
@@ -317,7 +318,8 @@ def lesson_sections(lesson: Lesson, lessons: list[Lesson], lang: str, page: str)
             diff = "\n".join(difflib.unified_diff(
                 base.minimal.read_text().splitlines(), source.splitlines(),
                 f"minimal/{base.minimal.name}", rel, n=1, lineterm=""))
-            out.append("\n" + w["diff"].format(base=f"minimal/{base.minimal.name}") + "\n\n" + fence(diff, "diff"))
+            said = w["diff"].format(base=f"minimal/{base.minimal.name}")
+            out.append("\n" + said + "\n\n" + fence(diff, "diff"))
         n = len(source.splitlines())
         out.append("\n" + dropdown(w["whole"].format(path=rel, n=n), fence(source)))
     out.append(f"\n({lang}-{lesson.slug}-lesson)=\n## {w['lesson']}\n")
@@ -329,7 +331,8 @@ def lesson_sections(lesson: Lesson, lessons: list[Lesson], lang: str, page: str)
     if found:
         out.append("\n" + w["claims"] + "\n\n" + w["claim_head"] + "\n|---|---|---|\n")
         for name, rel_, bound, sentence in found:
-            out.append(f"| `{cell_text(name)}` | `{cell_text(rel_)} {cell_text(bound)}` | {cell_text(sentence)} |\n")
+            holds = f"{cell_text(rel_)} {cell_text(bound)}"
+            out.append(f"| `{cell_text(name)}` | `{holds}` | {cell_text(sentence)} |\n")
     rel = f"lessons/{lesson.stem}.py"
     out.append("\n" + dropdown(w["source"].format(path=rel, n=len(source.splitlines())), fence(source)))
     out.append(f"\n({lang}-{lesson.slug}-exercise)=\n## {w['exercise']}\n")
@@ -364,8 +367,7 @@ def nav_line(lesson: Lesson, lessons: list[Lesson], lang: str, page: str) -> str
         bits.append(f"[← {lessons[i - 1].number}]({md_link(lang, page, lessons[i - 1].page)})")
     if i + 1 < len(lessons):
         bits.append(f"[{lessons[i + 1].number} →]({md_link(lang, page, lessons[i + 1].page)})")
-    bits += [f"[{w['minimal']}](#{lang}-{lesson.slug}-minimal)", f"[{w['lesson']}](#{lang}-{lesson.slug}-lesson)",
-             f"[{w['exercise']}](#{lang}-{lesson.slug}-exercise)"]
+    bits += [f"[{w[part]}](#{lang}-{lesson.slug}-{part})" for part in ("minimal", "lesson", "exercise")]
     if w["notebook"]:
         bits.append(f'<a href="{cross_href(page, "en", lesson.page)}">{w["notebook"]}</a>')
     return " · ".join(bits) + "\n"
@@ -407,7 +409,8 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
             first = next(i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown")
             guide = cross_href(page, "zh", page)
             nav = nav_line(lesson, lessons, lang, page) + f' · <a href="{guide}">中文导读</a>\n'
-            nb["cells"].insert(first + 1, {"cell_type": "markdown", "id": "site-nav", "metadata": {}, "source": nav})
+            nav_cell = {"cell_type": "markdown", "id": "site-nav", "metadata": {}, "source": nav}
+            nb["cells"].insert(first + 1, nav_cell)
             nb["cells"].append({"cell_type": "markdown", "id": "site-sections", "metadata": {},
                                 "source": lesson_sections(lesson, lessons, lang, page)})
             target = src / f"{page}.ipynb"
@@ -457,9 +460,29 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
             target = extra / folder / f"{stem}.html"
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(redirect_page(f"../lessons/{slug}/index.html"))
+    if lang == "zh":
+        (src / "_jieba_words.txt").write_text("".join(f"{w} 1000\n" for w in course_words()))
     (src / "_docnames.json").write_text(json.dumps(sorted(
         [p for p in pages] + [lesson.page for lesson in lessons])))
     return src
+
+
+CJK = re.compile(r"^[\u4e00-\u9fff]{3,8}$")
+
+
+def course_words() -> list[str]:
+    """The course's Chinese terms, for jieba (the Chinese search's word splitter): the 中文 column of the
+    Chinese glossary and the bold terms that open the items of each guide's 术语 list, split at their separators
+    ("梯度累积 / 梯度累加（gradient accumulation）"). jieba's own dictionary cuts 梯度累积 into 梯度 + 累积,
+    so without these a search for the whole term finds nothing."""
+    glossary = table_rows((ROOT / "docs" / "zh" / "glossary.md").read_text())
+    spans = [row[1] for row in glossary if len(row) >= 3]
+    for path in sorted((ROOT / "docs" / "zh" / "lessons").glob("*.md")):
+        spans += re.findall(r"^- \*\*([^*]+)\*\*", path.read_text(), re.MULTILINE)
+    words = set()
+    for span in spans:
+        words.update(w for w in re.split(r"[\s/、，,。：:（）()“”\[\]`·]+|[A-Za-z0-9_.\-]+", span) if CJK.match(w))
+    return sorted(words)
 
 
 def toctree(docs: list[str], page: str) -> str:
@@ -492,8 +515,8 @@ def build(langs=LANGS, serial: bool = False, out: Path = OUT, staging: Path = ST
     procs = []
     failed = []
     for lang in langs:
-        command = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q", "-c", str(CONF_DIR),
-                   "-d", str(doctrees / lang), str(staging / lang), str(out / lang)]
+        command = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q",
+                   "-c", str(CONF_DIR), "-d", str(doctrees / lang), str(staging / lang), str(out / lang)]
         proc = subprocess.Popen(command, env=dict(env, WEBSITE_LANG=lang, WEBSITE_STAGE=str(staging / lang)),
                                 cwd=ROOT)
         if serial:

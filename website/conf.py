@@ -8,7 +8,7 @@ LANG = os.environ.get("WEBSITE_LANG", "en")
 HERE = Path(__file__).resolve().parent
 STAGE = Path(os.environ.get("WEBSITE_STAGE", HERE.parent / "build" / "site-src" / LANG))
 
-project = "Distributed PyTorch, one runnable lesson at a time" if LANG == "en" else "分布式 PyTorch：一课一个可运行的脚本"
+project = {"en": "Distributed PyTorch, one runnable lesson at a time", "zh": "分布式 PyTorch：一课一个可运行的脚本"}[LANG]
 html_title = "Distributed PyTorch lessons" if LANG == "en" else "分布式 PyTorch 课程"
 language = "en" if LANG == "en" else "zh_CN"
 extensions = ["myst_nb", "sphinx_design"]
@@ -31,6 +31,8 @@ html_copy_source = False
 html_show_sourcelink = False
 html_last_updated_fmt = None
 html_search_language = "zh" if LANG == "zh" else "en"  # Chinese: words split by jieba
+if LANG == "zh":  # jieba's dictionary plus the course's own terms (website/build.py, course_words)
+    html_search_options = {"dict": str(STAGE / "_jieba_words.txt")}
 html_theme_options = {
     "navbar_end": ["lang-switch", "theme-switcher"],
     "show_prev_next": False,
@@ -58,7 +60,8 @@ def _fix_chinese_stemmer(app, exc):
     if exc is None and LANG == "zh" and path.exists():
         text = path.read_text()
         if "ChineseStemmer" in text and "var ChineseStemmer" not in text and "EnglishStemmer" in text:
-            path.write_text(text.replace("window.Stemmer = ChineseStemmer;", "window.Stemmer = EnglishStemmer;"))
+            text = text.replace("window.Stemmer = ChineseStemmer;", "window.Stemmer = EnglishStemmer;")
+            path.write_text(text)
 
 
 def setup(app):
