@@ -265,10 +265,21 @@ def claims(source: str) -> list[tuple[str, str, str, str]]:
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "claim"
                 and len(node.args) >= 4):
             args = [a.value if isinstance(a, ast.Constant) else ast.unparse(a) for a in node.args]
-            sentence = args[4] if len(args) > 4 else ""
-            found.append((str(args[0]), str(args[2]), str(args[3]), str(sentence)))
+            sentence = template_text(node.args[4]) if len(node.args) > 4 else ""
+            found.append((str(args[0]), str(args[2]), str(args[3]), sentence))
     found.sort(key=lambda c: c[0])
     return found
+
+
+def template_text(node: ast.expr) -> str:
+    """A claim's sentence as its source writes it: a string as is, an f-string with its fields in braces, a
+    sentence built elsewhere in the lesson as a dash."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+                       for v in node.values)
+    return "–"
 
 
 def cell_text(text: str) -> str:

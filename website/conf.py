@@ -33,6 +33,11 @@ html_last_updated_fmt = None
 html_search_language = "zh" if LANG == "zh" else "en"  # Chinese: words split by jieba
 if LANG == "zh":  # jieba's dictionary plus the course's own terms (website/build.py, course_words)
     html_search_options = {"dict": str(STAGE / "_jieba_words.txt")}
+    import logging
+
+    import jieba
+
+    jieba.setLogLevel(logging.WARNING)  # not its "Building prefix dict" lines at each build
 html_theme_options = {
     "navbar_end": ["lang-switch", "theme-switcher"],
     "show_prev_next": False,
