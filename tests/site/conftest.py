@@ -65,7 +65,7 @@ def server(site):
 
 
 @pytest.fixture(scope="session")
-def browser(server):
+def browser():
     """One headless Chromium for the session, logging its console and network events."""
     if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
         missing("chromium or chromedriver", APT)

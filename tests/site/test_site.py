@@ -90,7 +90,7 @@ def visit(driver, url: str) -> dict:
 
 
 @pytest.fixture(scope="session")
-def visits(site, server, browser) -> dict[str, dict]:
+def visits(browser, site, server) -> dict[str, dict]:
     """Every page, loaded once on a 375-pixel-wide phone screen: what the browser logged and requested while
     loading it, its images, and how wide its content is."""
     browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
