@@ -1,0 +1,559 @@
+"""Build the course's website, English and Chinese, from the repository's own files.
+
+    python -m website                 # both languages -> build/site/ (open build/site/index.html)
+    python -m website --lang zh       # one language
+    python -m website --serial        # the two languages one after the other (default: side by side)
+
+Nothing is executed: the notebooks are shown with the outputs they were committed with (nbval checks those).
+Each build first lays a fresh staging tree under build/site-src/LANG/ from the sources (copies of the
+notebooks and docs with their links rewritten to the site's addresses, plus generated lesson, route and index
+pages), then runs Sphinx on it with warnings as errors, so a link that does not resolve fails the build.
+
+Addresses are by topic slug (lessons/ddp/), taken from the lesson file names (lessons/03_ddp.py -> "ddp"), so
+a renumbering keeps them; the numbered names (notebooks/03_ddp.html, lessons/03_ddp.html) redirect.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = Path(__file__).resolve().parent
+BUILD = ROOT / "build"
+STAGE = BUILD / "site-src"
+OUT = BUILD / "site"
+LANGS = ("en", "zh")
+
+# Numbered names used by an earlier numbering of the curriculum, "NN_name" -> slug, so that their old
+# addresses keep redirecting after a renumbering (the current numbered names redirect without an entry).
+FORMER_NAMES: dict[str, str] = {}
+
+MINIMAL_COMMAND_RE = re.compile(r"^\s*((?:torchrun|python) .*?minimal/\S+\.py.*?)\s*(?:#.*)?$")
+COMMAND_RE = re.compile(r"^\s*((?:torchrun|python) .*)$")
+
+
+def slug_of(stem: str) -> str:
+    """'03_ddp' -> 'ddp', '01_single_gpu' -> 'single-gpu': the lesson's name without its number."""
+    return stem.split("_", 1)[1].replace("_", "-")
+
+
+# The table of which minimal script each lesson's diff is taken from: the one the notebooks print their diffs
+# with. Read from its file (not imported: the site builds without torch or jupyter installed).
+MINIMAL_BASE_SOURCE = ROOT / "common" / "run" / "notebooks.py"
+
+
+def minimal_base() -> dict[str, str]:
+    """Lesson number -> the lesson number of the minimal script its diff starts from."""
+    return assignment(MINIMAL_BASE_SOURCE, "MINIMAL_BASE")
+
+
+def assignment(path: Path, name: str):
+    """The literal value assigned to `name` at the top level of the Python file `path`."""
+    for node in ast.parse(path.read_text()).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(getattr(t, "id", None) == name for t in targets) and node.value is not None:
+            return ast.literal_eval(node.value)
+    raise RuntimeError(f"{path.relative_to(ROOT)} assigns no {name}")
+
+
+def exercises_table() -> dict[str, tuple[str, str]]:
+    """exercises/__init__.py's EXERCISES (name -> (lesson number, what you build)), read without importing."""
+    return assignment(ROOT / "exercises" / "__init__.py", "EXERCISES")
+
+
+@dataclass
+class Lesson:
+    number: str
+    stem: str  # 03_ddp
+    slug: str  # ddp
+    title: str = ""
+    topic_en: str = ""
+    topic_zh: str = ""
+    minimal: Path | None = None
+    exercises: list[str] = field(default_factory=list)
+
+    @property
+    def page(self) -> str:
+        return f"lessons/{self.slug}/index"
+
+
+def curriculum() -> list[Lesson]:
+    lessons = []
+    slugs = set()
+    for path in sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py")):
+        number, stem = path.stem[:2], path.stem
+        lesson = Lesson(number, stem, slug_of(stem))
+        if lesson.slug in slugs:
+            raise RuntimeError(f"two lessons share the slug {lesson.slug!r}")
+        slugs.add(lesson.slug)
+        minimal = ROOT / "minimal" / f"{stem}.py"
+        lesson.minimal = minimal if minimal.exists() else None
+        lesson.title = (ast.get_docstring(ast.parse(path.read_text())) or stem).splitlines()[0]
+        lesson.exercises = [n for n, (num, _) in exercises_table().items() if num == number]
+        lessons.append(lesson)
+    for readme, attr in (("README.md", "topic_en"), ("README.zh-CN.md", "topic_zh")):
+        for row in table_rows((ROOT / readme).read_text()):
+            if len(row) == 5 and re.fullmatch(r"\d\d", row[0]):
+                for lesson in lessons:
+                    if lesson.number == row[0]:
+                        setattr(lesson, attr, row[1])
+    return lessons
+
+
+def table_rows(markdown: str) -> list[list[str]]:
+    rows = []
+    for line in markdown.splitlines():
+        if line.startswith("|") and not re.match(r"^\|[-| ]+\|$", line):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def routes(lang: str) -> list[dict]:
+    """The README's routes by goal: [{slug, goal, lessons (numbers in order), time}]; the slug comes from the
+    English goal, so both languages share it."""
+    found = {}
+    for la, readme in (("en", "README.md"), ("zh", "README.zh-CN.md")):
+        text = (ROOT / readme).read_text()
+        rows = [r for r in table_rows(text) if len(r) == 3 and re.match(r"^\d\d", r[1])]
+        found[la] = rows
+    if len(found["en"]) != len(found["zh"]):
+        raise RuntimeError("README.md and README.zh-CN.md list different numbers of routes")
+    out = []
+    for en_row, row in zip(found["en"], found[lang]):
+        slug = re.sub(r"[^a-z0-9]+", "-", en_row[0].lower()).strip("-")
+        out.append({"slug": slug, "goal": row[0], "cell": row[1], "time": row[2],
+                    "lessons": re.findall(r"\b(\d\d)\b", row[1])})
+    return out
+
+
+# ---- links -------------------------------------------------------------------------------------------------
+LINK_RE = re.compile(r"(?<!!)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^()\s]+)\)")
+
+
+class Linker:
+    """Rewrites a Markdown file's links (relative to its place in the repository) to the site's pages."""
+
+    def __init__(self, lang: str, lessons: list[Lesson]):
+        self.lang = lang
+        self.by_stem = {lesson.stem: lesson for lesson in lessons}
+        self.by_exercise = {name: lesson for lesson in lessons for name in lesson.exercises}
+        self.pages: set[str] = set()
+
+    def target(self, repo_path: str, anchor: str) -> tuple[str, str] | None:
+        """(language, docname#anchor) of the page that shows the repository file `repo_path`."""
+        p = Path(repo_path)
+        parts = p.parts
+        stem = p.stem
+        if repo_path == "README.md":
+            return "en", "index" + anchor
+        if repo_path == "README.zh-CN.md":
+            return "zh", "index" + anchor
+        if len(parts) == 2 and parts[0] == "docs" and p.suffix == ".md":
+            return "en", ("docs/index" if stem == "README" else f"docs/{stem}/index") + anchor
+        if len(parts) == 3 and parts[:2] == ("docs", "zh") and p.suffix == ".md":
+            return "zh", ("docs/index" if stem == "README" else f"docs/{stem}/index") + anchor
+        if len(parts) == 4 and parts[:3] == ("docs", "zh", "lessons") and stem in self.by_stem:
+            return "zh", self.by_stem[stem].page + anchor
+        if len(parts) == 2 and parts[0] == "notebooks" and stem in self.by_stem:
+            return "en", self.by_stem[stem].page + anchor
+        if len(parts) == 2 and parts[0] in ("minimal", "lessons") and stem in self.by_stem:
+            lesson = self.by_stem[stem]
+            if parts[0] == "minimal" and lesson.minimal is None:
+                return None
+            section = {"minimal": "minimal", "lessons": "lesson"}[parts[0]]
+            return self.lang, lesson.page + (anchor or f"#@{self.lang}-{lesson.slug}-{section}")
+        if len(parts) == 2 and parts[0] == "exercises" and stem in self.by_exercise:
+            lesson = self.by_exercise[stem]
+            return self.lang, lesson.page + (anchor or f"#@{self.lang}-{lesson.slug}-exercise")
+        return None
+
+    def rewrite(self, text: str, repo_file: str, page: str) -> str:
+        """`text` of repository file `repo_file`, staged as docname `page` of this language."""
+        base = Path(repo_file).parent
+
+        def sub(m: re.Match) -> str:
+            label, url = m.group(1), m.group(2)
+            if re.match(r"^[a-z]+:", url) or url.startswith("mailto:"):
+                return m.group(0)
+            path, _, anchor = url.partition("#")
+            anchor = "#" + anchor if anchor else ""
+            if not path:
+                return m.group(0)  # an anchor on the same page
+            repo_path = os.path.normpath(base / path).replace(os.sep, "/")
+            found = self.target(repo_path, anchor)
+            if found is None:
+                return f"{label} (`{repo_path}`)" if "`" not in label and repo_path not in label else label
+            lang, doc = found
+            doc, _, anchor = doc.partition("#")
+            if lang == self.lang and anchor.startswith("@"):
+                return f"[{label}](#{anchor[1:]})"
+            anchor = anchor.lstrip("@")
+            if lang == self.lang:
+                return f"[{label}]({md_link(lang, page, doc)}{'#' + anchor if anchor else ''})"
+            href = cross_href(page, lang, doc) + ("#" + anchor if anchor else "")
+            return f'<a href="{href}">{inline_html(label)}</a>'
+
+        return LINK_RE.sub(sub, text)
+
+
+def suffix(lang: str, doc: str) -> str:
+    """The staged file's suffix of docname `doc`: an English lesson page is its notebook."""
+    lesson_page = re.fullmatch(r"lessons/[^/]+/index", doc) and doc != "lessons/index"
+    return ".ipynb" if lang == "en" and lesson_page else ".md"
+
+
+def md_link(lang: str, page: str, doc: str) -> str:
+    """The Markdown link target, from docname `page`, of docname `doc` of the same language."""
+    return os.path.relpath(doc, Path(page).parent).replace(os.sep, "/") + suffix(lang, doc)
+
+
+def cross_href(page: str, lang: str, doc: str) -> str:
+    """The relative address, from docname `page` of one language, of docname `doc` of language `lang`."""
+    return "../" * (page.count("/") + 1) + f"{lang}/{doc}.html"
+
+
+def inline_html(label: str) -> str:
+    parts = re.split(r"`([^`]*)`", label)
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))
+
+
+# ---- lesson pages ------------------------------------------------------------------------------------------
+def fence(code: str, lang: str = "python") -> str:
+    ticks = "`" * max(3, max((len(m) for m in re.findall(r"`+", code)), default=0) + 1)
+    return f"{ticks}{lang}\n{code.rstrip()}\n{ticks}\n"
+
+
+def dropdown(title: str, body: str) -> str:
+    colons = ":" * max(3, max((len(m) for m in re.findall(r"^:{3,}", body, re.MULTILINE)), default=0) + 1)
+    return f"{colons}{{dropdown}} {title}\n{body.rstrip()}\n{colons}\n"
+
+
+def docstring_commands(source: str) -> list[str]:
+    doc = ast.get_docstring(ast.parse(source)) or ""
+    commands, pending = [], ""
+    for line in doc.splitlines():
+        if pending:
+            pending += "\n" + line
+            if not line.rstrip().endswith("\\"):
+                commands.append(pending)
+                pending = ""
+            continue
+        m = COMMAND_RE.match(line)
+        if m and line.startswith("    "):
+            if line.rstrip().endswith("\\"):
+                pending = line.strip()
+            else:
+                commands.append(m.group(1).rstrip())
+    return commands
+
+
+def claims(source: str) -> list[tuple[str, str, str, str]]:
+    """(name, relation, bound, sentence) of every report.claim(...) call in a lesson's source."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "claim"
+                and len(node.args) >= 4):
+            args = [a.value if isinstance(a, ast.Constant) else ast.unparse(a) for a in node.args]
+            sentence = template_text(node.args[4]) if len(node.args) > 4 else ""
+            found.append((str(args[0]), str(args[2]), str(args[3]), sentence))
+    found.sort(key=lambda c: c[0])
+    return found
+
+
+def template_text(node: ast.expr) -> str:
+    """A claim's sentence as its source writes it: a string as is, an f-string with its fields in braces, a
+    sentence built elsewhere in the lesson as a dash."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+                       for v in node.values)
+    return "–"
+
+
+def cell_text(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+WORDS = {
+    "en": {"minimal": "Minimal script", "lesson": "Measured lesson", "exercise": "Exercise",
+           "nav": "Previous and next", "prev": "Previous", "next": "Next", "none_min":
+           "This lesson has no minimal script: read the measured lesson's docstring below.",
+           "diff": "The diff from its base, `{base}`:", "whole": "The whole script, `{path}` ({n} lines)",
+           "run": "Run it:", "source": "The source, `{path}` ({n} lines)", "commands":
+           "The commands from its docstring:", "claims": "What it measures: each claim below is printed "
+           "with its bound, recorded, and asserted by a test.", "claim_head": "| claim | holds when | "
+           "printed as |", "stub": "The stub, `exercises/{name}.py`: {what}.", "grade":
+           "Fill it in, then grade it (2-4 gloo processes, compared with PyTorch's own):",
+           "solution": "The solution, `exercises/solutions/{name}.py` (open it after your own attempt)",
+           "no_ex": "This lesson has no exercise.", "guide": "中文导读", "notebook": None,
+           "start": "Start of the course", "end": "End of the course"},
+    "zh": {"minimal": "最小脚本", "lesson": "课程文件", "exercise": "练习", "nav": "上一课与下一课",
+           "prev": "上一课", "next": "下一课", "none_min": "这一课没有最小脚本：读下面课程文件开头的 docstring。",
+           "diff": "与基础脚本 `{base}` 的差别：", "whole": "完整脚本 `{path}`（{n} 行）", "run": "运行：",
+           "source": "源码 `{path}`（{n} 行）", "commands": "docstring 里的命令：",
+           "claims": "它测量什么：下面每个结论都连同界限一起打印、记录，并由测试断言。",
+           "claim_head": "| 结论 | 成立条件 | 打印为 |", "stub": "练习文件 `exercises/{name}.py`：{what}。",
+           "grade": "填好之后评分（2-4 个 gloo 进程，与 PyTorch 自己的实现比较）：",
+           "solution": "参考答案 `exercises/solutions/{name}.py`（先自己做完再看）",
+           "no_ex": "这一课没有练习。", "guide": None, "notebook": "Notebook（英文）",
+           "start": "课程开始", "end": "课程结束"},
+}
+
+
+def lesson_sections(lesson: Lesson, lessons: list[Lesson], lang: str, page: str) -> str:
+    w = WORDS[lang]
+    out = [f"\n({lang}-{lesson.slug}-minimal)=\n## {w['minimal']}\n"]
+    if lesson.minimal is None:
+        out.append(w["none_min"] + "\n")
+    else:
+        source = lesson.minimal.read_text()
+        rel = f"minimal/{lesson.minimal.name}"
+        commands = [m.group(1) for line in (ast.get_docstring(ast.parse(source)) or "").splitlines()
+                    if (m := MINIMAL_COMMAND_RE.match(line))]
+        out.append(w["run"] + "\n\n" + fence("\n".join(commands), "bash"))
+        base_number = minimal_base().get(lesson.number)
+        base = next((le for le in lessons if le.number == base_number and le.minimal), None)
+        if base is not None:
+            diff = "\n".join(difflib.unified_diff(
+                base.minimal.read_text().splitlines(), source.splitlines(),
+                f"minimal/{base.minimal.name}", rel, n=1, lineterm=""))
+            said = w["diff"].format(base=f"minimal/{base.minimal.name}")
+            out.append("\n" + said + "\n\n" + fence(diff, "diff"))
+        n = len(source.splitlines())
+        out.append("\n" + dropdown(w["whole"].format(path=rel, n=n), fence(source)))
+    out.append(f"\n({lang}-{lesson.slug}-lesson)=\n## {w['lesson']}\n")
+    source = (ROOT / "lessons" / f"{lesson.stem}.py").read_text()
+    commands = docstring_commands(source)
+    if commands:
+        out.append(w["commands"] + "\n\n" + fence("\n".join(commands), "bash"))
+    found = claims(source)
+    if found:
+        out.append("\n" + w["claims"] + "\n\n" + w["claim_head"] + "\n|---|---|---|\n")
+        for name, rel_, bound, sentence in found:
+            holds = f"{cell_text(rel_)} {cell_text(bound)}"
+            out.append(f"| `{cell_text(name)}` | `{holds}` | {cell_text(sentence)} |\n")
+    rel = f"lessons/{lesson.stem}.py"
+    out.append("\n" + dropdown(w["source"].format(path=rel, n=len(source.splitlines())), fence(source)))
+    out.append(f"\n({lang}-{lesson.slug}-exercise)=\n## {w['exercise']}\n")
+    if not lesson.exercises:
+        out.append(w["no_ex"] + "\n")
+    table = exercises_table()
+    for name in lesson.exercises:
+        stub = (ROOT / "exercises" / f"{name}.py").read_text()
+        solution = (ROOT / "exercises" / "solutions" / f"{name}.py").read_text()
+        out.append(w["stub"].format(name=name, what=table[name][1]) + "\n\n" + fence(stub))
+        out.append("\n" + w["grade"] + "\n\n" + fence(f"python -m exercises {name}", "bash"))
+        out.append("\n" + dropdown(w["solution"].format(name=name), fence(solution)))
+    i = lessons.index(lesson)
+    out.append(f"\n## {w['nav']}\n\n")
+    prev_ = lessons[i - 1] if i else None
+    next_ = lessons[i + 1] if i + 1 < len(lessons) else None
+    for word, other, edge in (("prev", prev_, "start"), ("next", next_, "end")):
+        if other is None:
+            out.append(f"- {w[word]}: {w[edge]}\n")
+        else:
+            topic = other.topic_zh if lang == "zh" else other.topic_en
+            out.append(f"- {w[word]}: [{other.number} {topic}]({md_link(lang, page, other.page)})\n")
+    return "".join(out)
+
+
+def nav_line(lesson: Lesson, lessons: list[Lesson], lang: str, page: str) -> str:
+    """The line under a lesson's title: its place, the neighbours, the other language's page."""
+    i = lessons.index(lesson)
+    w = WORDS[lang]
+    bits = []
+    if i:
+        bits.append(f"[← {lessons[i - 1].number}]({md_link(lang, page, lessons[i - 1].page)})")
+    if i + 1 < len(lessons):
+        bits.append(f"[{lessons[i + 1].number} →]({md_link(lang, page, lessons[i + 1].page)})")
+    bits += [f"[{w[part]}](#{lang}-{lesson.slug}-{part})" for part in ("minimal", "lesson", "exercise")]
+    if w["notebook"]:
+        bits.append(f'<a href="{cross_href(page, "en", lesson.page)}">{w["notebook"]}</a>')
+    return " · ".join(bits) + "\n"
+
+
+# ---- staging -----------------------------------------------------------------------------------------------
+def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
+    """Lay build/site-src/LANG/ afresh from the repository's files; returns it."""
+    src = staging / lang
+    if src.exists():
+        shutil.rmtree(src)
+    src.mkdir(parents=True)
+    linker = Linker(lang, lessons)
+    pages: dict[str, str] = {}  # docname -> its text (Markdown), for what is not a notebook
+
+    readme = "README.md" if lang == "en" else "README.zh-CN.md"
+    pages["index"] = linker.rewrite((ROOT / readme).read_text(), readme, "index")
+    docs = ROOT / "docs" if lang == "en" else ROOT / "docs" / "zh"
+    doc_pages = []
+    for path in sorted(docs.glob("*.md")):
+        repo = path.relative_to(ROOT).as_posix()
+        doc = "docs/index" if path.stem == "README" else f"docs/{path.stem}/index"
+        pages[doc] = linker.rewrite(path.read_text(), repo, doc)
+        if doc != "docs/index":
+            doc_pages.append(doc)
+    pages["docs/index"] += toctree(doc_pages, "docs/index")
+
+    word = {"en": ("Lessons", "Routes by goal", "Reference", "Lesson", "topic", "time"),
+            "zh": ("课程", "按目标的路线", "参考页", "课", "主题", "时间")}[lang]
+    lesson_pages = [lesson.page for lesson in lessons]
+    for lesson in lessons:
+        page = lesson.page
+        if lang == "en":
+            nb = json.loads((ROOT / "notebooks" / f"{lesson.stem}.ipynb").read_text())
+            for cell in nb["cells"]:
+                if cell["cell_type"] == "markdown":
+                    text = linker.rewrite("".join(cell["source"]), f"notebooks/{lesson.stem}.ipynb", page)
+                    cell["source"] = text
+            first = next(i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown")
+            guide = cross_href(page, "zh", page)
+            nav = nav_line(lesson, lessons, lang, page) + f' · <a href="{guide}">中文导读</a>\n'
+            nav_cell = {"cell_type": "markdown", "id": "site-nav", "metadata": {}, "source": nav}
+            nb["cells"].insert(first + 1, nav_cell)
+            nb["cells"].append({"cell_type": "markdown", "id": "site-sections", "metadata": {},
+                                "source": lesson_sections(lesson, lessons, lang, page)})
+            target = src / f"{page}.ipynb"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(nb, ensure_ascii=False))
+        else:
+            repo = f"docs/zh/lessons/{lesson.stem}.md"
+            text = linker.rewrite((ROOT / repo).read_text(), repo, page)
+            title, _, rest = text.partition("\n")
+            pages[page] = (title + "\n\n" + nav_line(lesson, lessons, lang, page) + rest
+                           + lesson_sections(lesson, lessons, lang, page))
+    lines = [f"# {word[0]}\n\n| # | {word[4]} | |\n|---|---|---|\n"]
+    for lesson in lessons:
+        topic = lesson.topic_zh if lang == "zh" else lesson.topic_en
+        link = md_link(lang, "lessons/index", lesson.page)
+        lines.append(f"| {lesson.number} | [{topic}]({link}) | {cell_text(lesson.title)} |\n")
+    pages["lessons/index"] = "".join(lines) + toctree(lesson_pages, "lessons/index")
+
+    route_pages = []
+    by_number = {lesson.number: lesson for lesson in lessons}
+    lines = [f"# {word[1]}\n\n"]
+    for route in routes(lang):
+        page = f"routes/{route['slug']}/index"
+        route_pages.append(page)
+        cell = linker.rewrite(route["cell"], readme, page)
+        body = [f"# {route['goal']}\n\n{cell}\n\n{word[5]}: {route['time']}\n\n"]
+        for n in route["lessons"]:
+            lesson = by_number[n]
+            topic = lesson.topic_zh if lang == "zh" else lesson.topic_en
+            body.append(f"1. [{n} {topic}]({md_link(lang, page, lesson.page)}): {cell_text(lesson.title)}\n")
+        pages[page] = "".join(body)
+        lines.append(f"- [{route['goal']}]({route['slug']}/index.md): {route['cell']}, {route['time']}\n")
+    pages["routes/index"] = linker.rewrite("".join(lines), readme, "routes/index") + toctree(route_pages,
+                                                                                              "routes/index")
+    pages["index"] += toctree(["lessons/index", "routes/index", "docs/index"], "index")
+
+    for doc, text in pages.items():
+        target = src / f"{doc}.md"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+    # redirects from the numbered names, written beside the pages (html_extra_path)
+    extra = src / "_extra"
+    names = {lesson.stem: lesson.slug for lesson in lessons} | FORMER_NAMES
+    for stem, slug in names.items():
+        for folder in ("lessons", "notebooks"):
+            target = extra / folder / f"{stem}.html"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(redirect_page(f"../lessons/{slug}/index.html"))
+    if lang == "zh":
+        (src / "_jieba_words.txt").write_text("".join(f"{w} 1000\n" for w in course_words()))
+    (src / "_docnames.json").write_text(json.dumps(sorted(
+        [p for p in pages] + [lesson.page for lesson in lessons])))
+    return src
+
+
+CJK = re.compile(r"^[\u4e00-\u9fff]{3,8}$")
+
+
+def course_words() -> list[str]:
+    """The course's Chinese terms, for jieba (the Chinese search's word splitter): the 中文 column of the
+    Chinese glossary and the bold terms that open the items of each guide's 术语 list, split at their separators
+    ("梯度累积 / 梯度累加（gradient accumulation）"). jieba's own dictionary cuts 梯度累积 into 梯度 + 累积,
+    so without these a search for the whole term finds nothing."""
+    glossary = table_rows((ROOT / "docs" / "zh" / "glossary.md").read_text())
+    spans = [row[1] for row in glossary if len(row) >= 3]
+    for path in sorted((ROOT / "docs" / "zh" / "lessons").glob("*.md")):
+        spans += re.findall(r"^- \*\*([^*]+)\*\*", path.read_text(), re.MULTILINE)
+    words = set()
+    for span in spans:
+        words.update(w for w in re.split(r"[\s/、，,。：:（）()“”\[\]`·]+|[A-Za-z0-9_.\-]+", span) if CJK.match(w))
+    return sorted(words)
+
+
+def toctree(docs: list[str], page: str) -> str:
+    rels = [os.path.relpath(d, Path(page).parent).replace(os.sep, "/") for d in docs]
+    return "\n\n```{toctree}\n:hidden:\n:maxdepth: 1\n\n" + "\n".join(rels) + "\n```\n"
+
+
+def redirect_page(href: str) -> str:
+    return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>Moved</title>\n'
+            f'<link rel="canonical" href="{href}">\n<meta http-equiv="refresh" content="0; url={href}">\n'
+            f'</head><body><p>This page moved to <a href="{href}">{href}</a>.</p></body></html>\n')
+
+
+# ---- building ----------------------------------------------------------------------------------------------
+def build(langs=LANGS, serial: bool = False, out: Path = OUT, staging: Path = STAGE) -> float:
+    """Stage and build `langs` into out/LANG/; returns the seconds taken. Everything is laid fresh: the
+    staging tree, Sphinx's environment (doctrees) and the output, so a changed source always shows."""
+    t0 = time.perf_counter()
+    lessons = curriculum()
+    for lang in LANGS:  # both staged: each build knows the other language's pages, for its language switch
+        stage(lang, lessons, staging)
+    for lang in LANGS:
+        other = "zh" if lang == "en" else "en"
+        shutil.copy(staging / other / "_docnames.json", staging / lang / "_other_docnames.json")
+    doctrees = staging.parent / (staging.name + "-doctrees")
+    for lang in langs:
+        shutil.rmtree(out / lang, ignore_errors=True)
+        shutil.rmtree(doctrees / lang, ignore_errors=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    procs = []
+    failed = []
+    for lang in langs:
+        command = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q",
+                   "-c", str(CONF_DIR), "-d", str(doctrees / lang), str(staging / lang), str(out / lang)]
+        proc = subprocess.Popen(command, env=dict(env, WEBSITE_LANG=lang, WEBSITE_STAGE=str(staging / lang)),
+                                cwd=ROOT)
+        if serial:
+            if proc.wait():
+                failed.append(lang)
+        else:
+            procs.append((lang, proc))
+    for lang, proc in procs:
+        if proc.wait():
+            failed.append(lang)
+    if failed:
+        raise SystemExit(f"error: the {', '.join(failed)} site did not build (warnings are errors)")
+    shutil.rmtree(out / "jupyter_execute", ignore_errors=True)  # myst-nb's scratch folder, not a page
+    for lang in langs:
+        shutil.rmtree(out / lang / "_sources", ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "index.html").write_text(redirect_page("en/index.html"))
+    (out / ".nojekyll").write_text("")
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m website", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lang", choices=LANGS, action="append", help="default: both")
+    parser.add_argument("--serial", action="store_true", help="build the languages one after the other")
+    args = parser.parse_args(argv)
+    seconds = build(tuple(args.lang or LANGS), args.serial)
+    print(f"site built in {seconds:.1f} s: {OUT / 'index.html'}")
+    return 0
