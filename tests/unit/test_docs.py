@@ -476,6 +476,9 @@ def test_the_checks_catch_each_drift(drift, tmp_path, monkeypatch):
     for page in markdown_pages():
         (tmp_path / rel(page)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(page, tmp_path / rel(page))
+    for page in ("CONTRIBUTING.md", "tests/README.md"):  # the layout section links them
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / page, tmp_path / page)
     for folder in ("lessons", "minimal", "exercises"):  # the guides link them
         shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "notebooks").mkdir()
