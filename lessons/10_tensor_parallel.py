@@ -12,11 +12,10 @@ features. tp must divide H, the head count and S (sequence parallelism splits th
 
 What to look for, section by section:
 1. By hand (common/tensor_parallel/layers.py): the MLP block with fc1 split by output features (column
-parallel) and
-   fc2 by input features (row parallel), joined by f (identity forward, all-reduce backward) and g (all-reduce
-   forward, identity backward). Output, input gradient and every weight gradient equal the unsplit block
-   (<= 1e-5); one all-reduce forward and one backward, each of B x S x H x 4 bytes. Self-attention split by
-   heads costs the same one + one.
+   parallel) and fc2 by input features (row parallel), joined by f (identity forward, all-reduce backward) and
+   g (all-reduce forward, identity backward). Output, input gradient and every weight gradient equal the
+   unsplit block (<= 1e-5); one all-reduce forward and one backward, each of B x S x H x 4 bytes.
+   Self-attention split by heads costs the same one + one.
 2. With PyTorch: `parallelize_module(block, grid.submesh("tp"), {"fc1": ColwiseParallel(), "fc2":
    RowwiseParallel()})` turns each parameter into a DTensor: a global tensor described by its mesh and one
    *placement* per mesh dimension. `Shard(d)`: each rank holds 1/tp of it along dimension d (fc1's weight is

@@ -15,10 +15,9 @@ What to look for:
 - Why the sequence is the problem: attention written out saves a B x H x S x S matrix for backward (4x the
   bytes at 2S); ring attention saves only O(S/cp) per rank (q, k, v, out and the log-sum-exp).
 - Ring attention (common/context_parallel/ring_attention.py): keys and values travel around the cp ranks with
-batched
-  isend/irecv while each rank attends its queries to the block it holds; partial results merge with the
-  log-sum-exp rule. Output and q, k, v gradients equal `F.scaled_dot_product_attention(is_causal=True)` on the
-  whole sequence; each rank sends (cp - 1) key/value blocks forward, and 2cp - 1 blocks backward (keys and
+  batched isend/irecv while each rank attends its queries to the block it holds; partial results merge with
+  the log-sum-exp rule. Output and q, k, v gradients equal `F.scaled_dot_product_attention(is_causal=True)` on
+  the whole sequence; each rank sends (cp - 1) key/value blocks forward, and 2cp - 1 blocks backward (keys and
   values again, plus their gradients, which travel home). At step s rank r holds rank (r - s) mod cp's block,
   identified from the values that arrived (a ring running the other way fails it from cp 4 on; at cp 2 the
   two directions are the same neighbour).

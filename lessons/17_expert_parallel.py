@@ -20,10 +20,10 @@ What to look for:
   of the split sizes (how many rows each rank will receive), one of the token rows (dispatch), one of their
   expert ids, the local experts, one back (combine); backward: the same calls with the splits swapped
   (common.expert_parallel.moe.AllToAll: ours rather than torch.distributed.nn.functional.all_to_all_single,
-  deprecated in
-  2.13, which gives the same rows and gradients, checked). Output, input gradient, expert and router gradients
-  equal the same MoE in one process; the rows each rank sends to each other rank equal the routing histogram
-  exactly; the bytes counted at the calls equal the formula. Training steps follow the one-process model.
+  deprecated in 2.13, which gives the same rows and gradients, checked). Output, input gradient, expert and
+  router gradients equal the same MoE in one process; the rows each rank sends to each other rank equal the
+  routing histogram exactly; the bytes counted at the calls equal the formula. Training steps follow the
+  one-process model.
 - EP x DP (4 ranks: dp 2 x ep 2): the experts' gradients are all-reduced in the dp group only (within an ep
   group every expert lives once, and the backward all-to-all already brought it every token's gradient);
   everything else (router, attention, embeddings) in the whole world.

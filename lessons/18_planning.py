@@ -8,20 +8,21 @@ checked against measurement, then used for models too big to build.
 
 What to look for:
 1. Bytes a rank holds and sends, PREDICTED by common/planning/cost_model.py and MEASURED from tensors by
-lessons 08, 10
-   and 13's instruments, equal to the byte on 1, 2 and 4 ranks: DDP + Adam (parameters P, gradients P, DDP's
-   buckets P: a flat copy of the gradients, Adam 2P + a 4-byte step per tensor, activations with and without
-   checkpointing), ZeRO 1-3 by hand (padded) and Megatron tensor parallelism. These claims test a system;
-   the ZeRO paper's numbers are its own closed form (notebook 18 evaluates them: arithmetic, no claim).
-   DeepSpeed's estimator keeps an fp32 gradient partition (ZeRO-2 +2.8% at 7.5B on 64) and the largest layer
-   (ZeRO-3 +56%); accelerate's `estimate-memory` prints 8 bytes per parameter for Adam in fp16, not 16.
+   lessons 08, 10 and 13's instruments, equal to the byte on 1, 2 and 4 ranks: DDP + Adam (parameters P,
+   gradients P, DDP's buckets P: a flat copy of the gradients, Adam 2P + a 4-byte step per tensor, activations
+   with and without checkpointing), ZeRO 1-3 by hand (padded) and Megatron tensor parallelism. These claims
+   test a system; the ZeRO paper's numbers are its own closed form (notebook 18 evaluates them: arithmetic, no
+   claim). DeepSpeed's estimator keeps an fp32 gradient partition (ZeRO-2 +2.8% at 7.5B on 64) and the largest
+   layer (ZeRO-3 +56%); accelerate's `estimate-memory` prints 8 bytes per parameter for Adam in fp16, not 16.
 2. FLOPs: FlopCounterMode counts exactly 6 x weights x tokens + 12 b s^2 h L (attention as matmuls).
 3. The meta device: a 6.7B GPT counted from shapes, no byte allocated. `to_empty` leaves parameters AND
-   buffers uninitialised; every module's `reset_parameters()` equals eager init, buffers included.
+   buffers uninitialised; every module's `reset_parameters()` equals eager init, buffers included, for models
+   whose every tensor its module's `reset_parameters()` sets (Linear, Embedding, LayerNorm, BatchNorm, Conv).
+   nn.MultiheadAttention (`_reset_parameters`) and a buffer computed in `__init__` (a causal mask, RoPE
+   frequencies) are not: such a model needs its own `init_weights()` that sets them all (torchtitan's way).
 4. Alpha-beta fitted to this machine's gloo all-reduce ([perf] lines: a benchmark, not a claim).
 5. The planner (--params or --model; common/planning/planner.py): every (dp, tp, pp, cp, ZeRO, checkpointing)
-that
-   fits, memory, bytes sent, step time and MFU under printed assumptions; its rows held to closed forms.
+   that fits, memory, bytes sent, step time and MFU under printed assumptions; its rows held to closed forms.
    Llama 3 405B's 128K stage, tp 8 x cp 16 (across nodes), pp 16: `--params 405e9 --seq 131072 --gpus
    16384 --tp 8 --cp 16 --pp 16 --global-batch 128 --grad-bytes 4`.
 
@@ -304,16 +305,21 @@ def materialise(model: torch.nn.Module, device, seed: int) -> torch.nn.Module:
     return model
 
 
+def every_tensor(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and ALL buffers by name, the non-persistent ones too (a state_dict leaves those out)."""
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
 def meta_init_gap(recipe, device, seed: int) -> float:
-    """max |difference| of the state_dicts (parameters and buffers), meta + `recipe` vs eager at `seed`, for
-    the small GPT and lesson 01's CNN (whose BatchNorm buffers a parameters-only init leaves garbage)."""
+    """max |difference| of every parameter and buffer, meta + `recipe` vs eager at `seed`, for the small GPT
+    and lesson 01's CNN (whose BatchNorm buffers a parameters-only init leaves garbage)."""
     gaps = []
     for make in (lambda: gpt(SMALL_GPT), DigitsCNN):
         torch.manual_seed(seed)
-        eager = make().to(device).state_dict()
+        eager = every_tensor(make().to(device))
         with torch.device("meta"):
             model = make()
-        lazy = recipe(model, device, seed).state_dict()
+        lazy = every_tensor(recipe(model, device, seed))
         gaps.append(max_abs_diff_all(eager.values(), [lazy[k] for k in eager]))
     return nan_max(gaps)
 

@@ -1,6 +1,6 @@
 """The planner of lesson 18: which (dp, tp, pp, cp, ZeRO stage, checkpointing) fits a GPT-style model on G GPUs,
-with its memory per rank, bytes sent per step and an estimated step time and MFU. Formulas only (common/planning/cost_model.py,
-checked against measurement by lesson 18); no model is built, nothing is allocated.
+with its memory per rank, bytes sent per step and an estimated step time and MFU. Formulas only
+(common/planning/cost_model.py, checked against measurement by lesson 18); no model is built, nothing is allocated.
 
     rows, a = plan(GPT(80, 8192, 64, 32000, 4096), Assumptions(gpus=64, gpu_memory_gb=80))
 
@@ -22,7 +22,9 @@ The assumptions (printed by `describe`):
   parameters for every micro-batch's forward and again for its backward.
 - time: FLOPs at `efficiency` x peak (itself an assumption: the time is an estimate, not a bound either way);
   every collective in the ring alpha-beta model with no overlap; tp inside a node (NVLink), cp on NVLink while
-  tp x cp fits in a node and on the network beyond, dp and pp across nodes (network bandwidth).
+  tp x cp fits in a node and on the network beyond, dp and pp on the network once the job spans nodes (on
+  NVLink when every GPU is in one node). Not counted: the unit ZeRO-3 gathers at a time (about one layer's bf16
+  parameters and gradients; DeepSpeed's estimator adds the largest layer).
 """
 from __future__ import annotations
 
@@ -155,17 +157,19 @@ def evaluate(c: GPT, a: Assumptions, dp: int, tp: int, pp: int, cp: int, stage: 
     boundary = 2 * s * b * h / tp  # bf16 activations crossing a pipeline or tensor boundary (sequence parallel)
     # tp: 2 all-reduce-sized collectives per layer forward, 2 backward, 2 more in a recomputed forward
     tp_ops = [("all_reduce", 2 * s * b * h, (6 if ckpt else 4) * m * c.layers // pp)] if tp > 1 else []
-    # ring attention passes this rank's K and V (2 x boundary) around the cp ring: once forward, twice backward
-    cp_ops = [("all_gather", 2 * boundary * cp, 3 * m * c.layers // pp)] if cp > 1 else []
+    # ring attention passes this rank's K and V (2 x boundary) around the cp ring: once forward, twice backward,
+    # once more in a recomputed forward
+    cp_ops = [("all_gather", 2 * boundary * cp, (4 if ckpt else 3) * m * c.layers // pp)] if cp > 1 else []
     sent = {"dp": _ring_total(dp_ops, n, 0, 1), "tp": _ring_total(tp_ops, tp, 0, 1),
             "pp": 2 * m * boundary if pp > 1 else 0.0, "cp": _ring_total(cp_ops, cp, 0, 1)}
     flops = gpt_flops(c, a.global_batch)["total"]
     hardware = flops * (4 / 3 if ckpt else 1)  # checkpointing runs each forward twice: 8 instead of 6 per weight
     compute = hardware / (a.gpus * a.peak_tflops * 1e12 * a.efficiency) * (1 + (pp - 1) / m)
-    comm = _ring_total(dp_ops, n, alpha, 1 / net) if n > 1 else 0.0
+    across = net if a.gpus > a.gpus_per_node else nvl  # dp and pp leave the node once the job spans nodes
+    comm = _ring_total(dp_ops, n, alpha, 1 / across) if n > 1 else 0.0
     cp_link = nvl if tp * cp <= a.gpus_per_node else net  # a ring that leaves the node runs at the network's pace
     comm += _ring_total(tp_ops, tp, alpha, 1 / nvl) + _ring_total(cp_ops, cp, alpha, 1 / cp_link)
-    comm += (2 * m * (alpha + boundary / net)) if pp > 1 else 0.0
+    comm += (2 * m * (alpha + boundary / across)) if pp > 1 else 0.0
     step = compute + comm
     return {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "zero": stage, "ckpt": ckpt, "micro_batches": m,
             "memory": mem, "sent": sent, "step_s": step, "mfu": mfu(flops, step, a.gpus, a.peak_tflops * 1e12),
@@ -208,7 +212,8 @@ def describe(c: GPT, a: Assumptions) -> list[str]:
             f"  network {a.network_gbps:g} Gb/s, NVLink {a.nvlink_gbps:g} Gb/s per GPU, alpha {a.alpha_us:g} us",
             f"assumed: mixed-precision Adam 2+{a.grad_bytes}+12 B/param (gradients {grads}); DDP's buckets {buckets}",
             "  ZeRO over dp x cp, stages 2 and 3 reduce-scatter every micro-batch; TP with sequence parallelism; 1F1B",
-            f"  {attention}; no compute/communication overlap; the time is an estimate (compute at the assumed efficiency)"]
+            f"  {attention}; no compute/communication overlap; the time is an estimate (compute at the assumed efficiency)",
+            "  not counted: the unit ZeRO-3 gathers at a time (about one layer's parameters and gradients)"]
 
 
 def format_rows(rows: list[dict], top: int) -> list[str]:

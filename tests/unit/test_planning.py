@@ -186,3 +186,52 @@ def test_meta_init_compares_buffers_and_a_parameters_only_recipe_fails():
         return model
     for wrong in (init_weights_only, buffers_left_zero):
         assert lesson.meta_init_gap(wrong, cpu, 0) != 0.0, wrong.__name__  # a NaN is != 0 too
+
+
+
+def test_the_comparison_sees_non_persistent_buffers_and_the_recipe_has_the_stated_limit():
+    """A causal mask registered with persistent=False is in no state_dict; the comparison reads it anyway, and
+    `reset_parameters()` leaves it as `to_empty` left it: the docstring's limit, shown."""
+    import torch
+
+    lesson, cpu = lesson18(), torch.device("cpu")
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.register_buffer("mask", torch.tril(torch.ones(4, 4)), persistent=False)
+
+    assert "mask" in lesson.every_tensor(Masked()) and "mask" not in Masked().state_dict()
+    torch.manual_seed(0)
+    eager = lesson.every_tensor(Masked())
+    with torch.device("meta"):
+        model = Masked()
+    torch.use_deterministic_algorithms(True)  # uninitialised memory is filled with NaN: made visible
+    try:
+        lazy = lesson.every_tensor(lesson.materialise(model, cpu, 0))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert torch.equal(lazy["fc.weight"], eager["fc.weight"]) and not torch.equal(lazy["mask"], eager["mask"])
+
+def test_data_parallel_runs_on_nvlink_while_the_job_fits_in_one_node():
+    """DDP on 8 GPUs of one node: the step is compute + one ring all-reduce of the bf16 gradients on NVLink,
+    14 alpha + 2 (7/8) 2 Psi / B_nvlink; spread over two nodes of 4 the same bytes cross the network."""
+    from common.planning.planner import NAMED, Assumptions, evaluate
+    c = NAMED["7b"]
+    for per_node, link_gbps in ((8, 3600.0), (4, 400.0)):
+        a = Assumptions(gpus=8, global_batch=64, gpus_per_node=per_node, nvlink_gbps=3600.0, network_gbps=400.0)
+        row = evaluate(c, a, 8, 1, 1, 1, 0, False)
+        compute = gpt_flops(c, a.global_batch)["total"] / (a.gpus * a.peak_tflops * 1e12 * a.efficiency)
+        psi = gpt_params(c)["total"]
+        want = 14 * a.alpha_us * 1e-6 + 2 * 7 / 8 * 2 * psi / (link_gbps / 8 * 1e9)
+        assert row["step_s"] - compute == pytest.approx(want, rel=1e-12), per_node
+
+
+def test_a_recomputed_forward_passes_the_cp_ring_once_more():
+    """Ring attention: K and V go around the ring once forward and twice backward; full checkpointing adds the
+    recomputed forward's pass: 4/3 of the bytes."""
+    from common.planning.planner import NAMED, Assumptions, evaluate
+    c, a = NAMED["7b"], Assumptions(gpus=8, global_batch=64)
+    plain, ckpt = (evaluate(c, a, 4, 1, 1, 2, 1, ck)["sent"]["cp"] for ck in (False, True))
+    assert ckpt == pytest.approx(4 / 3 * plain, rel=1e-12) and plain > 0
