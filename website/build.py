@@ -77,7 +77,8 @@ class Lesson:
     number: str
     stem: str  # 03_ddp
     slug: str  # ddp
-    title: str = ""
+    title: str = ""  # the lesson's docstring's first sentence, "Lesson NN: " left out
+    title_zh: str = ""  # its Chinese guide's title, "第 NN 课导读：" left out
     topic_en: str = ""
     topic_zh: str = ""
     minimal: Path | None = None
@@ -99,7 +100,11 @@ def curriculum() -> list[Lesson]:
         slugs.add(lesson.slug)
         minimal = ROOT / "minimal" / f"{stem}.py"
         lesson.minimal = minimal if minimal.exists() else None
-        lesson.title = (ast.get_docstring(ast.parse(path.read_text())) or stem).splitlines()[0]
+        lesson.title = first_sentence(ast.get_docstring(ast.parse(path.read_text())) or stem)
+        guide = ROOT / "docs" / "zh" / "lessons" / f"{stem}.md"
+        if guide.exists():
+            h1 = guide.read_text().partition("\n")[0].removeprefix("# ")
+            lesson.title_zh = re.sub(rf"^第\s*{number}\s*课导读[：:]\s*", "", h1).strip()
         lesson.exercises = [n for n, (num, _) in exercises_table().items() if num == number]
         lessons.append(lesson)
     for readme, attr in (("README.md", "topic_en"), ("README.zh-CN.md", "topic_zh")):
@@ -109,6 +114,24 @@ def curriculum() -> list[Lesson]:
                     if lesson.number == row[0]:
                         setattr(lesson, attr, row[1])
     return lessons
+
+
+def first_sentence(doc: str) -> str:
+    """A docstring's first sentence (of its first paragraph, its lines joined), "Lesson NN: " left out and
+    " -- " as a dash: "Lesson 03: DDP -- lesson 01's loop on two processes." -> "DDP — lesson 01's ..."."""
+    paragraph = " ".join(line.strip() for line in doc.strip().split("\n\n")[0].splitlines())
+    m = re.search(r"[.?!](?=\s|$)", paragraph)
+    sentence = paragraph[:m.end()] if m else paragraph
+    sentence = re.sub(r"^Lesson \d+:\s*", "", sentence).replace(" -- ", " — ")
+    return sentence[:1].upper() + sentence[1:]
+
+
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]{}<>()#+!|$~])")
+
+
+def plain(text: str) -> str:
+    """`text` escaped so that Markdown shows it as it is (`__len__` stays __len__, not a bold "len")."""
+    return MARKDOWN_SPECIAL.sub(r"\\\1", text).replace("\n", " ")
 
 
 def table_rows(markdown: str) -> list[list[str]]:
@@ -298,7 +321,7 @@ WORDS = {
            "Fill it in, then grade it (2-4 gloo processes, compared with PyTorch's own):",
            "solution": "The solution, `exercises/solutions/{name}.py` (open it after your own attempt)",
            "no_ex": "This lesson has no exercise.", "guide": "中文导读", "notebook": None,
-           "start": "Start of the course", "end": "End of the course"},
+           "start": "Start of the course", "end": "End of the course", "colon": ": "},
     "zh": {"minimal": "最小脚本", "lesson": "课程文件", "exercise": "练习", "nav": "上一课与下一课",
            "prev": "上一课", "next": "下一课", "none_min": "这一课没有最小脚本：读下面课程文件开头的 docstring。",
            "diff": "与基础脚本 `{base}` 的差别：", "whole": "完整脚本 `{path}`（{n} 行）", "run": "运行：",
@@ -307,8 +330,8 @@ WORDS = {
            "claim_head": "| 结论 | 成立条件 | 打印为 |", "stub": "练习文件 `exercises/{name}.py`：{what}。",
            "grade": "填好之后评分（2-4 个 gloo 进程，与 PyTorch 自己的实现比较）：",
            "solution": "参考答案 `exercises/solutions/{name}.py`（先自己做完再看）",
-           "no_ex": "这一课没有练习。", "guide": None, "notebook": "Notebook（英文）",
-           "start": "课程开始", "end": "课程结束"},
+           "no_ex": "这一课没有练习。", "guide": None, "notebook": "notebook（英文）",
+           "start": "课程开始", "end": "课程结束", "colon": "："},
 }
 
 
@@ -362,15 +385,17 @@ def lesson_sections(lesson: Lesson, lessons: list[Lesson], lang: str, page: str)
     next_ = lessons[i + 1] if i + 1 < len(lessons) else None
     for word, other, edge in (("prev", prev_, "start"), ("next", next_, "end")):
         if other is None:
-            out.append(f"- {w[word]}: {w[edge]}\n")
+            out.append(f"- {w[word]}{w['colon']}{w[edge]}\n")
         else:
             topic = other.topic_zh if lang == "zh" else other.topic_en
-            out.append(f"- {w[word]}: [{other.number} {topic}]({md_link(lang, page, other.page)})\n")
+            link = md_link(lang, page, other.page)
+            out.append(f"- {w[word]}{w['colon']}[{other.number} {topic}]({link})\n")
     return "".join(out)
 
 
 def nav_line(lesson: Lesson, lessons: list[Lesson], lang: str, page: str) -> str:
-    """The line under a lesson's title: its place, the neighbours, the other language's page."""
+    """The line under a lesson's title: its place, the neighbours, its sections (the exercise where it has
+    one), the other language's page."""
     i = lessons.index(lesson)
     w = WORDS[lang]
     bits = []
@@ -378,7 +403,8 @@ def nav_line(lesson: Lesson, lessons: list[Lesson], lang: str, page: str) -> str
         bits.append(f"[← {lessons[i - 1].number}]({md_link(lang, page, lessons[i - 1].page)})")
     if i + 1 < len(lessons):
         bits.append(f"[{lessons[i + 1].number} →]({md_link(lang, page, lessons[i + 1].page)})")
-    bits += [f"[{w[part]}](#{lang}-{lesson.slug}-{part})" for part in ("minimal", "lesson", "exercise")]
+    parts = ("minimal", "lesson", "exercise") if lesson.exercises else ("minimal", "lesson")
+    bits += [f"[{w[part]}](#{lang}-{lesson.slug}-{part})" for part in parts]
     if w["notebook"]:
         bits.append(f'<a href="{cross_href(page, "en", lesson.page)}">{w["notebook"]}</a>')
     return " · ".join(bits) + "\n"
@@ -395,7 +421,8 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
     pages: dict[str, str] = {}  # docname -> its text (Markdown), for what is not a notebook
 
     readme = "README.md" if lang == "en" else "README.zh-CN.md"
-    pages["index"] = linker.rewrite((ROOT / readme).read_text(), readme, "index")
+    home = linker.rewrite(home_source((ROOT / readme).read_text(), lang), readme, "index")
+    pages["index"] = link_route_goals(home, lang)
     docs = ROOT / "docs" if lang == "en" else ROOT / "docs" / "zh"
     doc_pages = []
     for path in sorted(docs.glob("*.md")):
@@ -406,8 +433,8 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
             doc_pages.append(doc)
     pages["docs/index"] += toctree(doc_pages, "docs/index")
 
-    word = {"en": ("Lessons", "Routes by goal", "Reference", "Lesson", "topic", "time"),
-            "zh": ("课程", "按目标的路线", "参考页", "课", "主题", "时间")}[lang]
+    word = {"en": ("Lessons", "Routes by goal", "Reference", "Lesson", "topic", "time: ", "what it covers"),
+            "zh": ("课程", "按目标的路线", "参考页", "课", "主题", "时间：", "内容")}[lang]
     lesson_pages = [lesson.page for lesson in lessons]
     for lesson in lessons:
         page = lesson.page
@@ -417,6 +444,8 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
                 if cell["cell_type"] == "markdown":
                     text = linker.rewrite("".join(cell["source"]), f"notebooks/{lesson.stem}.ipynb", page)
                     cell["source"] = text
+                elif cell["cell_type"] == "code":
+                    cell["source"] = without_nbval_markers("".join(cell["source"]))
             first = next(i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown")
             guide = cross_href(page, "zh", page)
             nav = nav_line(lesson, lessons, lang, page) + f' · <a href="{guide}">中文导读</a>\n'
@@ -429,15 +458,18 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
             target.write_text(json.dumps(nb, ensure_ascii=False))
         else:
             repo = f"docs/zh/lessons/{lesson.stem}.md"
-            text = linker.rewrite((ROOT / repo).read_text(), repo, page)
-            title, _, rest = text.partition("\n")
-            pages[page] = (title + "\n\n" + nav_line(lesson, lessons, lang, page) + rest
-                           + lesson_sections(lesson, lessons, lang, page))
-    lines = [f"# {word[0]}\n\n| # | {word[4]} | |\n|---|---|---|\n"]
+            title, _, rest = (ROOT / repo).read_text().partition("\n")
+            rest, extra = without_link_paragraph(rest)  # the generated line below the title replaces it
+            text = linker.rewrite(title + "\n\n" + extra + "\n" + rest, repo, page)
+            title, _, text = text.partition("\n\n")
+            extra, _, rest = text.partition("\n")
+            nav = nav_line(lesson, lessons, lang, page).rstrip("\n") + (" · " + extra if extra else "")
+            pages[page] = title + "\n\n" + nav + "\n\n" + rest + lesson_sections(lesson, lessons, lang, page)
+    lines = [f"# {word[0]}\n\n| # | {word[4]} | {word[6]} |\n|---|---|---|\n"]
     for lesson in lessons:
         topic = lesson.topic_zh if lang == "zh" else lesson.topic_en
         link = md_link(lang, "lessons/index", lesson.page)
-        lines.append(f"| {lesson.number} | [{topic}]({link}) | {cell_text(lesson.title)} |\n")
+        lines.append(f"| {lesson.number} | [{topic}]({link}) | {plain(summary(lesson, lang))} |\n")
     pages["lessons/index"] = "".join(lines) + toctree(lesson_pages, "lessons/index")
 
     route_pages = []
@@ -447,15 +479,18 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
         page = f"routes/{route['slug']}/index"
         route_pages.append(page)
         cell = linker.rewrite(route["cell"], readme, page)
-        body = [f"# {route['goal']}\n\n{cell}\n\n{word[5]}: {route['time']}\n\n"]
+        body = [f"# {route['goal']}\n\n{cell}\n\n{word[5]}{route['time']}\n\n"]
+        colon, comma = (": ", ", ") if lang == "en" else ("：", "，")
         for n in route["lessons"]:
             lesson = by_number[n]
             topic = lesson.topic_zh if lang == "zh" else lesson.topic_en
-            body.append(f"1. [{n} {topic}]({md_link(lang, page, lesson.page)}): {cell_text(lesson.title)}\n")
+            link = md_link(lang, page, lesson.page)
+            said = summary(lesson, lang)  # a Chinese guide's title may be its topic: not said twice
+            body.append(f"1. [{n} {topic}]({link})" + (colon + plain(said) if said != topic else "") + "\n")
         pages[page] = "".join(body)
-        lines.append(f"- [{route['goal']}]({route['slug']}/index.md): {route['cell']}, {route['time']}\n")
-    pages["routes/index"] = linker.rewrite("".join(lines), readme, "routes/index") + toctree(route_pages,
-                                                                                              "routes/index")
+        cell = linker.rewrite(route["cell"], readme, "routes/index")  # the route's own link added after
+        lines.append(f"- [{route['goal']}]({route['slug']}/index.md){colon}{cell}{comma}{route['time']}\n")
+    pages["routes/index"] = "".join(lines) + toctree(route_pages, "routes/index")
     pages["index"] += toctree(["lessons/index", "routes/index", "docs/index"], "index")
 
     for doc, text in pages.items():
@@ -476,6 +511,69 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
     (src / "_docnames.json").write_text(json.dumps(sorted(
         [p for p in pages] + [lesson.page for lesson in lessons])))
     return src
+
+
+def summary(lesson: Lesson, lang: str) -> str:
+    """What a lesson covers, in a lesson list: its docstring's first sentence, or its Chinese guide's
+    title."""
+    return (lesson.title_zh or lesson.topic_zh) if lang == "zh" else lesson.title
+
+
+def home_source(text: str, lang: str) -> str:
+    """The README as the site's home page: without its first paragraph under the title where that paragraph
+    points at the other README and at the website (on the site, the language switch and the site itself);
+    in Chinese, the lesson table's notebooks labelled as English (study_cells_zh)."""
+    title, _, rest = text.partition("\n\n")
+    first, _, after = rest.partition("\n\n")
+    if "build/site/index.html" in first and "README" in first:
+        text = title + "\n\n" + after
+    return study_cells_zh(text) if lang == "zh" else text
+
+
+def link_route_goals(home: str, lang: str) -> str:
+    """The home page's routes table, each goal a link to its route page."""
+    lines = home.split("\n")
+    for route in routes(lang):
+        head = f"| {route['goal']} |"
+        link = md_link(lang, "index", f"routes/{route['slug']}/index")
+        for i, line in enumerate(lines):
+            if line.startswith(head):
+                lines[i] = f"| [{route['goal']}]({link}) |" + line[len(head):]
+    return "\n".join(lines)
+
+
+def study_cells_zh(text: str) -> str:
+    """README.zh-CN.md's lesson table, its 学 column: the notebook says it is in English, and the lesson's
+    Chinese guide stands beside it."""
+    def sub(m: re.Match) -> str:
+        stem = m.group(2)
+        guide = f"docs/zh/lessons/{stem}.md"
+        guide = f"[导读]({guide}) · " if (ROOT / guide).exists() else ""
+        return f"| {guide}[notebook（英文）](notebooks/{stem}.ipynb)"
+
+    return re.sub(r"\| \[(\d\d_\w+)\]\(notebooks/(\1)\.ipynb\)", sub, text)
+
+
+NBVAL_MARKER = re.compile(r"^[ \t]*#[ \t]*NBVAL_[A-Z_]+[ \t]*(?:\n|$)", re.MULTILINE)
+
+
+def without_nbval_markers(source: str) -> str:
+    """A code cell's source without nbval's marker comments (# NBVAL_IGNORE_OUTPUT), which are for the
+    tests, not the reader."""
+    return NBVAL_MARKER.sub("", source)
+
+
+def without_link_paragraph(text: str) -> tuple[str, str]:
+    """A Chinese guide's body (after its title) without its first paragraph of links, which the generated
+    line under the title replaces; returns (the rest, the links it has that the line has not: the glossary,
+    the symptom index), the links as " · "-joined Markdown."""
+    lead, _, rest = text.lstrip("\n").partition("\n\n")
+    links = LINK_RE.findall(lead)
+    if not links or re.sub(r"[\s·]", "", LINK_RE.sub("", lead)):
+        return text, ""
+    kept = [f"[{label}]({url})" for label, url in links
+            if not re.match(r"^(\.\./)+(README\.md|lessons/|minimal/|notebooks/)", url)]
+    return rest, " · ".join(kept)
 
 
 CJK = re.compile(r"^[\u4e00-\u9fff]{3,8}$")

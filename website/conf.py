@@ -42,16 +42,19 @@ html_theme_options = {
     "navbar_end": ["lang-switch", "theme-switcher"],
     "show_prev_next": False,
     "secondary_sidebar_items": ["page-toc"],
-    "footer_start": ["copyright"],
+    "footer_start": ["site-copyright"],
     "footer_end": [],
     "navigation_with_keys": False,
 }
 html_sidebars = {"**": ["sidebar-nav-bs"], "index": []}
-copyright = "the course's authors"
+copyright = {"en": "the course's authors", "zh": "本课程的作者"}[LANG]
+# the footer's line, in the page's language (the theme's own "© Copyright ..." is English on every page)
+FOOTER = {"en": "© Copyright the course's authors.", "zh": "© 版权归本课程的作者所有。"}[LANG]
 
 _other = STAGE / "_other_docnames.json"
 html_context = {
     "website_lang": LANG,
+    "site_copyright": FOOTER,
     "default_mode": "auto",  # the theme logs an error on a first visit without it
     "other_docnames": set(json.loads(_other.read_text())) if _other.exists() else set(),
 }

@@ -284,3 +284,44 @@ def test_redirects_cover_every_numbered_name(site):
                 page = (site / lang / folder / f"{lesson.stem}.html").read_text()
                 target = f"../lessons/{lesson.slug}/index.html"
                 assert f'url={target}"' in page and (site / lang / folder / target).resolve().exists()
+
+
+def test_generated_text_reads_right_in_both_languages(site):
+    """Route goals link to their pages, lesson lists say what each lesson covers under a header, the Chinese
+    home page says its notebooks are English, a lesson's link row is one row and names an exercise only
+    where there is one, nbval's markers stay out of the code, and the Chinese pages' own words are Chinese
+    down to the colons and the footer."""
+    from bs4 import BeautifulSoup
+
+    def soup(rel: str):
+        return BeautifulSoup((site / rel).read_text(), "html.parser")
+
+    lessons = site_build.curriculum()
+    for lang in ("en", "zh"):
+        for rel, prefix in (("routes/index.html", ""), ("index.html", "routes/")):
+            hrefs = {a.get("href") for a in soup(f"{lang}/{rel}").select("article a")}
+            for route in site_build.routes(lang):
+                assert f"{prefix}{route['slug']}/index.html" in hrefs, (lang, rel, route["slug"])
+        index = soup(f"{lang}/lessons/index.html")
+        heads = [th.get_text(strip=True) for th in index.select("article table th")]
+        assert len(heads) == 3 and all(heads), heads
+        cells = [tr.select("td")[2].get_text() for tr in index.select("article table tbody tr")]
+        assert len(cells) == len(lessons) and not any("--" in c for c in cells), cells
+        assert not index.select("article table strong")
+        footer = soup(f"{lang}/lessons/ddp/index.html").select_one("footer p.copyright").get_text(strip=True)
+        assert footer == ("© Copyright the course's authors." if lang == "en" else "© 版权归本课程的作者所有。")
+        for lesson in lessons:
+            page = soup(f"{lang}/{lesson.page}.html")
+            to_exercise = page.select(f'article p a[href="#{lang}-{lesson.slug}-exercise"]')
+            assert bool(to_exercise) == bool(lesson.exercises), (lang, lesson.stem)
+            assert "NBVAL_" not in page.get_text()
+    assert "__len__" in soup("en/lessons/index.html").get_text()
+    zh_home = soup("zh/index.html")
+    labels = [a.get_text() for a in zh_home.select('article a[href^="../en/lessons/"]')]
+    assert labels == ["notebook（英文）"] * len(lessons), labels
+    assert "build/site/index.html" not in zh_home.get_text() + soup("en/index.html").get_text()
+    ddp = soup("zh/lessons/ddp/index.html")
+    assert "全部导读" not in ddp.get_text() and "上一课：" in ddp.get_text() and "上一课:" not in ddp.get_text()
+    first = ddp.select_one("article h1").find_next("p")
+    assert first.find("a", string="术语对照") and first.find_next("p").find("a", string="← 02") is None
+    assert "时间：" in soup("zh/routes/train-on-2-8-gpus/index.html").get_text()
