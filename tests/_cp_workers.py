@@ -37,11 +37,9 @@ def ring_vs_sdpa(rank: int, world_size: int, kind: str, ulysses: bool = False) -
 
 def minimal_16_check(rank: int, world_size: int, bad: float) -> bool:
     """minimal/16_context_parallel.py's check() on every rank, rank 1's diff replaced by `bad`."""
-    import importlib.util
+    import runpy
 
     from common.run.launch import REPO_ROOT
-    path = REPO_ROOT / "minimal" / "16_context_parallel.py"
-    spec = importlib.util.spec_from_file_location("minimal_16", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)  # defines the functions; main() runs only as __main__
-    return script.check(torch.tensor(bad if rank == 1 else 1e-7))
+    path = REPO_ROOT / "minimal" / "16_context_parallel.py"  # a script, not a module: run it, not as __main__
+    script = runpy.run_path(str(path), run_name="minimal_16")  # defines the functions; main() does not run
+    return script["check"](torch.tensor(bad if rank == 1 else 1e-7))

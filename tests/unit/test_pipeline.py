@@ -127,8 +127,8 @@ def test_uneven_microbatches_weighted_loss_one_stage():
 @pytest.mark.parametrize("order", [[("B", 0), ("F", 0)], [("F", 0), ("B", 1), ("F", 1), ("B", 0)],
                                    [("F", 0), ("F", 0)], [("F", 0)]])
 def test_executor_rejects_a_backward_before_its_forward_with_valueerror(order):
-    """The promise in run_pipeline_step's docstring: a bad order is a ValueError before anything runs (issue 10
-    #6: [B0, F0] used to raise KeyError from inside the step)."""
+    """The promise in run_pipeline_step's docstring: a bad order is a ValueError before anything runs
+    ([B0, F0] used to raise KeyError from inside the step)."""
     m = len({i for _, i in order}) if len(order) > 1 else 1
     model = mlp([3, 2])
     x, y = torch.randn(m, 3), torch.zeros(m, dtype=torch.long)
