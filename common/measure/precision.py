@@ -10,12 +10,13 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 
 from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
-from common.harness.env import DistInfo
+if TYPE_CHECKING:  # a type only: the instruments import nothing from the harness
+    from common.harness.env import DistInfo
 
 __all__ = ["PRECISIONS", "autocast_context", "max_diff", "worst_over_ranks"]
 

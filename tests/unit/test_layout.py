@@ -1,7 +1,7 @@
 """The layout of common/: the map in common/__init__.py lists exactly the tree, and the layers hold.
 
 - every module under common/ is named in the map, and the map names no module that is not there;
-- the harness imports no topic, no plot, no exhibit and no run tool;
+- the harness imports no topic, no plot, no exhibit and no run tool; the instruments import no harness;
 - a lesson imports no run tool: importing lesson 01 loads no `common.run` module.
 """
 from __future__ import annotations
@@ -52,6 +52,28 @@ def test_the_map_lists_exactly_the_tree():
 def test_the_harness_imports_no_topic_plot_or_run_tool():
     for path in sorted((COMMON / "harness").glob("*.py")):
         wrong = {n for n in imports(path) if not n.startswith(LOWER)}
+        assert not wrong, f"{path.relative_to(ROOT)} imports {sorted(wrong)}"
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """`imports`, less what an `if TYPE_CHECKING:` block imports for annotations only."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
+    names = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return {n for n in names if n.startswith("common.")}
+
+
+def test_the_instruments_import_only_instruments_and_models():
+    for path in sorted((COMMON / "measure").glob("*.py")):
+        wrong = {n for n in runtime_imports(path) if not n.startswith(("common.measure", "common.models"))}
         assert not wrong, f"{path.relative_to(ROOT)} imports {sorted(wrong)}"
 
 
