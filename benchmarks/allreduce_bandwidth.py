@@ -18,7 +18,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from common.measure.bandwidth import bandwidths, bus_bandwidth_factor, spread, time_calls
+from common.measure.bandwidth import bandwidths, bus_bandwidth_factor, five_number_summary, time_calls
 from common.harness.results import Report
 from common.collectives.ring import ring_all_reduce
 from common.harness.session import add_distributed_args, barrier, distributed_session, run_main
@@ -60,7 +60,7 @@ def main() -> None:
             for kib in args.sizes_kib:
                 buf = torch.zeros(kib * 256, device=dev)  # kib KiB of float32; zeros: repeated sums never overflow
                 for op, fn in (("all_reduce", lambda: dist.all_reduce(buf)), ("ring", lambda: ring_all_reduce(buf))):
-                    s = spread(time_calls(fn, args.iters, args.warmup, dev, info.distributed))
+                    s = five_number_summary(time_calls(fn, args.iters, args.warmup, dev, info.distributed))
                     algbw, busbw = bandwidths(kib * 1024, s["median"], n)
                     rows.append({"op": op, "size_bytes": kib * 1024, **s, "algbw_GBps": algbw, "busbw_GBps": busbw})
                     report.perf(f"{op}_{kib}kib", s, f"{op:>10} {kib:>6} KiB: {s['median'] * 1e3:8.3f} ms "

@@ -58,7 +58,8 @@ from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, rank0_only, run_main, set_seed
 from common.harness.env import LessonError, read_torchrun_env
 from common.checkpoint.sharded import (FULL_MODEL, agreed_folder, check_complete, load_sharded, mark_complete,
-                                       model_signature, save_sharded)
+                                       save_sharded)
+from common.checkpoint.train_state import model_signature
 from common.sharding.accounting import activation_bytes, full_params, held_bytes, moved_bytes
 from common.measure.differences import relative_difference
 from common.sharding.zero import ZeRO, check_stages, check_world_size

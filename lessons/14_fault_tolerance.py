@@ -65,7 +65,7 @@ from common.fault_tolerance.faults import (EventLog, exit_on_peer_failure, parse
                                            report_timeline)
 from common.harness.ranks import print0
 from common.harness.rendezvous import attempt
-from common.checkpoint.reshard import check_sharded, load_sharded, micro_steps_for, save_sharded
+from common.checkpoint.reshard import check_sharded, load_resharded, micro_steps_for, save_reshardable
 from common.harness.results import Report
 from common.data_parallel.seeding import rank_seed
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
@@ -286,7 +286,7 @@ def resume_variants(args, info, train_set, snapshot: dict, reference: list, vari
 def start_point(args, info, T, log, report) -> int:
     """The step this attempt starts from: a sharded checkpoint, the newest complete full one, or 0."""
     if args.sharded:
-        step = load_sharded(T.raw, T.opt, args.resume_sharded, args.sharded, T.sched, T.sampler)
+        step = load_resharded(T.raw, T.opt, args.resume_sharded, args.sharded, T.sched, T.sampler)
         set_seed(rank_seed(args.seed + step, info.rank))  # W0 ranks' streams cannot become W: reseeded
         T.gen.manual_seed(rank_seed(args.seed + 1 + step, info.rank))
         d = max_diff_over_ranks(T.raw, args.sharded["params"], info)
@@ -305,7 +305,7 @@ def saver(args, info, T, fault, log, report):
         if s == args.save_sharded_at:
             meta = {"global_batch": args.global_batch, "step": s, "sampler": T.sampler.state_dict(),
                     "scheduler": T.sched.state_dict(), "flags": {k: getattr(args, k) for k in RUN_FLAGS}}
-            cost = save_sharded(T.raw, T.opt, args.ckpt_dir / f"sharded_step_{s:06d}", info, meta)
+            cost = save_reshardable(T.raw, T.opt, args.ckpt_dir / f"sharded_step_{s:06d}", info, meta)
             report.value("sharded_bytes", cost["bytes"], f"DCP checkpoint at step {s}: {{value}} bytes")
             report.perf("async_save_blocking_ratio", cost["async_block_s"] / cost["sync_s"],
                         f"the loop blocked {cost['async_block_s']:.4f} s (async_save) vs "

@@ -47,7 +47,7 @@ from common.planning.transformer import matmul_attention, saved_bytes_from_shape
 from common.harness.grid import Grid
 from common.measure.memory import ResidualMLP, saved_activation_bytes, storage_bytes
 from common.models import CausalTransformer, DigitsCNN
-from common.planning.planner import (NAMED, Assumptions, PlanError, add_planner_args, evaluate,
+from common.planning.planner import (NAMED, Assumptions, PlanError, add_planner_args, evaluate_layout,
                                      planner_inputs, report_plan)
 from common.planning.cost_model import (GPT, fit_alpha_beta, gpt_flops, gpt_params, mfu,
                                         residual_mlp_activations, residual_mlp_flops, ring_bytes_sent,
@@ -363,7 +363,8 @@ def planner_closed_forms(report: Report) -> None:
     layer)."""
     c, a = NAMED["7b"], Assumptions(gpus=8, global_batch=64)
     psi, L, sbh, m = gpt_params(c)["total"], c.layers, c.seq * c.hidden, 64 // 8  # m: micro-batches per step
-    ddp, ckpt, zero2, zero3, cp2 = (evaluate(c, a, dp, 1, 1, cp, zero, ck)  # cp2: ZeRO-3 at dp 4 x cp 2
+    # cp2: ZeRO-3 at dp 4 x cp 2
+    ddp, ckpt, zero2, zero3, cp2 = (evaluate_layout(c, a, dp, 1, 1, cp, zero, ck)
                                     for dp, cp, zero, ck in ((8, 1, 0, 0), (8, 1, 0, 1), (8, 1, 2, 0),
                                                              (8, 1, 3, 0), (4, 2, 3, 0)))
     ring = 2 * psi * 7 / 8  # bytes one of 8 ranks sends in an all-gather or reduce-scatter of the bf16 model

@@ -131,7 +131,8 @@ def save_over_a_finished_checkpoint(rank: int, world_size: int, path: str) -> di
     crash would): what `check_complete` says about the folder after each."""
     from types import SimpleNamespace
     from common.harness.env import LessonError
-    from common.checkpoint.sharded import check_complete, mark_complete, model_signature, save_sharded
+    from common.checkpoint.sharded import check_complete, mark_complete, save_sharded
+    from common.checkpoint.train_state import model_signature
     info = SimpleNamespace(master_process=rank == 0)
     torch.manual_seed(0)
     model = nn.Linear(4, 2)

@@ -18,17 +18,19 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict
 
+from common.checkpoint.sharded import load_sharded
+from common.checkpoint.train_state import model_signature
 from common.harness.atomic import atomic_write, load_checkpoint
 from common.harness.env import DistInfo, LessonError
 
-__all__ = ["MARKER", "save_sharded", "check_sharded", "load_sharded", "micro_steps_for"]
+__all__ = ["MARKER", "save_reshardable", "check_sharded", "load_resharded", "micro_steps_for"]
 
 MARKER = "COMPLETE.pt"
 
 
-def save_sharded(model: nn.Module, optimizer, path: str | Path, info: DistInfo, meta: dict) -> dict:
+def save_reshardable(model: nn.Module, optimizer, path: str | Path, info: DistInfo, meta: dict) -> dict:
     """Every rank: DCP-save model + optimizer to `path`; then rank 0 writes the completion marker: `meta` (the
     loop's state) + the model's signature, the world size and the parameters (to compare at the switch).
 
@@ -49,7 +51,7 @@ def save_sharded(model: nn.Module, optimizer, path: str | Path, info: DistInfo, 
     if info.distributed:
         dist.barrier()  # every rank's files are written
     if info.master_process:
-        meta = {**meta, "model": {k: list(t.shape) for k, t in model.state_dict().items()},
+        meta = {**meta, "model": model_signature(model),
                 "world_size": info.world_size, "params": [p.detach().cpu() for p in model.parameters()]}
         atomic_write(path / MARKER, lambda f: torch.save(meta, f))
         for f in Path(str(path) + "_async").iterdir():
@@ -73,13 +75,10 @@ def check_sharded(path: str | Path, signature: dict) -> dict:
     return meta
 
 
-def load_sharded(model: nn.Module, optimizer, path: str | Path, meta: dict, scheduler, sampler) -> int:
+def load_resharded(model: nn.Module, optimizer, path: str | Path, meta: dict, scheduler, sampler) -> int:
     """Every rank: fill model and optimizer from a DCP checkpoint written by any number of ranks, the scheduler
     and the sampler from its marker `meta`; returns the step it was saved at."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)  # the layout to fill (creates AdamW's state lazily)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))  # each rank reads the slices its tensors need
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    load_sharded(model, optimizer, path)  # each rank reads the slices its tensors need
     scheduler.load_state_dict(meta["scheduler"])
     sampler.load_state_dict(meta["sampler"])  # global samples seen in the epoch: a position for any world size
     return meta["step"]

@@ -25,16 +25,11 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from common.harness.atomic import atomic_write
 from common.harness.env import DistInfo, LessonError
 
-__all__ = ["MARKER", "FULL_MODEL", "agreed_folder", "model_signature", "check_complete", "save_sharded",
+__all__ = ["MARKER", "FULL_MODEL", "agreed_folder", "check_complete", "save_sharded",
            "mark_complete", "load_sharded"]
 
 MARKER = "COMPLETE.json"
 FULL_MODEL = "full_model.pt"  # the whole model in one file, for a single-process reader
-
-
-def model_signature(model: nn.Module) -> dict[str, list[int]]:
-    """{parameter name: shape} of a plain (unsharded) model: what a checkpoint must match to load into it."""
-    return {name: list(t.shape) for name, t in model.state_dict().items()}
 
 
 def check_complete(path: str | Path, signature: dict[str, list[int]]) -> dict:

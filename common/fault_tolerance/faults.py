@@ -27,7 +27,7 @@ from common.harness.env import LessonError
 from common.harness.session import exit_process
 
 __all__ = ["KINDS", "InjectedFault", "Fault", "read_error_file", "parse_faults", "EventLog", "exit_on_peer_failure", "read_events", "timeline", "report_timeline",
-           "plot_timeline"]
+           "plot_restart_timeline"]
 
 KINDS = ("exit", "raise", "hang", "mid-write", "before-rename")
 
@@ -196,7 +196,7 @@ def report_timeline(report, events: list[dict]) -> dict:
     return tl
 
 
-def plot_timeline(tl: dict, ax=None):
+def plot_restart_timeline(tl: dict, ax=None):
     """Step against wall time, one colour per attempt; lost work and restart time shaded."""
     import matplotlib.pyplot as plt
     ax = ax or plt.subplots(figsize=(8, 3.2))[1]

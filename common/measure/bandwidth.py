@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["bus_bandwidth_factor", "bandwidths", "time_calls", "spread"]
+__all__ = ["bus_bandwidth_factor", "bandwidths", "time_calls", "five_number_summary"]
 
 
 def bus_bandwidth_factor(op: str, world_size: int) -> float:
@@ -79,7 +79,7 @@ def time_calls(fn: Callable[[], object], iters: int, warmup: int, device: torch.
     return times.cpu().tolist()
 
 
-def spread(seconds: list[float]) -> dict[str, float]:
+def five_number_summary(seconds: list[float]) -> dict[str, float]:
     """{"median", "q1", "q3", "min", "max"} of per-call times (quartiles: statistics.quantiles, n=4)."""
     if not seconds:
         raise ValueError("no times to summarise")

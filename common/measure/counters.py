@@ -16,7 +16,7 @@ from typing import Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-__all__ = ["CommCounter", "SavedBytes", "saved_tensor_bytes", "CollectiveCount", "count_collectives"]
+__all__ = ["CommCounter", "SavedBytes", "saved_tensor_bytes", "CollectiveCount", "count_collectives", "local_shard"]
 
 
 @dataclass
@@ -66,13 +66,13 @@ class SavedBytes:
     _seen: set = field(default_factory=set, repr=False)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_shard(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (what this rank really stores); any other tensor itself."""
     return getattr(t, "_local_tensor", t)
 
 
 def _key(t: torch.Tensor) -> tuple:
-    t = _local(t)
+    t = local_shard(t)
     return (t.untyped_storage().data_ptr(), str(t.device))
 
 
@@ -95,7 +95,7 @@ def saved_tensor_bytes(exclude: Iterable[torch.Tensor] = ()) -> Iterator[SavedBy
         key = _key(t)
         if key not in counter._seen and key not in skip:
             counter._seen.add(key)
-            counter.bytes += _local(t).untyped_storage().nbytes()
+            counter.bytes += local_shard(t).untyped_storage().nbytes()
             counter.tensors += 1
         return t
 

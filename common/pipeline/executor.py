@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from common.pipeline.stage_timers import activation_bytes
+from common.pipeline.stage_timers import held_activation_bytes
 
 __all__ = ["StepResult", "check_order", "run_pipeline_step"]
 
@@ -28,7 +28,7 @@ class StepResult:
         loss: on the last stage, the batch's mean loss sum_i (n_i / N) loss_i; None elsewhere.
         events: this stage's (kind, microbatch, start_s, end_s, stage), if the stage is a `TimedStage`.
         peak_live_microbatches: most micro-batches whose forward ran and whose backward had not.
-        peak_activation_bytes: most bytes of saved activations held at once (see `activation_bytes`).
+        peak_activation_bytes: most bytes of saved activations held at once (see `held_activation_bytes`).
     """
 
     loss: float | None
@@ -120,7 +120,7 @@ def run_pipeline_step(stage: nn.Module, order: Sequence[tuple[str, int]], *, pp_
                 x = torch.empty((sizes[i], *recv_shape), device=device, dtype=dtype)
                 recv(x, ranks[pp_rank - 1])
                 x.requires_grad_()  # we need d loss / d x to send back to the previous stage
-            with activation_bytes(params) as saved:
+            with held_activation_bytes(params) as saved:
                 out = stage(x)
                 if last:
                     out = loss_fn(out, targets[i].to(device)) * (sizes[i] / total)  # weight n_i / N

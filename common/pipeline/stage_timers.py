@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 __all__ = ["SimulatedKernel", "TimedStage", "record_step", "measured_bubble", "busy_overlap_s", "peak_live",
-           "activation_bytes", "plot_timeline"]
+           "held_activation_bytes", "plot_timeline"]
 
 
 class _SleepFn(torch.autograd.Function):
@@ -202,7 +202,7 @@ def peak_live(events: Sequence[tuple]) -> int:
 
 
 @contextmanager
-def activation_bytes(params: Sequence[torch.Tensor] = ()) -> Iterator[list]:
+def held_activation_bytes(params: Sequence[torch.Tensor] = ()) -> Iterator[list]:
     """Count bytes of the tensors autograd saves for backward in this block, leaving out `params`.
 
     Unlike `common.measure.counters.saved_tensor_bytes` (which counts whole storages, right for one model call), this

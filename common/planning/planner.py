@@ -38,7 +38,7 @@ from common.harness.ranks import print0
 from common.harness.results import Report
 
 __all__ = ["NAMED", "Assumptions", "PlanError", "shape_for_params", "plan", "describe", "format_rows",
-           "nothing_fits", "report_plan"]
+           "nothing_fits", "report_plan", "evaluate_layout"]
 
 NAMED = {"gpt2-1.5b": GPT(48, 1600, 25, 50257, 1024), "7b": GPT(32, 4096, 32, 32000, 4096),
          "13b": GPT(40, 5120, 40, 32000, 4096), "70b": GPT(80, 8192, 64, 32000, 4096),
@@ -129,7 +129,7 @@ def _ring_total(ops: list[tuple[str, float, int]], n: int, alpha: float, beta: f
     return sum(count * ring_time(op, x, n, alpha, beta) for op, x, count in ops)
 
 
-def evaluate(c: GPT, a: Assumptions, dp: int, tp: int, pp: int, cp: int, stage: int, ckpt: bool) -> dict | None:
+def evaluate_layout(c: GPT, a: Assumptions, dp: int, tp: int, pp: int, cp: int, stage: int, ckpt: bool) -> dict | None:
     """One configuration: memory per rank (bytes), bytes sent per rank per step, time and MFU; None if the
     global batch does not split into micro-batches over dp."""
     if a.global_batch % (dp * a.micro_batch):
@@ -180,7 +180,7 @@ def plan(c: GPT, a: Assumptions) -> list[dict]:
     """Every configuration the GPUs allow, fitting or not, fastest first among those that fit."""
     _check(c, a)
     # one rank per ZeRO group (dp x cp = 1): nothing to shard, every stage is DDP's row: list stage 0 only
-    rows = [evaluate(c, a, dp, tp, pp, cp, stage, ckpt) for dp, tp, pp, cp in _degrees(c, a)
+    rows = [evaluate_layout(c, a, dp, tp, pp, cp, stage, ckpt) for dp, tp, pp, cp in _degrees(c, a)
             for stage in ((0, 1, 2, 3) if dp * cp > 1 else (0,)) for ckpt in (False, True)]
     rows = [r for r in rows if r is not None]
     if not rows:

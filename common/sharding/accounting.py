@@ -11,12 +11,10 @@ from typing import Sequence
 
 import torch
 
+from common.measure.counters import local_shard
 from common.measure.differences import relative_difference  # re-exported: it lives with the other differences
 from common.measure.memory import storage_bytes
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 __all__ = ["held_bytes", "moved_bytes", "full_params", "activation_bytes"]
 
@@ -28,7 +26,7 @@ def held_bytes(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | No
     A DTensor (FSDP2) counts its local shard. Stage-3 flat buffers between uses are 0-byte storages.
     """
     def local(ts):
-        return [_local(t) for t in ts if t is not None]
+        return [local_shard(t) for t in ts if t is not None]
     state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
     return {"parameters": storage_bytes(local(params)), "gradients": storage_bytes(local(grads)),
             "optimizer_state": storage_bytes(local(state))}
@@ -62,12 +60,12 @@ def activation_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
         saved.append(t)
         return t
     # the parameters at rest (FSDP2 swaps in its gathered ones during forward: those are not excluded)
-    params = {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
+    params = {local_shard(p).untyped_storage().data_ptr() for p in model.parameters()}
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
         out = model(x)
     sizes = {}  # storage -> bytes it holds now
     for t in saved:
-        storage = _local(t).untyped_storage()
+        storage = local_shard(t).untyped_storage()
         if storage.data_ptr() not in params:
             sizes[storage.data_ptr()] = storage.nbytes()
     del out

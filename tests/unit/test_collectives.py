@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import common.collectives.ring as ring
 from common.collectives.backends import BACKEND_OPS, BACKEND_SUPPORT, backend_table
-from common.measure.bandwidth import bandwidths, bus_bandwidth_factor, spread, time_calls
+from common.measure.bandwidth import bandwidths, bus_bandwidth_factor, five_number_summary, time_calls
 from common.collectives.ring import (chunk_bounds, ring_link_bytes, ring_schedule, server_link_bytes,
                                      simulate_ring_all_reduce, simulation_equals_sum)
 from common.measure.differences import max_over_ranks
@@ -111,13 +111,13 @@ def test_bus_bandwidth_factors_follow_nccl_tests():
         bus_bandwidth_factor("all_to_all_v", 2)
 
 
-def test_time_calls_times_each_call_after_warmup_and_spread_summarises():
+def test_time_calls_times_each_call_after_warmup_and_five_number_summary_summarises():
     calls = []
     times = time_calls(lambda: calls.append(1), iters=20, warmup=3, device=torch.device("cpu"), distributed=False)
     assert len(calls) == 23 and len(times) == 20 and all(t >= 0 for t in times)
-    s = spread([5.0, 1.0, 2.0, 4.0, 3.0])
+    s = five_number_summary([5.0, 1.0, 2.0, 4.0, 3.0])
     assert s["median"] == 3.0 and s["min"] == 1.0 and s["max"] == 5.0 and s["q1"] <= 3.0 <= s["q3"]
-    assert spread([2.0]) == {"median": 2.0, "q1": 2.0, "q3": 2.0, "min": 2.0, "max": 2.0}
+    assert five_number_summary([2.0]) == {"median": 2.0, "q1": 2.0, "q3": 2.0, "min": 2.0, "max": 2.0}
     with pytest.raises(ValueError):
         time_calls(lambda: None, iters=0, warmup=0, device=torch.device("cpu"), distributed=False)
 

@@ -2,12 +2,14 @@
 
 - every module under common/ is named in the map, and the map names no module that is not there;
 - the harness imports no topic, no plot, no exhibit and no run tool; the instruments import no harness;
-- a lesson imports no run tool: importing lesson 01 loads no `common.run` module.
+- a lesson imports no run tool: importing lesson 01 loads no `common.run` module;
+- no top-level function or class name (private ones included) is defined in two modules of common/.
 """
 from __future__ import annotations
 
 import ast
 import re
+from collections import defaultdict
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +91,27 @@ def test_a_lesson_loads_no_run_tool():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def defined_twice(paths) -> dict[str, list[str]]:
+    """{name: [files]} for each top-level function or class name that more than one of `paths` defines."""
+    where = defaultdict(list)
+    for path in paths:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                where[node.name].append(path.as_posix())
+    return {name: files for name, files in where.items() if len(set(files)) > 1}
+
+
+def test_no_top_level_name_is_defined_in_two_modules():
+    twice = defined_twice(sorted(COMMON.rglob("*.py")))
+    assert not twice, f"defined in more than one module of common/ (keep one, or rename one): {twice}"
+
+
+def test_the_check_sees_a_name_defined_twice(tmp_path):
+    (tmp_path / "a.py").write_text("def spread(x):\n    return x\n\nclass Kept:\n    pass\n")
+    (tmp_path / "b.py").write_text("def _local(t):\n    return t\n\nasync def spread(y):\n    return y\n")
+    (tmp_path / "c.py").write_text("class _local:\n    def spread(self):\n        pass\n")
+    found = defined_twice(sorted(tmp_path.glob("*.py")))
+    assert sorted(found) == ["_local", "spread"]
+    assert [Path(f).name for f in found["spread"]] == ["a.py", "b.py"]

@@ -129,27 +129,27 @@ def test_planner_rows_hold_the_lessons_closed_forms():
 
 
 def test_planner_zero3_memory_at_cp2_is_half_of_cp1_and_the_gradient_dtype_is_an_assumption():
-    from common.planning.planner import NAMED, Assumptions, describe, evaluate
+    from common.planning.planner import NAMED, Assumptions, describe, evaluate_layout
     c, a = NAMED["7b"], Assumptions(gpus=8, global_batch=64)
     def states(r):
         return sum(r["memory"][k] for k in ("parameters", "gradients", "optimizer_state"))
-    cp1, cp2 = evaluate(c, a, 4, 1, 1, 1, 3, False), evaluate(c, a, 4, 1, 1, 2, 3, False)
+    cp1, cp2 = evaluate_layout(c, a, 4, 1, 1, 1, 3, False), evaluate_layout(c, a, 4, 1, 1, 2, 3, False)
     assert states(cp2) == pytest.approx(states(cp1) / 2)
     psi = gpt_params(c)["total"]
     view = Assumptions(gpus=8, global_batch=64, gradient_as_bucket_view=True)
-    assert evaluate(c, view, 8, 1, 1, 1, 0, False)["memory"]["gradients"] == 2 * psi  # no bucket copy
-    assert evaluate(c, a, 8, 1, 1, 1, 0, False)["memory"]["gradients"] == 4 * psi  # the copy
+    assert evaluate_layout(c, view, 8, 1, 1, 1, 0, False)["memory"]["gradients"] == 2 * psi  # no bucket copy
+    assert evaluate_layout(c, a, 8, 1, 1, 1, 0, False)["memory"]["gradients"] == 4 * psi  # the copy
     fp32 = Assumptions(gpus=8, global_batch=64, grad_bytes=4)
-    r = evaluate(c, fp32, 8, 1, 1, 1, 1, False)
+    r = evaluate_layout(c, fp32, 8, 1, 1, 1, 1, False)
     assert r["memory"]["gradients"] == 4 * psi and r["sent"]["dp"] == pytest.approx((4 + 2) * psi * 7 / 8)
     assert "gradients fp32" in describe(c, fp32)[4] and "bf16" in describe(c, a)[4]
     assert not any("upper bound" in line for line in describe(c, a))
 
 
 def test_planner_megatron_zero1_fit_map_cell_tp8_pp1_does_not_fit_with_fp32_gradients():
-    from common.planning.planner import NAMED, Assumptions, evaluate
-    bf16 = evaluate(NAMED["70b"], Assumptions(gpus=64), 8, 8, 1, 1, 1, False)
-    fp32 = evaluate(NAMED["70b"], Assumptions(gpus=64, grad_bytes=4), 8, 8, 1, 1, 1, False)
+    from common.planning.planner import NAMED, Assumptions, evaluate_layout
+    bf16 = evaluate_layout(NAMED["70b"], Assumptions(gpus=64), 8, 8, 1, 1, 1, False)
+    fp32 = evaluate_layout(NAMED["70b"], Assumptions(gpus=64, grad_bytes=4), 8, 8, 1, 1, 1, False)
     assert round(bf16["memory"]["total"] / 1e9, 1) == 56.3 and bf16["fits"]
     assert round(fp32["memory"]["total"] / 1e9, 1) == 72.6 and not fp32["fits"]
 
@@ -217,11 +217,11 @@ def test_the_comparison_sees_non_persistent_buffers_and_the_recipe_has_the_state
 def test_data_parallel_runs_on_nvlink_while_the_job_fits_in_one_node():
     """DDP on 8 GPUs of one node: the step is compute + one ring all-reduce of the bf16 gradients on NVLink,
     14 alpha + 2 (7/8) 2 Psi / B_nvlink; spread over two nodes of 4 the same bytes cross the network."""
-    from common.planning.planner import NAMED, Assumptions, evaluate
+    from common.planning.planner import NAMED, Assumptions, evaluate_layout
     c = NAMED["7b"]
     for per_node, link_gbps in ((8, 3600.0), (4, 400.0)):
         a = Assumptions(gpus=8, global_batch=64, gpus_per_node=per_node, nvlink_gbps=3600.0, network_gbps=400.0)
-        row = evaluate(c, a, 8, 1, 1, 1, 0, False)
+        row = evaluate_layout(c, a, 8, 1, 1, 1, 0, False)
         compute = gpt_flops(c, a.global_batch)["total"] / (a.gpus * a.peak_tflops * 1e12 * a.efficiency)
         psi = gpt_params(c)["total"]
         want = 14 * a.alpha_us * 1e-6 + 2 * 7 / 8 * 2 * psi / (link_gbps / 8 * 1e9)
@@ -231,7 +231,7 @@ def test_data_parallel_runs_on_nvlink_while_the_job_fits_in_one_node():
 def test_a_recomputed_forward_passes_the_cp_ring_once_more():
     """Ring attention: K and V go around the ring once forward and twice backward; full checkpointing adds the
     recomputed forward's pass: 4/3 of the bytes."""
-    from common.planning.planner import NAMED, Assumptions, evaluate
+    from common.planning.planner import NAMED, Assumptions, evaluate_layout
     c, a = NAMED["7b"], Assumptions(gpus=8, global_batch=64)
-    plain, ckpt = (evaluate(c, a, 4, 1, 1, 2, 1, ck)["sent"]["cp"] for ck in (False, True))
+    plain, ckpt = (evaluate_layout(c, a, 4, 1, 1, 2, 1, ck)["sent"]["cp"] for ck in (False, True))
     assert ckpt == pytest.approx(4 / 3 * plain, rel=1e-12) and plain > 0

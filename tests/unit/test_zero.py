@@ -13,7 +13,8 @@ from common.harness.env import LessonError
 from common.measure.memory import ResidualMLP
 from common.sharding.accounting import activation_bytes, held_bytes, moved_bytes
 from common.measure.differences import relative_difference
-from common.checkpoint.sharded import MARKER, check_complete, model_signature
+from common.checkpoint.sharded import MARKER, check_complete
+from common.checkpoint.train_state import model_signature
 from common.sharding.zero import ZeRO, check_stages, check_world_size
 from tests._workers import run_world
 from tests._rank_workers import (FrozenTied, lesson02_step_vs_ddp, load_full_from_rank0_into_meta,
