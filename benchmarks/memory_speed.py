@@ -11,6 +11,7 @@ Each row: the saved-activation bytes of one micro-step's forward (deterministic,
 the median step time over `--repeats` steps after one warm-up (the slowest rank's), and on CUDA the peak
 `torch.cuda.max_memory_allocated` of one step. Times depend on the machine and its load: `[perf]` lines.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,18 +21,20 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.measure.bandwidth import time_calls
-from common.measure.memory import ResidualMLP, no_sync_unless, saved_activation_bytes
-from common.measure.precision import autocast_context
+from common.harness.env import LessonError
 from common.harness.ranks import gather_to_rank0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
-from common.harness.env import LessonError
+from common.measure.bandwidth import time_calls
+from common.measure.memory import ResidualMLP, no_sync_unless, saved_activation_bytes
+from common.measure.precision import autocast_context
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--batch", type=int, default=256, help="samples per rank per optimizer step (multiple of 4)")
+    p.add_argument(
+        "--batch", type=int, default=256, help="samples per rank per optimizer step (multiple of 4)"
+    )
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--repeats", type=int, default=10, help="timed optimizer steps per row (median)")
@@ -40,32 +43,50 @@ def main() -> None:
     add_distributed_args(p)
     args = p.parse_args()
     if args.batch < 4 or args.batch % 4 or args.repeats < 1 or args.width < 1 or args.depth < 1:
-        raise LessonError("--batch must be a positive multiple of 4; --repeats, --width, --depth positive")
+        raise LessonError(
+            "--batch must be a positive multiple of 4; --repeats, --width, --depth positive"
+        )
     with distributed_session(args) as info:
         dev, report = info.device, Report(info)
         set_seed(args.seed)
         raw_model = ResidualMLP(args.width, args.depth).to(dev)
-        model = DDP(raw_model, device_ids=[info.local_rank] if dev.type == "cuda" else None) \
-            if info.distributed else raw_model
+        model = (
+            DDP(raw_model, device_ids=[info.local_rank] if dev.type == "cuda" else None)
+            if info.distributed
+            else raw_model
+        )
         x = torch.randn(args.batch, 64, device=dev)  # (batch, 64): flattened 8x8 inputs
         y = torch.randint(10, (args.batch,), device=dev)
-        rows = [("plain", 1, "fp32", False), ("accumulation k=4", 4, "fp32", False),
-                ("bf16 autocast", 1, "bf16", False), ("checkpointing", 1, "fp32", True)]
+        rows = [
+            ("plain", 1, "fp32", False),
+            ("accumulation k=4", 4, "fp32", False),
+            ("bf16 autocast", 1, "bf16", False),
+            ("checkpointing", 1, "fp32", True),
+        ]
         if dev.type == "cuda":
-            rows.insert(3, ("fp16 + GradScaler", 1, "fp16", False))  # fp16 gradients underflow without a scaler
+            rows.insert(
+                3, ("fp16 + GradScaler", 1, "fp16", False)
+            )  # fp16 gradients underflow without a scaler
         table = []
         for name, k, precision, ck in rows:
             mb = args.batch // k
             opt = torch.optim.SGD(raw_model.parameters(), lr=1e-4)
-            scaler = torch.amp.GradScaler(dev.type, enabled=precision == "fp16")  # disabled: a pass-through
+            scaler = torch.amp.GradScaler(
+                dev.type, enabled=precision == "fp16"
+            )  # disabled: a pass-through
 
             def step():
                 raw_model.checkpointing = ck
                 for micro_step in range(k):
                     with no_sync_unless(model, last=micro_step == k - 1):
                         with autocast_context(dev, precision):
-                            loss = F.cross_entropy(model(x[micro_step * mb:(micro_step + 1) * mb]),
-                                                   y[micro_step * mb:(micro_step + 1) * mb]) / k
+                            loss = (
+                                F.cross_entropy(
+                                    model(x[micro_step * mb : (micro_step + 1) * mb]),
+                                    y[micro_step * mb : (micro_step + 1) * mb],
+                                )
+                                / k
+                            )
                         scaler.scale(loss).backward()
                 scaler.unscale_(opt)  # once per optimizer step, before clipping
                 torch.nn.utils.clip_grad_norm_(raw_model.parameters(), 1.0)
@@ -85,15 +106,34 @@ def main() -> None:
                 step()
                 torch.cuda.synchronize()
                 peak = torch.cuda.max_memory_allocated(dev)
-            secs = gather_to_rank0(statistics.median(time_calls(step, args.repeats, 1, dev, False)), info)
-            table.append({"name": name, "k": k, "micro_batch": mb, "precision": precision, "checkpointing": ck,
-                          "saved_activation_bytes": saved, "peak_cuda_bytes": peak,
-                          "step_s": max(secs) if secs else None})
+            secs = gather_to_rank0(
+                statistics.median(time_calls(step, args.repeats, 1, dev, False)), info
+            )
+            table.append(
+                {
+                    "name": name,
+                    "k": k,
+                    "micro_batch": mb,
+                    "precision": precision,
+                    "checkpointing": ck,
+                    "saved_activation_bytes": saved,
+                    "peak_cuda_bytes": peak,
+                    "step_s": max(secs) if secs else None,
+                }
+            )
         for r in table if info.master_process else []:  # the gathered times live on rank 0
-            peak = f", peak CUDA {r['peak_cuda_bytes'] / 1e6:.1f} MB" if r["peak_cuda_bytes"] is not None else ""
-            report.perf(r["name"], r["step_s"], f"{r['name']:<18} micro-batch {r['micro_batch']:>5}, saved "
-                        f"{r['saved_activation_bytes'] / 1e6:7.3f} MB, step {{value:.4f}} s "
-                        f"({r['step_s'] / table[0]['step_s']:.2f}x plain){peak}")
+            peak = (
+                f", peak CUDA {r['peak_cuda_bytes'] / 1e6:.1f} MB"
+                if r["peak_cuda_bytes"] is not None
+                else ""
+            )
+            report.perf(
+                r["name"],
+                r["step_s"],
+                f"{r['name']:<18} micro-batch {r['micro_batch']:>5}, saved "
+                f"{r['saved_activation_bytes'] / 1e6:7.3f} MB, step {{value:.4f}} s "
+                f"({r['step_s'] / table[0]['step_s']:.2f}x plain){peak}",
+            )
         report.record("table", table)
         report.record("world_size", info.world_size)
         report.write(args.results)

@@ -3,14 +3,15 @@
     torchrun --standalone --nproc_per_node=2 benchmarks/moe_imbalance.py
     torchrun --standalone --nproc_per_node=4 benchmarks/moe_imbalance.py --hidden 512 --tokens 8192
 
-The MoE layer of lesson 17 (common.expert_parallel.moe.ExpertParallelMoE), top-1, with a capacity factor of E (C = N: no token
+The MoE layer of lesson 20 (common.expert_parallel.moe.ExpertParallelMoE), top-1, with a capacity factor of E (C = N: no token
 is ever dropped, so both routers do the same total expert work). Its router is replaced by a fixed one: the
 balanced router sends token t to expert t % E (every rank's experts get N/ep rows from every rank); the skewed
 one sends every token to an expert of rank 0 (t % (E/ep)). Skewed, rank 0 computes ep x the balanced rows and
 every other rank waits for it in the combine all-to-all, so the step takes about as long as the busiest rank's
 work: up to ep x the balanced step when expert compute dominates. Timings: [perf] lines, medians over --steps.
-Lesson 17 reports the busiest rank's rows over the mean; this is the benchmark that is not its point.
+Lesson 20 reports the busiest rank's rows over the mean; this is the benchmark that is not its point.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,11 +21,11 @@ import time
 import torch
 import torch.nn as nn
 
-from common.harness.grid import Grid
 from common.expert_parallel.moe import ExpertParallelMoE, MoE
+from common.harness.env import LessonError
+from common.harness.grid import Grid
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
-from common.harness.env import LessonError
 
 
 class FixedRouter(nn.Module):
@@ -41,7 +42,9 @@ class FixedRouter(nn.Module):
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--experts", type=int, default=4, help="E, divisible by the number of processes")
-    p.add_argument("--hidden", type=int, default=256, help="H; each expert is H -> 4H -> H (default 256)")
+    p.add_argument(
+        "--hidden", type=int, default=256, help="H; each expert is H -> 4H -> H (default 256)"
+    )
     p.add_argument("--tokens", type=int, default=4096, help="N, tokens per rank (default 4096)")
     p.add_argument("--steps", type=int, default=5, help="timed forward + backward steps per router")
     p.add_argument("--seed", type=int, default=0)
@@ -72,7 +75,9 @@ def main(argv=None) -> None:
         if args.experts % ep:
             raise LessonError(f"--experts {args.experts} must be divisible by the {ep} processes")
         set_seed(args.seed)
-        full = MoE(args.hidden, args.experts, k=1, capacity_factor=float(args.experts), ffn=4 * args.hidden)
+        full = MoE(
+            args.hidden, args.experts, k=1, capacity_factor=float(args.experts), ffn=4 * args.hidden
+        )
         layer = ExpertParallelMoE(full, grid.coords["ep"], ep, grid.group("ep") if ep > 1 else None)
         x = torch.randn(args.tokens, args.hidden)
         t = torch.arange(args.tokens)
@@ -81,11 +86,18 @@ def main(argv=None) -> None:
             layer.router = FixedRouter(pick, args.experts)
             times[name] = step_time(layer, x, args.steps)
             rows = layer.stats["recv"].sum().item()
-            report.perf(f"{name}_s", times[name], f"{name} router: rank 0's experts got {rows} rows; "
-                        f"forward + backward {{value:.4f}} s (median of {args.steps})")
-        report.perf("skewed_over_balanced", times["skewed"] / times["balanced"],
-                    f"skewed / balanced step time: {{value:.2f}} (ep = {ep}: at most about {ep} when expert "
-                    "compute dominates)")
+            report.perf(
+                f"{name}_s",
+                times[name],
+                f"{name} router: rank 0's experts got {rows} rows; "
+                f"forward + backward {{value:.4f}} s (median of {args.steps})",
+            )
+        report.perf(
+            "skewed_over_balanced",
+            times["skewed"] / times["balanced"],
+            f"skewed / balanced step time: {{value:.2f}} (ep = {ep}: at most about {ep} when expert "
+            "compute dominates)",
+        )
         report.finish(args.results)
 
 

@@ -8,6 +8,7 @@ No process group is needed: every sampler takes (num_replicas, rank). Each sampl
 rank builds the whole epoch's permutation (or weighted draw) itself, so the cost per rank does not fall with
 the world size; the weighted sampler's multinomial over 10^6 weights dominates (about 0.2 s on one core here).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,9 +19,12 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from common.data_parallel.bucketing import LengthGroupedDistributedBatchSampler, synthetic_lengths
+from common.data_parallel.samplers import (
+    DistributedSamplerByHand,
+    UnpaddedDistributedSampler,
+    WeightedDistributedSampler,
+)
 from common.harness.results import PERF_PREFIX
-from common.data_parallel.samplers import (DistributedSamplerByHand, UnpaddedDistributedSampler,
-                                           WeightedDistributedSampler)
 
 
 def bench(n: int, world_size: int, rank: int, seed: int = 0, repeats: int = 3) -> dict:
@@ -33,7 +37,9 @@ def bench(n: int, world_size: int, rank: int, seed: int = 0, repeats: int = 3) -
         "DistributedSamplerByHand": lambda: DistributedSamplerByHand(n, w, r, True, seed),
         "UnpaddedDistributedSampler": lambda: UnpaddedDistributedSampler(n, w, r, True, seed),
         "WeightedDistributedSampler": lambda: WeightedDistributedSampler(weights, w, r, seed=seed),
-        "LengthGroupedDistributedBatchSampler": lambda: LengthGroupedDistributedBatchSampler(lengths, 32, w, r, seed),
+        "LengthGroupedDistributedBatchSampler": lambda: LengthGroupedDistributedBatchSampler(
+            lengths, 32, w, r, seed
+        ),
     }
     out = {}
     for name, make in makers.items():
@@ -59,8 +65,11 @@ def main(argv=None) -> None:
         p.error("need --size >= 1, --repeats >= 1 and 0 <= --rank < --world-size")
     torch.set_num_threads(1)
     for name, row in bench(args.size, args.world_size, args.rank, repeats=args.repeats).items():
-        print(f"{PERF_PREFIX} {name:<38} n={args.size} W={args.world_size} rank {args.rank}: "
-              f"{row['seconds']:.3f} s, {row['yielded']} items", flush=True)
+        print(
+            f"{PERF_PREFIX} {name:<38} n={args.size} W={args.world_size} rank {args.rank}: "
+            f"{row['seconds']:.3f} s, {row['yielded']} items",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ in a fixed per-rank memory budget (lesson 13).
    for one step to confirm that the measured bytes fit. Activations and stage 3's one gathered unit at a
    time come on top: lesson 08 measures activations; the budget here is what sharding divides.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,13 +25,13 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.measure.counters import count_collectives
 from common.data import digits_split
+from common.harness.env import LessonError
 from common.harness.grid import Grid
-from common.measure.memory import ResidualMLP
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
-from common.harness.env import LessonError
+from common.measure.counters import count_collectives
+from common.measure.memory import ResidualMLP
 from common.sharding.accounting import held_bytes, moved_bytes
 from common.sharding.zero import ZeRO
 
@@ -40,11 +41,19 @@ SETUPS = ("DDP", "stage 1", "stage 2", "stage 3", "FSDP2")
 
 def bytes_per_param(setup: str, n: int) -> float:
     """Bytes a rank holds per parameter (fp32 parameters, gradients, Adam's two moments), padding aside."""
-    return {"DDP": 16, "stage 1": 8 + 8 / n, "stage 2": 4 + 12 / n, "stage 3": 16 / n, "FSDP2": 16 / n}[setup]
+    return {
+        "DDP": 16,
+        "stage 1": 8 + 8 / n,
+        "stage 2": 4 + 12 / n,
+        "stage 3": 16 / n,
+        "FSDP2": 16 / n,
+    }[setup]
 
 
 def n_params(width: int, depth: int) -> int:
-    return 64 * width + width + depth * 2 * (width * width + width) + 10 * width + 10  # stem, blocks, head
+    return (
+        64 * width + width + depth * 2 * (width * width + width) + 10 * width + 10
+    )  # stem, blocks, head
 
 
 def build(setup: str, width: int, depth: int, grid: Grid, info, lr: float = 1e-3):
@@ -52,20 +61,44 @@ def build(setup: str, width: int, depth: int, grid: Grid, info, lr: float = 1e-3
     raw = ResidualMLP(width, depth).to(info.device)
     if setup == "DDP":
         opt = torch.optim.Adam(raw.parameters(), lr=lr)
-        model = DDP(raw, gradient_as_bucket_view=True,
-                    device_ids=[info.local_rank] if info.device.type == "cuda" else None)
-        return model, opt.step, opt, list(raw.parameters()), lambda: [p.grad for p in raw.parameters()]
+        model = DDP(
+            raw,
+            gradient_as_bucket_view=True,
+            device_ids=[info.local_rank] if info.device.type == "cuda" else None,
+        )
+        return (
+            model,
+            opt.step,
+            opt,
+            list(raw.parameters()),
+            lambda: [p.grad for p in raw.parameters()],
+        )
     if setup == "FSDP2":
         model = lesson.fsdp2(raw, grid.submesh("dp"))
         opt = torch.optim.Adam(model.parameters(), lr=lr)
-        return model, opt.step, opt, list(model.parameters()), lambda: [p.grad for p in model.parameters()]
-    zero = ZeRO(raw, [u for _, u in lesson.units(raw)], int(setup[-1]), group=grid.group("dp"), lr=lr)
-    return (raw, zero.step, zero.optimizer, [*raw.parameters(), *(u.shard for u in zero.units)],
-            lambda: [*(p.grad for p in raw.parameters()), *(u.shard.grad for u in zero.units)])
+        return (
+            model,
+            opt.step,
+            opt,
+            list(model.parameters()),
+            lambda: [p.grad for p in model.parameters()],
+        )
+    zero = ZeRO(
+        raw, [u for _, u in lesson.units(raw)], int(setup[-1]), group=grid.group("dp"), lr=lr
+    )
+    return (
+        raw,
+        zero.step,
+        zero.optimizer,
+        [*raw.parameters(), *(u.shard for u in zero.units)],
+        lambda: [*(p.grad for p in raw.parameters()), *(u.shard.grad for u in zero.units)],
+    )
 
 
 def sync(info) -> None:
-    if info.device.type == "cuda":  # kernels run asynchronously: wait for them before reading the clock
+    if (
+        info.device.type == "cuda"
+    ):  # kernels run asynchronously: wait for them before reading the clock
         torch.cuda.synchronize()
 
 
@@ -75,17 +108,26 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--global-batch", type=int, default=256, help="samples per step over all ranks")
     p.add_argument("--repeats", type=int, default=10, help="timed steps per setup (median)")
-    p.add_argument("--budget-mb", type=float, default=4.0, help="per-rank bytes for parameters, gradients, Adam")
+    p.add_argument(
+        "--budget-mb",
+        type=float,
+        default=4.0,
+        help="per-rank bytes for parameters, gradients, Adam",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results", default=None, help="rank 0 writes the table here as JSON")
     add_distributed_args(p)
     args = p.parse_args()
     if min(args.width, args.depth, args.repeats, args.global_batch) < 1 or args.budget_mb <= 0:
-        raise LessonError("--width, --depth, --repeats, --global-batch and --budget-mb must be positive")
+        raise LessonError(
+            "--width, --depth, --repeats, --global-batch and --budget-mb must be positive"
+        )
     with distributed_session(args) as info:
         if not info.distributed:
-            raise LessonError("run it under torchrun (FSDP2 needs a process group): "
-                              "torchrun --standalone --nproc_per_node=2 benchmarks/sharding_speed.py")
+            raise LessonError(
+                "run it under torchrun (FSDP2 needs a process group): "
+                "torchrun --standalone --nproc_per_node=2 benchmarks/sharding_speed.py"
+            )
         N, report, grid = info.world_size, Report(info), Grid(info, dp=info.world_size)
         if args.global_batch % N:
             raise LessonError(f"--global-batch {args.global_batch} cannot be split over {N} ranks")
@@ -107,36 +149,71 @@ def main() -> None:
             slowest = torch.tensor(statistics.median(times), device=info.device)
             torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
             sent = moved_bytes(c.bytes, N) / args.repeats
-            if setup == "DDP":  # DDP's all-reduce runs in C++: 2 Psi (N-1)/N from its parameter count
+            if (
+                setup == "DDP"
+            ):  # DDP's all-reduce runs in C++: 2 Psi (N-1)/N from its parameter count
                 sent = 2 * 4 * n_params(args.width, args.depth) * (N - 1) / N
             rows[setup] = {"step_s": slowest.item(), "bytes_sent": sent}
         report.record("speed", rows)
-        report.value("width", args.width, f"1. ResidualMLP width {{value}} depth {args.depth} "
-                     f"({n_params(args.width, args.depth)} parameters), {N} ranks, global batch {args.global_batch}")
+        report.value(
+            "width",
+            args.width,
+            f"1. ResidualMLP width {{value}} depth {args.depth} "
+            f"({n_params(args.width, args.depth)} parameters), {N} ranks, global batch {args.global_batch}",
+        )
         for setup, row in rows.items():
-            report.perf(f"step_ratio_{setup.replace(' ', '')}", row["step_s"] / rows["DDP"]["step_s"],
-                        f"{setup:<8} step {row['step_s'] * 1e3:7.2f} ms = {{value:.2f}}x DDP's; "
-                        f"sent {row['bytes_sent'] / 1e6:.3f} MB per rank per step")
+            report.perf(
+                f"step_ratio_{setup.replace(' ', '')}",
+                row["step_s"] / rows["DDP"]["step_s"],
+                f"{setup:<8} step {row['step_s'] * 1e3:7.2f} ms = {{value:.2f}}x DDP's; "
+                f"sent {row['bytes_sent'] / 1e6:.3f} MB per rank per step",
+            )
 
         budget = args.budget_mb * 2**20
         widest = {}
-        for setup in SETUPS:  # the widest model whose bytes per rank fit the budget, from the counts
+        for (
+            setup
+        ) in SETUPS:  # the widest model whose bytes per rank fit the budget, from the counts
             w = 1
             while n_params(w + 1, args.depth) * bytes_per_param(setup, N) <= budget:
                 w += 1
             model, step, opt, params, grads = build(setup, w, args.depth, grid, info)
             got = {}
-            lesson.train(model, step, data[:1], lambda: got.update(gradients=held_bytes([], grads(), opt)["gradients"]))
+            lesson.train(
+                model,
+                step,
+                data[:1],
+                lambda: got.update(gradients=held_bytes([], grads(), opt)["gradients"]),
+            )
             measured = sum(held_bytes(params, [], opt).values()) + got["gradients"]
-            widest[setup] = {"width": w, "n_params": n_params(w, args.depth), "measured_bytes": measured}
+            widest[setup] = {
+                "width": w,
+                "n_params": n_params(w, args.depth),
+                "measured_bytes": measured,
+            }
         report.record("capacity", widest)
-        report.value("budget_mb", args.budget_mb, f"2. widest model in {{value}} MB per rank (parameters, gradients at "
-                     f"the end of backward, Adam state), depth {args.depth}, {N} ranks:\n" + "\n".join(
-                         f"  {s:<8} width {r['width']:>4}: {r['n_params']:>9} parameters "
-                         f"({r['n_params'] / widest['DDP']['n_params']:.2f}x DDP's), measured "
-                         f"{r['measured_bytes'] / 2**20:.3f} MB" for s, r in widest.items()))
-        fits = all(r["measured_bytes"] <= budget * 1.01 for r in widest.values())  # + 1%: padding, step counters
-        report.claim("every_widest_model_fits", int(fits), "==", 1, "  each measured within the budget (+1%): {value}")
+        report.value(
+            "budget_mb",
+            args.budget_mb,
+            f"2. widest model in {{value}} MB per rank (parameters, gradients at "
+            f"the end of backward, Adam state), depth {args.depth}, {N} ranks:\n"
+            + "\n".join(
+                f"  {s:<8} width {r['width']:>4}: {r['n_params']:>9} parameters "
+                f"({r['n_params'] / widest['DDP']['n_params']:.2f}x DDP's), measured "
+                f"{r['measured_bytes'] / 2**20:.3f} MB"
+                for s, r in widest.items()
+            ),
+        )
+        fits = all(
+            r["measured_bytes"] <= budget * 1.01 for r in widest.values()
+        )  # + 1%: padding, step counters
+        report.claim(
+            "every_widest_model_fits",
+            int(fits),
+            "==",
+            1,
+            "  each measured within the budget (+1%): {value}",
+        )
         report.write(args.results)
 
 

@@ -8,6 +8,7 @@ into a temporary folder. Printed: each build's wall time, the CPU seconds its pr
 the Sphinx processes included), the load average at the start (the machine is shared: a wall time over the
 CPU time per core means other work was running), and the median on a `[perf]` line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,10 @@ from website.build import build
 
 
 def cpu_seconds() -> float:
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
@@ -39,10 +43,15 @@ def main(argv=None) -> None:
             build(serial=args.serial, out=Path(tmp) / "site", staging=Path(tmp) / "site-src")
             wall, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
         walls.append(wall)
-        print(f"build {i + 1}: {wall:.1f} s wall, {cpu:.1f} s CPU, load average {load:.1f} on "
-              f"{os.cpu_count()} cores", flush=True)
-    print(f"[perf] site build (en + zh, {'serial' if args.serial else 'side by side'}): median "
-          f"{statistics.median(walls):.1f} s wall over {len(walls)}")
+        print(
+            f"build {i + 1}: {wall:.1f} s wall, {cpu:.1f} s CPU, load average {load:.1f} on "
+            f"{os.cpu_count()} cores",
+            flush=True,
+        )
+    print(
+        f"[perf] site build (en + zh, {'serial' if args.serial else 'side by side'}): median "
+        f"{statistics.median(walls):.1f} s wall over {len(walls)}"
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
   with a fixed stratified train/test split.
 - Synthetic image classification data of any size, for scaling experiments where the digits are too small.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,8 +16,17 @@ from torch.utils.data import TensorDataset
 
 from common.harness.env import LessonError
 
-__all__ = ["DIGITS_PATH", "DIGITS_SHA256", "load_digits", "digits_split", "synthetic_images", "synthetic_split",
-           "digit_sequences", "next_token_targets", "PIXEL_VOCAB"]
+__all__ = [
+    "DIGITS_PATH",
+    "DIGITS_SHA256",
+    "load_digits",
+    "digits_split",
+    "synthetic_images",
+    "synthetic_split",
+    "digit_sequences",
+    "next_token_targets",
+    "PIXEL_VOCAB",
+]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DIGITS_PATH = REPO_ROOT / "data" / "digits.npz"
@@ -40,25 +50,32 @@ def load_digits(path: str | Path | None = None) -> tuple[torch.Tensor, torch.Ten
     """
     path = DIGITS_PATH if path is None else Path(path)
     if not path.is_file():
-        raise LessonError(f"data file not found: {path} (the repository bundles data/digits.npz; "
-                          "see data/README.md)")
+        raise LessonError(
+            f"data file not found: {path} (the repository bundles data/digits.npz; "
+            "see data/README.md)"
+        )
     raw = path.read_bytes()
     if path.resolve() == DIGITS_PATH and hashlib.sha256(raw).hexdigest() != DIGITS_SHA256:
-        raise LessonError(f"{path} does not match its SHA-256 in data/README.md; restore it with git checkout")
+        raise LessonError(
+            f"{path} does not match its SHA-256 in data/README.md; restore it with git checkout"
+        )
     try:
         with np.load(path) as f:
             images, labels = f["images"], f["labels"]
     except Exception as e:  # a corrupt or foreign file: say which, in one line
         raise LessonError(f"cannot read {path} as digits data ({type(e).__name__}: {e})") from None
     if images.ndim != 3 or labels.shape != (images.shape[0],):
-        raise LessonError(f"{path}: expected images (N, H, W) and labels (N,), got {images.shape} and {labels.shape}")
+        raise LessonError(
+            f"{path}: expected images (N, H, W) and labels (N,), got {images.shape} and {labels.shape}"
+        )
     x = torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1)  # (N, 1, 8, 8) in [0, 1]
     y = torch.from_numpy(labels.astype(np.int64))
     return x, y
 
 
-def digits_split(test_fraction: float = 0.2, seed: int = 0,
-                 path: str | Path | None = None) -> tuple[TensorDataset, TensorDataset]:
+def digits_split(
+    test_fraction: float = 0.2, seed: int = 0, path: str | Path | None = None
+) -> tuple[TensorDataset, TensorDataset]:
     """The digits split into (train, test), stratified by class and identical on every call and every rank.
 
     With the defaults: 1438 training and 359 test images, each class in the same proportion in both.
@@ -81,8 +98,14 @@ def digits_split(test_fraction: float = 0.2, seed: int = 0,
     return TensorDataset(x[~is_test], y[~is_test]), TensorDataset(x[is_test], y[is_test])
 
 
-def synthetic_images(num_samples: int, image_size: int = 8, channels: int = 1, num_classes: int = NUM_CLASSES,
-                     noise: float = 0.5, seed: int = 0) -> TensorDataset:
+def synthetic_images(
+    num_samples: int,
+    image_size: int = 8,
+    channels: int = 1,
+    num_classes: int = NUM_CLASSES,
+    noise: float = 0.5,
+    seed: int = 0,
+) -> TensorDataset:
     """A learnable synthetic classification set: one random template per class plus Gaussian noise.
 
     Returns:
@@ -96,12 +119,15 @@ def synthetic_images(num_samples: int, image_size: int = 8, channels: int = 1, n
     g = torch.Generator().manual_seed(seed)
     templates = torch.rand(num_classes, channels, image_size, image_size, generator=g)
     y = torch.randint(num_classes, (num_samples,), generator=g)
-    x = templates[y] + noise * torch.randn(num_samples, channels, image_size, image_size, generator=g)
+    x = templates[y] + noise * torch.randn(
+        num_samples, channels, image_size, image_size, generator=g
+    )
     return TensorDataset(x, y)
 
 
-def synthetic_split(num_samples: int, image_size: int = 32, test_fraction: float = 0.2,
-                    seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
+def synthetic_split(
+    num_samples: int, image_size: int = 32, test_fraction: float = 0.2, seed: int = 0
+) -> tuple[TensorDataset, TensorDataset]:
     """`synthetic_images` cut into (train, test) that share the class templates (the test set is learnable).
 
     Returns:
@@ -112,15 +138,17 @@ def synthetic_split(num_samples: int, image_size: int = 32, test_fraction: float
         LessonError: test_fraction outside (0, 1) or num_samples < 2, or see `synthetic_images`.
     """
     if not 0.0 < test_fraction < 1.0 or num_samples < 2:
-        raise LessonError(f"synthetic_split needs num_samples >= 2 and test_fraction in (0, 1), "
-                          f"got {num_samples} and {test_fraction}")
+        raise LessonError(
+            f"synthetic_split needs num_samples >= 2 and test_fraction in (0, 1), "
+            f"got {num_samples} and {test_fraction}"
+        )
     x, y = synthetic_images(num_samples, image_size=image_size, seed=seed).tensors
     n_test = max(1, round(test_fraction * num_samples))
     return TensorDataset(x[n_test:], y[n_test:]), TensorDataset(x[:n_test], y[:n_test])
 
 
 def digit_sequences(test_fraction: float = 0.2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The digits as token sequences for a causal language model (lessons 16-18): each 8x8 image read row by
+    """The digits as token sequences for a causal language model (lessons 19-21): each 8x8 image read row by
     row as 64 pixel tokens, integers 0..16 (`PIXEL_VOCAB` = 17), split as `digits_split` splits the images.
 
     Returns:

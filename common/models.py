@@ -1,13 +1,20 @@
 """Small models shared by the lessons: a CNN (lesson 01), an MLP stack, and a small causal transformer
-(lessons 16-18)."""
+(lessons 19-21)."""
+
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["DigitsCNN", "mlp",
-           "CausalSelfAttention", "causal_sdpa", "TransformerBlock", "CausalTransformer"]
+__all__ = [
+    "DigitsCNN",
+    "mlp",
+    "CausalSelfAttention",
+    "causal_sdpa",
+    "TransformerBlock",
+    "CausalTransformer",
+]
 
 
 class DigitsCNN(nn.Module):
@@ -24,8 +31,14 @@ class DigitsCNN(nn.Module):
         norm: "batch" (BatchNorm2d, the default) or "none"; lesson 06 swaps BatchNorm for SyncBatchNorm.
     """
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 16, image_size: int = 8,
-                 norm: str = "batch"):
+    def __init__(
+        self,
+        in_channels: int = 1,
+        num_classes: int = 10,
+        width: int = 16,
+        image_size: int = 8,
+        norm: str = "batch",
+    ):
         super().__init__()
         if norm not in ("batch", "none"):
             raise ValueError(f"norm must be 'batch' or 'none', got {norm!r}")
@@ -36,13 +49,18 @@ class DigitsCNN(nn.Module):
             return nn.BatchNorm2d(c) if norm == "batch" else nn.Identity()
 
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, width, 3, padding=1, bias=norm == "none"), bn(width), nn.ReLU(),
-            nn.Conv2d(width, 2 * width, 3, padding=1, bias=norm == "none"), bn(2 * width), nn.ReLU(),
+            nn.Conv2d(in_channels, width, 3, padding=1, bias=norm == "none"),
+            bn(width),
+            nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, padding=1, bias=norm == "none"),
+            bn(2 * width),
+            nn.ReLU(),
             nn.MaxPool2d(2),
         )
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(2 * width * (image_size // 2) ** 2, 64), nn.ReLU(),
+            nn.Linear(2 * width * (image_size // 2) ** 2, 64),
+            nn.ReLU(),
             nn.Linear(64, num_classes),
         )
 
@@ -72,7 +90,7 @@ class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention whose attention function is an attribute, so a lesson can swap it.
 
     `attend(q, k, v) -> out`, all (B, heads, S, head_dim): by default `F.scaled_dot_product_attention` with
-    is_causal=True on the whole sequence. Lesson 16 sets it to ring attention (each rank holds S/cp tokens and
+    is_causal=True on the whole sequence. Lesson 19 sets it to ring attention (each rank holds S/cp tokens and
     the function knows which); the projections around it do not change.
     """
 
@@ -100,14 +118,19 @@ def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
 
 class TransformerBlock(nn.Module):
     """Pre-norm block: x + attn(ln1(x)), then x + mlp(ln2(x)). `mlp` is a slot: any module (B, S, C) ->
-    (B, S, C) fits (lesson 17 puts a mixture of experts there)."""
+    (B, S, C) fits (lesson 20 puts a mixture of experts there)."""
 
     def __init__(self, d_model: int, heads: int, mlp: nn.Module | None = None):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.attn = CausalSelfAttention(d_model, heads)
-        self.mlp = mlp if mlp is not None else nn.Sequential(
-            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+        self.mlp = (
+            mlp
+            if mlp is not None
+            else nn.Sequential(
+                nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+            )
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -124,22 +147,31 @@ class CausalTransformer(nn.Module):
         mlp_factory: builds each block's MLP (None: Linear-GELU-Linear with 4 x d_model hidden features).
 
     forward(tokens, positions): `positions` (S,) are the tokens' places in the whole sequence (default
-    0..S-1). A context-parallel rank holds only some tokens (lesson 16's zig-zag: two chunks) and passes
+    0..S-1). A context-parallel rank holds only some tokens (lesson 19's zig-zag: two chunks) and passes
     their positions; every other layer works token by token, and attention is `set_attention`'s function.
     """
 
-    def __init__(self, vocab: int = 17, d_model: int = 32, heads: int = 4, n_layers: int = 2,
-                 max_len: int = 64, mlp_factory=None):
+    def __init__(
+        self,
+        vocab: int = 17,
+        d_model: int = 32,
+        heads: int = 4,
+        n_layers: int = 2,
+        max_len: int = 64,
+        mlp_factory=None,
+    ):
         super().__init__()
         self.max_len = max_len
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(max_len, d_model)
-        self.blocks = nn.ModuleList(TransformerBlock(d_model, heads, mlp_factory() if mlp_factory else None)
-                                    for _ in range(n_layers))
+        self.blocks = nn.ModuleList(
+            TransformerBlock(d_model, heads, mlp_factory() if mlp_factory else None)
+            for _ in range(n_layers)
+        )
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab)
 
-    def set_attention(self, attend) -> "CausalTransformer":
+    def set_attention(self, attend) -> CausalTransformer:
         """Use `attend(q, k, v) -> out` in every block (e.g. ring attention); returns self."""
         for block in self.blocks:
             block.attn.attend = attend

@@ -11,22 +11,52 @@ shapes, a hint), replace `raise NotImplementedError` with your code, and grade i
 what it expected and what it saw ("rank 1 holds [3, 5], expected [4, 4]: ..."). The solutions are in
 exercises/solutions/: look only after your own attempt passes, or after you are truly stuck.
 """
+
 from __future__ import annotations
 
 # name -> (lesson, what you build). The order is the course's order.
 EXERCISES: dict[str, tuple[str, str]] = {
-    "ring_allreduce": ("02", "the ring reduce-scatter (rank r keeps chunk r), all-reduce from isend/irecv"),
-    "ddp_by_hand": ("03", "data parallelism by hand: broadcast at wrap, async all-reduce per gradient, "
-                          "buckets"),
-    "distributed_sampler": ("04", "a DistributedSampler: shuffle, padding, set_epoch, the rank's slice"),
-    "exact_evaluation": ("05", "exact accuracy, overall and per class, over unpadded, uneven shards"),
-    "sync_bn_stats": ("06", "SyncBatchNorm's global mean and variance over every rank's batch, float32 too"),
-    "accumulation": ("07", "gradient accumulation with no_sync over micro-batches of different sizes"),
+    "ring_allreduce": (
+        "02",
+        "the ring reduce-scatter (rank r keeps chunk r), all-reduce from isend/irecv",
+    ),
+    "ddp_by_hand": (
+        "03",
+        "data parallelism by hand: broadcast at wrap, async all-reduce per gradient, buckets",
+    ),
+    "distributed_sampler": (
+        "04",
+        "a DistributedSampler: shuffle, padding, set_epoch, the rank's slice",
+    ),
+    "exact_evaluation": (
+        "05",
+        "exact accuracy, overall and per class, over unpadded, uneven shards",
+    ),
+    "sync_bn_stats": (
+        "06",
+        "SyncBatchNorm's global mean and variance over every rank's batch, float32 too",
+    ),
+    "accumulation": (
+        "07",
+        "gradient accumulation with no_sync over micro-batches of different sizes",
+    ),
     "one_f_one_b": ("09", "the order of a 1F1B pipeline stage's forwards and backwards"),
-    "tensor_parallel_mlp": ("10", "a column- then row-parallel MLP with its two autograd functions"),
-    "zero1_optimizer": ("13", "a sharded optimizer (ZeRO-1) around any torch.optim optimizer and its groups"),
-    "training_state": ("14", "capture and restore the full training state, bit for bit"),
-    "ring_attention_merge": ("16", "the log-sum-exp merge of two partial attentions (ring attention's core)"),
-    "moe_dispatch": ("17", "expert parallelism's dispatch plan: rows per destination rank, their send order"),
-    "predict_memory": ("18", "predict the bytes a rank holds under DDP and ZeRO 1-3"),
+    "tensor_parallel_mlp": (
+        "10",
+        "a column- then row-parallel MLP with its two autograd functions",
+    ),
+    "zero1_optimizer": (
+        "13",
+        "a sharded optimizer (ZeRO-1) around any torch.optim optimizer and its groups",
+    ),
+    "training_state": ("16", "capture and restore the full training state, bit for bit"),
+    "ring_attention_merge": (
+        "19",
+        "the log-sum-exp merge of two partial attentions (ring attention's core)",
+    ),
+    "moe_dispatch": (
+        "20",
+        "expert parallelism's dispatch plan: rows per destination rank, their send order",
+    ),
+    "predict_memory": ("21", "predict the bytes a rank holds under DDP and ZeRO 1-3"),
 }

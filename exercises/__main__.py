@@ -1,4 +1,5 @@
 """python -m exercises [NAME ...] [--reference] [--list]: grade exercises; exit 1 while any does not pass."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,12 @@ def _file_of(module: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m exercises", description=__doc__)
-    parser.add_argument("names", nargs="*", metavar="NAME", help="exercises to grade (default: all)")
-    parser.add_argument("--reference", action="store_true", help="grade the reference solutions instead")
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME", help="exercises to grade (default: all)"
+    )
+    parser.add_argument(
+        "--reference", action="store_true", help="grade the reference solutions instead"
+    )
     parser.add_argument("--list", action="store_true", help="list the exercises and exit")
     args = parser.parse_args(argv)
     if args.list:
@@ -35,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     unknown = [n for n in args.names if n not in EXERCISES]
     if unknown:
-        print(f"error: unknown exercise(s) {', '.join(unknown)}; choose from {', '.join(EXERCISES)}",
-              file=sys.stderr)
+        print(
+            f"error: unknown exercise(s) {', '.join(unknown)}; choose from {', '.join(EXERCISES)}",
+            file=sys.stderr,
+        )
         return 2
     failed = []
     for name in args.names or list(EXERCISES):
@@ -44,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         problems = grade(name, module_for(name, args.reference))
         mark = "pass" if not problems else "FAIL"
         where = _file_of(module_for(name, args.reference))
-        print(f"{mark}  {name} (lesson {EXERCISES[name][0]}): {where}  [{time.perf_counter() - t0:.1f} s]",
-              flush=True)
+        print(
+            f"{mark}  {name} (lesson {EXERCISES[name][0]}): {where}  [{time.perf_counter() - t0:.1f} s]",
+            flush=True,
+        )
         for p in problems:
             print(f"      - {p}", flush=True)
         if problems:

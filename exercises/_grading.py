@@ -1,5 +1,6 @@
 """Grade an exercise: import the learner's module, say if it is still a stub, run its grader, collect
 problems."""
+
 from __future__ import annotations
 
 import ast
@@ -23,7 +24,11 @@ def module_for(name: str, reference: bool = False) -> str:
 def _is_stub(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """The body is (a docstring and) `raise NotImplementedError...` and nothing else."""
     body = list(fn.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(getattr(body[0], "value", None), ast.Constant)
+    ):
         body = body[1:]
     if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
         return False
@@ -41,10 +46,17 @@ def unsolved_functions(module: str) -> list[str]:
     names = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
-            names += [f"{node.name}.{f.name}" for f in node.body
-                      if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_stub(f)]
+            names += [
+                f"{node.name}.{f.name}"
+                for f in node.body
+                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_stub(f)
+            ]
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_stub(node):
-            if not any(node in getattr(c, "body", []) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)):
+            if not any(
+                node in getattr(c, "body", [])
+                for c in ast.walk(tree)
+                if isinstance(c, ast.ClassDef)
+            ):
                 names.append(node.name)
     return names
 
@@ -52,6 +64,7 @@ def unsolved_functions(module: str) -> list[str]:
 @dataclass
 class Counted:
     """What a rank's `on_rank` returned, and how many collectives the rank called on the way."""
+
     value: object
     collectives: int
 
@@ -92,20 +105,32 @@ def skipped_collective(answers: list) -> list[str]:
         return []
     fewest = min(answers[r].collectives for r in answered)
     skippers = [r for r in answered if answers[r].collectives == fewest]
-    waiting = [r for r in failed if isinstance(answers[r], RankHung)
-               or getattr(answers[r], "collectives", None) is None
-               or answers[r].collectives > fewest]
+    waiting = [
+        r
+        for r in failed
+        if isinstance(answers[r], RankHung)
+        or getattr(answers[r], "collectives", None) is None
+        or answers[r].collectives > fewest
+    ]
     if not waiting:
         return []
-    called = [answers[r].collectives for r in waiting if getattr(answers[r], "collectives", None) is not None]
+    called = [
+        answers[r].collectives
+        for r in waiting
+        if getattr(answers[r], "collectives", None) is not None
+    ]
     more = f" called {max(called)} and" if called else ""
     # gloo's text: "[.../pair.cc:537] Read error [127.0.0.1]:20386: Connection reset by peer. This is ..."
-    their = re.sub(r"^\w+: \[[^\]]*\] ", "", getattr(answers[waiting[0]], "text", str(answers[waiting[0]])))
+    their = re.sub(
+        r"^\w+: \[[^\]]*\] ", "", getattr(answers[waiting[0]], "text", str(answers[waiting[0]]))
+    )
     their = their.split(". ")[0]
-    return [f"{_ranks(skippers)} called {fewest} collective(s) and returned, while {_ranks(waiting)}{more} "
-            f"waited in one that {_ranks(skippers)} never called (their error: {their}): "
-            f"{_ranks(skippers)} skipped a collective. Every rank must call the same collectives in the same "
-            f"order: look for a collective under an `if` that depends on the rank or on its data"]
+    return [
+        f"{_ranks(skippers)} called {fewest} collective(s) and returned, while {_ranks(waiting)}{more} "
+        f"waited in one that {_ranks(skippers)} never called (their error: {their}): "
+        f"{_ranks(skippers)} skipped a collective. Every rank must call the same collectives in the same "
+        f"order: look for a collective under an `if` that depends on the rank or on its data"
+    ]
 
 
 def grade_many(name: str, modules: list[str]) -> dict[str, list[str]]:
@@ -134,8 +159,13 @@ def grade_many(name: str, modules: list[str]) -> dict[str, list[str]]:
                 out[module] = [f"the grader's run of your code raised: {describe(e)}"]
         return out
     if to_run:
-        per_rank = run_on_ranks("exercises._grading:_on_rank", grader.WORLD_SIZE, len(to_run), grader=name,
-                                modules=to_run)
+        per_rank = run_on_ranks(
+            "exercises._grading:_on_rank",
+            grader.WORLD_SIZE,
+            len(to_run),
+            grader=name,
+            modules=to_run,
+        )
         for i, module in enumerate(to_run):
             got = [answers[i] for answers in per_rank]
             values = [a.value if isinstance(a, Counted) else a for a in got]

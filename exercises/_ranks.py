@@ -13,17 +13,18 @@ What a rank function returns (any picklable value) comes back in rank order; an 
 one-line text, and a rank that never answers (a learner's send with no matching receive) comes back as
 `RankHung`, so a grader can say which rank waited and why.
 """
+
 from __future__ import annotations
 
 import importlib
 import multiprocessing as mp
 import os
-from multiprocessing.connection import wait
 import tempfile
 import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.connection import wait
 from pathlib import Path
 
 __all__ = ["COLLECTIVE_TIMEOUT_S", "RankError", "RankHung", "describe", "run_on_ranks", "resolve"]
@@ -36,9 +37,12 @@ COLLECTIVE_TIMEOUT_S = 60.0
 @dataclass
 class RankError:
     """The rank raised: `text` is the exception's last line, `where` the learner's line that raised it."""
+
     text: str
     where: str = ""
-    collectives: int | None = None  # how many collectives the rank had called when it raised (if counted)
+    collectives: int | None = (
+        None  # how many collectives the rank had called when it raised (if counted)
+    )
 
     def __str__(self) -> str:
         return f"{self.text}{f' (at {self.where})' if self.where else ''}"
@@ -47,6 +51,7 @@ class RankError:
 @dataclass
 class RankHung:
     """The rank gave no answer within the launch's time limit."""
+
     seconds: float
 
     def __str__(self) -> str:
@@ -61,8 +66,13 @@ def resolve(path: str):
 
 def _where(exc: BaseException) -> str:
     """The last frame of the traceback that lies in the learner's (or a reference) exercise file."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/exercises/" in f.filename
-              and "/exercises/graders/" not in f.filename and not Path(f.filename).name.startswith("_")]
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if "/exercises/" in f.filename
+        and "/exercises/graders/" not in f.filename
+        and not Path(f.filename).name.startswith("_")
+    ]
     if not frames:
         return ""
     f = frames[-1]
@@ -72,8 +82,10 @@ def _where(exc: BaseException) -> str:
 def describe(e: BaseException) -> RankError:
     """An exception raised by a learner's code, as one line and the learner's line that raised it."""
     if isinstance(e, NotImplementedError):
-        return RankError(f"NotImplementedError: {e}" if str(e) else "NotImplementedError (not solved yet)",
-                         _where(e))
+        return RankError(
+            f"NotImplementedError: {e}" if str(e) else "NotImplementedError (not solved yet)",
+            _where(e),
+        )
     last = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()[0]
     return RankError(last[:300], _where(e))
 
@@ -90,13 +102,20 @@ def _child(rank: int, world_size: int, tmp: str, fn_path: str, kwargs: dict, ans
     torch.set_num_threads(1)
     index = 0
     try:
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{tmp}/rendezvous",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        )
         # Each answer leaves as soon as it exists, through this rank's own pipe: send() has written it when
         # it returns, so an answer survives a later abort of the process (a queue's feeder thread may not).
         for index, answer in enumerate(resolve(fn_path)(**kwargs)):
             answers.send((index, answer))
-    except Exception as e:  # the learner's code may raise anything: report it, do not crash the grader
+    except (
+        Exception
+    ) as e:  # the learner's code may raise anything: report it, do not crash the grader
         answers.send((index, describe(e)))
     answers.send((None, None))  # this rank is done
     try:
@@ -114,7 +133,11 @@ def _last_words(tmp: str, rank: int) -> str:
         lines = (Path(tmp) / f"rank{rank}.err").read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    lines = [l.strip() for l in lines if l.strip() and not l.startswith(("Traceback", "  File"))]
+    lines = [
+        line.strip()
+        for line in lines
+        if line.strip() and not line.startswith(("Traceback", "  File"))
+    ]
     return lines[-1][:300] if lines else ""
 
 
@@ -124,12 +147,15 @@ def _context():
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed"])  # read when the server starts (the first run)
+    ctx.set_forkserver_preload(
+        ["torch", "torch.distributed"]
+    )  # read when the server starts (the first run)
     return ctx
 
 
-def run_on_ranks(fn_path: str, world_size: int, count: int, limit_s: float = 3 * COLLECTIVE_TIMEOUT_S,
-                 **kwargs) -> list[list]:
+def run_on_ranks(
+    fn_path: str, world_size: int, count: int, limit_s: float = 3 * COLLECTIVE_TIMEOUT_S, **kwargs
+) -> list[list]:
     """Run the generator `fn_path(**kwargs)` on `world_size` gloo ranks; it yields `count` answers per rank.
 
     Returns answers[rank][i]: what the rank yielded, a `RankError` (it raised, or died: then with the last
@@ -140,8 +166,12 @@ def run_on_ranks(fn_path: str, world_size: int, count: int, limit_s: float = 3 *
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (reader, writer) per rank
     got: list[dict[int, object]] = [{} for _ in range(world_size)]
     with tempfile.TemporaryDirectory(prefix="exercise-") as tmp:
-        procs = [ctx.Process(target=_child, args=(r, world_size, tmp, fn_path, kwargs, writer), daemon=True)
-                 for r, (_, writer) in enumerate(pipes)]
+        procs = [
+            ctx.Process(
+                target=_child, args=(r, world_size, tmp, fn_path, kwargs, writer), daemon=True
+            )
+            for r, (_, writer) in enumerate(pipes)
+        ]
         for p in procs:
             p.start()
         for _, writer in pipes:

@@ -4,13 +4,16 @@ Fill in `accumulation_step`, then grade it:  python -m exercises accumulation
 (2 gloo processes; the grader counts DDP's all-reduces and compares the parameters with one process that
 takes one step on the global batch).
 """
+
 import torch
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-def accumulation_step(ddp_model: DDP, optimizer: torch.optim.Optimizer,
-                      micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+def accumulation_step(
+    ddp_model: DDP,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+) -> None:
     """One optimizer step over k = len(micro_batches) micro-batches of this rank, equal to one step on the
     global batch (every rank's micro-batches together) with the mean cross-entropy loss over its samples.
 

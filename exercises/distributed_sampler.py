@@ -4,9 +4,8 @@ Fill in the class, then grade it:  python -m exercises distributed_sampler
 (graded in one process: a sampler takes num_replicas and rank directly, no process group needed; compared
 with torch.utils.data.DistributedSampler over many sizes, ranks, epochs and options).
 """
-from typing import Iterator
 
-import torch
+from collections.abc import Iterator
 
 
 class MyDistributedSampler:
@@ -25,8 +24,15 @@ class MyDistributedSampler:
     Hint: len(self) is what THIS rank yields (not dataset_len). set_epoch(e) only stores e.
     """
 
-    def __init__(self, dataset_len: int, num_replicas: int, rank: int, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False):
+    def __init__(
+        self,
+        dataset_len: int,
+        num_replicas: int,
+        rank: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ):
         raise NotImplementedError("__init__")
 
     def set_epoch(self, epoch: int) -> None:

@@ -4,13 +4,14 @@ Fill in `global_accuracy`, then grade it:  python -m exercises exact_evaluation
 (3 gloo processes, each holding a different number of test samples, one holding none; a class that only
 some ranks hold).
 """
+
 import torch
-import torch.distributed as dist
 from torch import nn
 
 
-def global_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                    num_classes: int) -> tuple[float, list[float]]:
+def global_accuracy(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int
+) -> tuple[float, list[float]]:
     """The accuracy of `model` over the union of every rank's shard, overall and per class, the same
     numbers on every rank.
 

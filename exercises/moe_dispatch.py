@@ -1,12 +1,15 @@
-"""Exercise (lesson 17): the dispatch plan of expert parallelism -- who sends which rows to whom.
+"""Exercise (lesson 20): the dispatch plan of expert parallelism -- who sends which rows to whom.
 
 Fill in the function, then grade it:  python -m exercises moe_dispatch
 (graded in one process: many routings, expert counts and ep sizes, compared with the lesson's plan).
 """
+
 import torch
 
 
-def dispatch_plan(expert_of: torch.Tensor, num_experts: int, ep: int) -> tuple[torch.Tensor, torch.Tensor]:
+def dispatch_plan(
+    expert_of: torch.Tensor, num_experts: int, ep: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """What one rank passes to all_to_all_single before its experts' rows travel.
 
     Contract:

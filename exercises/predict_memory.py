@@ -1,9 +1,10 @@
-"""Exercise (lesson 18): predict the bytes one rank holds under DDP and ZeRO stages 1, 2 and 3.
+"""Exercise (lesson 21): predict the bytes one rank holds under DDP and ZeRO stages 1, 2 and 3.
 
 Fill in `bytes_per_rank`, then grade it:  python -m exercises predict_memory
 (one process: the grader builds what a rank of ZeRO by hand really keeps, lesson 13's flat units and shards,
 takes an Adam step, and counts the tensors' storage bytes, for several models, world sizes and stages).
 """
+
 from torch import nn
 
 

@@ -1,9 +1,10 @@
-"""Exercise (lesson 16): merge two partial attentions into the full one (what makes ring attention exact).
+"""Exercise (lesson 19): merge two partial attentions into the full one (what makes ring attention exact).
 
 Fill in `merge`, then grade it:  python -m exercises ring_attention_merge
 (graded in one process: attention computed over two key blocks separately and merged by your function must
 equal torch.nn.functional.scaled_dot_product_attention over all the keys.)
 """
+
 import torch
 
 

@@ -4,8 +4,8 @@ Fill in the two functions and the module, then grade them:  python -m exercises 
 (2 gloo processes; output, input gradient and every shard's weight gradient are compared with the unsplit
 MLP).
 """
+
 import torch
-import torch.distributed as dist
 from torch import nn
 
 

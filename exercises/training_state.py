@@ -1,4 +1,4 @@
-"""Exercise (lesson 14): capture and restore the full training state, so that a resumed run equals the
+"""Exercise (lesson 16): capture and restore the full training state, so that a resumed run equals the
 uninterrupted one bit for bit.
 
 Fill in `capture` and `restore`, then grade them:  python -m exercises training_state
@@ -6,12 +6,14 @@ Fill in `capture` and `restore`, then grade them:  python -m exercises training_
 steps, keeps training, then a fresh model resumes from what you captured; its last 3 steps must equal the
 uninterrupted run's exactly).
 """
+
 import torch
 from torch import nn
 
 
-def capture(model: nn.Module, optimizer: torch.optim.Optimizer, data_generator: torch.Generator,
-            step: int) -> dict:
+def capture(
+    model: nn.Module, optimizer: torch.optim.Optimizer, data_generator: torch.Generator, step: int
+) -> dict:
     """Everything the next steps depend on, as a dict that survives torch.save / torch.load.
 
     Contract: the run keeps training after you capture (so whatever you return must not change when the live
@@ -26,8 +28,9 @@ def capture(model: nn.Module, optimizer: torch.optim.Optimizer, data_generator: 
     raise NotImplementedError("capture")
 
 
-def restore(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer,
-            data_generator: torch.Generator) -> int:
+def restore(
+    state: dict, model: nn.Module, optimizer: torch.optim.Optimizer, data_generator: torch.Generator
+) -> int:
     """Load `state` into a fresh `model`, `optimizer` and `data_generator`; return the step to continue
     from."""
     raise NotImplementedError("restore")

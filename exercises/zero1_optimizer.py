@@ -5,9 +5,6 @@ Fill in the class, then grade it:  python -m exercises zero1_optimizer
 optimizer's, and each rank must hold optimizer state for its own shard only; also with parameter groups, and
 with a model of 2 parameters on 3 ranks).
 """
-import torch
-import torch.distributed as dist
-from torch import nn
 
 
 class Zero1Optimizer:

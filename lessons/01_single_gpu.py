@@ -20,6 +20,7 @@ What to look for:
   small diff that makes them train one model together. Launched as several processes, this lesson says so
   and stops.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,35 +34,52 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from common.harness.atomic import load_checkpoint, save_checkpoint
 from common.data import digits_split
+from common.harness.atomic import load_checkpoint, save_checkpoint
+from common.harness.env import DistInfo, LessonError, choose_backend_and_device
 from common.harness.metrics import evaluate
-from common.models import DigitsCNN
 from common.harness.ranks import peak_rss_mb, print0, rank0_progress
 from common.harness.results import Report
 from common.harness.session import deterministic_cuda, run_main, set_seed
-from common.harness.env import DistInfo, LessonError, choose_backend_and_device
+from common.models import DigitsCNN
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=4, help="passes over the training set (default %(default)s)")
-    p.add_argument("--batch-size", type=int, default=64, help="samples per step (default %(default)s)")
+    p.add_argument(
+        "--epochs", type=int, default=4, help="passes over the training set (default %(default)s)"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=64, help="samples per step (default %(default)s)"
+    )
     p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate (default %(default)s)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0, help="model init and data order")
-    p.add_argument("--data", default=None, help="digits .npz (default: the bundled data/digits.npz)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="auto: cuda if available, else cpu")
+    p.add_argument(
+        "--data", default=None, help="digits .npz (default: the bundled data/digits.npz)"
+    )
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="auto: cuda if available, else cpu",
+    )
     p.add_argument("--checkpoint", default=None, help="write a checkpoint here after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
-    p.add_argument("--check-resume", action="store_true",
-                   help="also train in two halves joined by a checkpoint and compare with this run")
+    p.add_argument(
+        "--check-resume",
+        action="store_true",
+        help="also train in two halves joined by a checkpoint and compare with this run",
+    )
     p.add_argument("--results", default=None, help="write the reported numbers here as JSON")
     args = p.parse_args(argv)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launcher started several copies of this process
-        raise LessonError("lesson 01 trains on one device in one process: run it with python (several "
-                          "processes start in lesson 02)")
+    if (
+        int(os.environ.get("WORLD_SIZE", "1")) > 1
+    ):  # a launcher started several copies of this process
+        raise LessonError(
+            "lesson 01 trains on one device in one process: run it with python (several "
+            "processes start in lesson 02)"
+        )
     if args.batch_size < 1:
         raise LessonError(f"--batch-size must be a positive integer, got {args.batch_size}")
     if args.epochs < 0:
@@ -75,14 +93,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def build(args: argparse.Namespace, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+def build(
+    args: argparse.Namespace, device: torch.device
+) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The model and its optimizer. SGD with momentum keeps one buffer per parameter: checkpoint it too."""
     model = DigitsCNN().to(device)  # ~38k parameters; x (B, 1, 8, 8) -> logits (B, 10)
     return model, torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
 
-def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, device: torch.device,
-                info: DistInfo) -> float:
+def train_epoch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: DataLoader,
+    device: torch.device,
+    info: DistInfo,
+) -> float:
     """One pass over `loader`: the loop every later lesson distributes. Returns the mean train loss."""
     model.train()
     loss_sum, seen = 0.0, 0
@@ -107,28 +132,38 @@ def resume_difference(args, loader, generator, device, info, reference: nn.Modul
     set_seed(args.seed)
     model, optimizer = build(args, device)
     for epoch in range(half):
-        generator.manual_seed(args.seed + epoch)  # the data order of `epoch`, as in the uninterrupted run
+        generator.manual_seed(
+            args.seed + epoch
+        )  # the data order of `epoch`, as in the uninterrupted run
         train_epoch(model, optimizer, loader, device, info)
     with tempfile.TemporaryDirectory() as tmp:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": half}
         save_checkpoint(state, Path(tmp) / "ckpt.pt", info)
-        set_seed(args.seed + 1)  # "the process restarts": fresh weights, fresh (empty) momentum buffers
+        set_seed(
+            args.seed + 1
+        )  # "the process restarts": fresh weights, fresh (empty) momentum buffers
         model, optimizer = build(args, device)
         ckpt = load_checkpoint(Path(tmp) / "ckpt.pt", device)
     model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])  # without it the momentum restarts at 0 and the runs differ
+    optimizer.load_state_dict(
+        ckpt["optimizer"]
+    )  # without it the momentum restarts at 0 and the runs differ
     for epoch in range(int(ckpt["epoch"]), args.epochs):
         generator.manual_seed(args.seed + epoch)
         train_epoch(model, optimizer, loader, device, info)
     ref = reference.state_dict()
-    return max((v.double() - ref[k].double()).abs().max().item() for k, v in model.state_dict().items())
+    return max(
+        (v.double() - ref[k].double()).abs().max().item() for k, v in model.state_dict().items()
+    )
 
 
 def setup(args: argparse.Namespace):
     """The device, the data, the model and optimizer (from --checkpoint with --resume): (device, train_set,
     test_set, loader, generator, model, optimizer, start_epoch)."""
     _, device = choose_backend_and_device("auto", args.device)
-    if device.type == "cuda":  # exact resume on a GPU needs deterministic kernels (see deterministic_cuda)
+    if (
+        device.type == "cuda"
+    ):  # exact resume on a GPU needs deterministic kernels (see deterministic_cuda)
         deterministic_cuda()
     set_seed(args.seed)
     train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8) and (359, 1, 8, 8)
@@ -142,7 +177,9 @@ def setup(args: argparse.Namespace):
         # map_location=device: a GPU checkpoint loads on a CPU
         ckpt = load_checkpoint(args.checkpoint, device)
         model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])  # momentum buffers too, or the next steps differ
+        optimizer.load_state_dict(
+            ckpt["optimizer"]
+        )  # momentum buffers too, or the next steps differ
         start_epoch = int(ckpt["epoch"])
         print0(f"resumed from {args.checkpoint} at epoch {start_epoch}")
     return device, train_set, test_set, loader, generator, model, optimizer, start_epoch
@@ -151,51 +188,96 @@ def setup(args: argparse.Namespace):
 def main() -> None:
     args = parse_args()
     device, train_set, test_set, loader, generator, model, optimizer, start_epoch = setup(args)
-    info = DistInfo(device=device)  # a world of one: evaluate() and save_checkpoint() need no process group
+    info = DistInfo(
+        device=device
+    )  # a world of one: evaluate() and save_checkpoint() need no process group
     report = Report(info)
     report.results.update(device=device.type, world_size=1)
-    report.value("batch_size", args.batch_size,
-                 f"device {device.type}  batch {{value}}  epochs {args.epochs}")
+    report.value(
+        "batch_size",
+        args.batch_size,
+        f"device {device.type}  batch {{value}}  epochs {args.epochs}",
+    )
     before = test = evaluate(model, test_set, info)  # the untrained model: about ln(10) = 2.30
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # GPU work is asynchronous
+    sync = (
+        torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    )  # GPU work is asynchronous
     history, samples_per_s = [], []
     for epoch in range(start_epoch, args.epochs):
-        generator.manual_seed(args.seed + epoch)  # a new order every epoch, the same order on every rerun
+        generator.manual_seed(
+            args.seed + epoch
+        )  # a new order every epoch, the same order on every rerun
         sync()
         t0 = time.perf_counter()
         train_loss = train_epoch(model, optimizer, loader, device, info)
         sync()  # wait for the GPU before reading the clock
         samples_per_s.append(len(train_set) / (time.perf_counter() - t0))
         test = evaluate(model, test_set, info)
-        history.append({"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test["loss"],
-                        "test_accuracy": test["accuracy"]})
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "train_loss": train_loss,
+                "test_loss": test["loss"],
+                "test_accuracy": test["accuracy"],
+            }
+        )
         # recorded once, in "history"
-        print0(f"epoch {epoch + 1}/{args.epochs}  train_loss {train_loss:.4f}  test_loss {test['loss']:.4f}  "
-               f"test_acc {test['accuracy']:.4f}")
+        print0(
+            f"epoch {epoch + 1}/{args.epochs}  train_loss {train_loss:.4f}  test_loss {test['loss']:.4f}  "
+            f"test_acc {test['accuracy']:.4f}"
+        )
         if args.checkpoint:  # temporary file + rename: a crash never leaves half a file
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1}
+            state = {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "epoch": epoch + 1,
+            }
             save_checkpoint(state, args.checkpoint, info)
     report.record("history", history)
     report_claims(report, args, test, before, len(test_set), samples_per_s)
     if args.check_resume:
         diff = resume_difference(args, loader, generator, device, info, model)
-        report.claim("resume_reproduces_uninterrupted", diff, "==", 0.0,
-                     f"stopped after epoch {args.epochs // 2}, resumed from the checkpoint: max |difference| "
-                     "to the uninterrupted run over parameters and buffers = {value:.1e}")
+        report.claim(
+            "resume_reproduces_uninterrupted",
+            diff,
+            "==",
+            0.0,
+            f"stopped after epoch {args.epochs // 2}, resumed from the checkpoint: max |difference| "
+            "to the uninterrupted run over parameters and buffers = {value:.1e}",
+        )
     report.finish(args.results)
 
 
-def report_claims(report: Report, args, test: dict, before: dict, test_images: int, samples_per_s) -> None:
+def report_claims(
+    report: Report, args, test: dict, before: dict, test_images: int, samples_per_s
+) -> None:
     """The run's claims (test: the last epoch's evaluation; before: the untrained model's) and its speed."""
-    report.claim("loss_falls", test["loss"] / before["loss"], "<=", 0.5,
-                 f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: "
-                 "ratio {value:.3f}")
-    if args.epochs >= 4:  # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
-        report.claim("test_accuracy", test["accuracy"], ">=", 0.95, "final test accuracy {value:.4f}")
-    report.claim("each_test_image_counted_once", test["count"], "==", test_images,
-                 "test images counted: {value}")
-    report.perf("samples_per_s", samples_per_s,
-                "samples/s per epoch: " + ", ".join(f"{s:.0f}" for s in samples_per_s))
+    report.claim(
+        "loss_falls",
+        test["loss"] / before["loss"],
+        "<=",
+        0.5,
+        f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: "
+        "ratio {value:.3f}",
+    )
+    if (
+        args.epochs >= 4
+    ):  # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
+        report.claim(
+            "test_accuracy", test["accuracy"], ">=", 0.95, "final test accuracy {value:.4f}"
+        )
+    report.claim(
+        "each_test_image_counted_once",
+        test["count"],
+        "==",
+        test_images,
+        "test images counted: {value}",
+    )
+    report.perf(
+        "samples_per_s",
+        samples_per_s,
+        "samples/s per epoch: " + ", ".join(f"{s:.0f}" for s in samples_per_s),
+    )
     report.perf("peak_rss_mb", peak_rss_mb(), "peak RSS {value:.0f} MB")
 
 

@@ -35,6 +35,7 @@ What to look for (a measured line ends with "[claim <relation> <bound>: holds]")
 Docs: https://pytorch.org/docs/stable/distributed.html,
 https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md (algbw, busbw)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,43 +48,73 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from common.collectives.backends import backend_table
-from common.measure.bandwidth import bus_bandwidth_factor
-from common.measure.counters import count_collectives
+from common.collectives.ring import (
+    LinkStats,
+    parameter_server_all_reduce,
+    ring_all_reduce,
+    ring_link_bytes,
+    server_link_bytes,
+    simulation_equals_sum,
+)
 from common.data import digits_split
-from common.measure.differences import max_over_ranks, nan_max
-from common.models import mlp
+from common.harness.env import LessonError, read_torchrun_env
 from common.harness.ranks import gather_to_rank0, max_param_diff_across_ranks, print0
 from common.harness.results import Report
-from common.collectives.ring import (LinkStats, parameter_server_all_reduce, ring_all_reduce, ring_link_bytes,
-                         server_link_bytes, simulation_equals_sum)
-from common.harness.session import add_distributed_args, barrier, distributed_session, run_main, set_seed
-from common.harness.env import LessonError, read_torchrun_env
+from common.harness.session import (
+    add_distributed_args,
+    barrier,
+    distributed_session,
+    run_main,
+    set_seed,
+)
+from common.measure.bandwidth import bus_bandwidth_factor
+from common.measure.counters import count_collectives
+from common.measure.differences import max_over_ranks, nan_max
+from common.models import mlp
 
-DEMO_LEN = 4  # elements in the small tensors each collective demonstrates on (printed, so kept short)
+DEMO_LEN = (
+    4  # elements in the small tensors each collective demonstrates on (printed, so kept short)
+)
 PSI = 1024  # float32 elements in the ring-versus-server count: 4096 bytes, divisible by 2, 4 and 8 ranks
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--lengths", type=int, nargs="+", default=[1, 3, 7, 1001],
-                   help="tensor lengths (elements) on which ring all-reduce is compared with dist.all_reduce")
-    p.add_argument("--batch-size", type=int, default=16,
-                   help="samples per process in the SGD step (x world_size)")
-    p.add_argument("--lr", type=float, default=0.1,
-                   help="SGD learning rate of that step (default %(default)s)")
+    p.add_argument(
+        "--lengths",
+        type=int,
+        nargs="+",
+        default=[1, 3, 7, 1001],
+        help="tensor lengths (elements) on which ring all-reduce is compared with dist.all_reduce",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=16,
+        help="samples per process in the SGD step (x world_size)",
+    )
+    p.add_argument(
+        "--lr", type=float, default=0.1, help="SGD learning rate of that step (default %(default)s)"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
+    p.add_argument(
+        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
+    )
     add_distributed_args(p)
     args = p.parse_args(argv)
     # Validate before any process group exists: every rank sees the same argv, so every rank fails alike.
     if min(args.lengths) < 1:
-        raise LessonError(f"--lengths must be positive integers (elements), got {min(args.lengths)}")
+        raise LessonError(
+            f"--lengths must be positive integers (elements), got {min(args.lengths)}"
+        )
     if args.lr <= 0:
         raise LessonError(f"--lr must be positive, got {args.lr}")
     world_size = read_torchrun_env()[2]
     if not 1 <= args.batch_size * world_size <= 1438:  # 1438 = digits training images
-        raise LessonError(f"--batch-size x world_size must be in 1..1438 (the digits training set), got "
-                          f"{args.batch_size} x {world_size}")
+        raise LessonError(
+            f"--batch-size x world_size must be in 1..1438 (the digits training set), got "
+            f"{args.batch_size} x {world_size}"
+        )
     return args
 
 
@@ -105,13 +136,16 @@ def run_collectives(info, late_s: float = 0.05) -> tuple[dict[str, float], float
             dist.send(x(0), dst=1)
         elif r == 1:
             dist.recv(buf, src=0)
-        err["send_recv"] = max_err(buf, x(0)) if r == 1 else 0.0  # only rank 1 has something to check
+        err["send_recv"] = (
+            max_err(buf, x(0)) if r == 1 else 0.0
+        )  # only rank 1 has something to check
         # everybody shifts its tensor one step right on the ring at once: blocking sends in that pattern could
         # all wait for a receive nobody has posted yet; batch_isend_irecv posts each rank's send and receive
         # together
         buf = torch.empty(DEMO_LEN, device=dev)
-        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, x(r), (r + 1) % n),
-                                         dist.P2POp(dist.irecv, buf, (r - 1) % n)]):
+        for w in dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, x(r), (r + 1) % n), dist.P2POp(dist.irecv, buf, (r - 1) % n)]
+        ):
             w.wait()
         err["isend_irecv_ring_shift"] = max_err(buf, x((r - 1) % n))
     t = x(r)
@@ -121,7 +155,9 @@ def run_collectives(info, late_s: float = 0.05) -> tuple[dict[str, float], float
     dist.all_reduce(t, op=dist.ReduceOp.SUM)  # everybody ends with the sum
     err["all_reduce"] = max_err(t, total)
     t = x(r)
-    dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)  # only rank 0's result is defined; the others' are scratch
+    dist.reduce(
+        t, dst=0, op=dist.ReduceOp.SUM
+    )  # only rank 0's result is defined; the others' are scratch
     err["reduce"] = max_err(t, total) if r == 0 else 0.0
     parts = [torch.empty(DEMO_LEN, device=dev) for _ in range(n)]
     dist.all_gather(parts, x(r))  # everybody ends with every rank's tensor, in rank order
@@ -136,7 +172,7 @@ def run_collectives(info, late_s: float = 0.05) -> tuple[dict[str, float], float
         err["reduce_scatter_fallback"] = 1.0
         full = torch.cat(inputs)
         dist.all_reduce(full)
-        got = full[r * DEMO_LEN:(r + 1) * DEMO_LEN]
+        got = full[r * DEMO_LEN : (r + 1) * DEMO_LEN]
     err["reduce_scatter"] = max_err(got, total + 1000 * r * n)
     err["barrier_missed_arrivals"], waited = check_barrier(info, late_s)
     return err, waited
@@ -151,9 +187,16 @@ def check_barrier(info, late_s: float) -> tuple[int, float]:
     ranks.
     """
     n = info.world_size
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=timedelta(seconds=60))
-    run_id, attempt = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=60),
+    )
+    run_id, attempt = (
+        os.environ.get("TORCHELASTIC_RUN_ID"),
+        os.environ.get("TORCHELASTIC_RESTART_COUNT"),
+    )
     key = f"lesson02/arrived/{run_id}/{attempt}"
     if info.rank == n - 1:
         time.sleep(late_s)  # the last rank arrives late on purpose
@@ -187,7 +230,7 @@ def average_gradients(model: torch.nn.Module, world_size: int, distributed: bool
     grads /= world_size  # equal shard sizes: the mean of the shard means is the global-batch mean
     offset = 0
     for p in params:
-        p.grad.copy_(grads[offset:offset + p.numel()].view_as(p))
+        p.grad.copy_(grads[offset : offset + p.numel()].view_as(p))
         offset += p.numel()
     return grads
 
@@ -196,9 +239,14 @@ def one_sgd_step(info, args) -> dict:
     """One data-parallel SGD step by hand: shard gradient -> one all_reduce -> divide -> own step."""
     n, r, dev, b = info.world_size, info.rank, info.device, args.batch_size
     train_set, _ = digits_split()  # every rank loads the same data; no rank distributes it
-    x_global = train_set.tensors[0][: b * n].reshape(b * n, -1).to(dev)  # (b*n, 64) flattened 8x8 images
+    x_global = (
+        train_set.tensors[0][: b * n].reshape(b * n, -1).to(dev)
+    )  # (b*n, 64) flattened 8x8 images
     y_global = train_set.tensors[1][: b * n].to(dev)  # (b*n,)
-    x, y = x_global[r * b:(r + 1) * b], y_global[r * b:(r + 1) * b]  # this rank's shard: (b, 64), (b,)
+    x, y = (
+        x_global[r * b : (r + 1) * b],
+        y_global[r * b : (r + 1) * b],
+    )  # this rank's shard: (b, 64), (b,)
     set_seed(args.seed)  # same seed -> same initial weights on every rank, nothing is broadcast
     model = mlp([64, 32, 10]).to(dev)
     set_seed(args.seed)
@@ -208,158 +256,311 @@ def one_sgd_step(info, args) -> dict:
         F.cross_entropy(model(x), y).backward()  # mean over this rank's b samples
         grads = average_gradients(model, n, info.distributed)  # (P,) P = 64*32+32+32*10+10 = 2410
         opt.step()  # every rank steps its own optimizer with the same gradient
-    F.cross_entropy(reference(x_global), y_global).backward()  # mean over all b*n samples, one process
+    F.cross_entropy(
+        reference(x_global), y_global
+    ).backward()  # mean over all b*n samples, one process
     ref_opt.step()
-    ref_grads, rank0_grads = torch.cat([p.grad.reshape(-1) for p in reference.parameters()]), grads.clone()
+    ref_grads, rank0_grads = (
+        torch.cat([p.grad.reshape(-1) for p in reference.parameters()]),
+        grads.clone(),
+    )
     if info.distributed:
         dist.broadcast(rank0_grads, src=0)  # for the CHECK only; training never needs it
-    mine = [max_err(grads, rank0_grads), max_err(grads, ref_grads),
-            nan_max(max_err(p, q) for p, q in zip(model.parameters(), reference.parameters()))]
+    mine = [
+        max_err(grads, rank0_grads),
+        max_err(grads, ref_grads),
+        nan_max(max_err(p, q) for p, q in zip(model.parameters(), reference.parameters())),
+    ]
     worst = [max_over_ranks(e) for e in mine]  # the worst rank's (NaN-safe: gloo's MAX drops a NaN)
-    return {"calls": calls.total, "all_reduces": calls.calls.get("all_reduce", 0),
-            "num_params": grads.numel(),
-            **dict(zip(("grad_across", "grad_vs_global", "param_vs_global"), worst)),
-            "param_across": max_param_diff_across_ranks(model, info)}
+    return {
+        "calls": calls.total,
+        "all_reduces": calls.calls.get("all_reduce", 0),
+        "num_params": grads.numel(),
+        **dict(zip(("grad_across", "grad_vs_global", "param_vs_global"), worst)),
+        "param_across": max_param_diff_across_ranks(model, info),
+    }
 
 
 def who_am_i(info, report: Report) -> None:
     """1. Per-rank facts travel to rank 0 and are printed there in rank order."""
     n = info.world_size
-    mine = {"rank": info.rank, "local_rank": info.local_rank, "world_size": n,
-            "local_world_size": info.local_world_size, "device": str(info.device)}
+    mine = {
+        "rank": info.rank,
+        "local_rank": info.local_rank,
+        "world_size": n,
+        "local_world_size": info.local_world_size,
+        "device": str(info.device),
+    }
     facts = gather_to_rank0(mine, info) or []
-    rows = ["{rank:>4} {local_rank:>10} {world_size:>10} {local_world_size:>16} {device:>6}".format(**f)
-            for f in facts]
-    report.value("ranks", facts, "\n".join(["rank local_rank world_size local_world_size device"] + rows))
+    rows = [
+        "{rank:>4} {local_rank:>10} {world_size:>10} {local_world_size:>16} {device:>6}".format(**f)
+        for f in facts
+    ]
+    report.value(
+        "ranks", facts, "\n".join(["rank local_rank world_size local_world_size device"] + rows)
+    )
     if info.master_process:
-        report.claim("ranks_are_0_to_n_minus_1", [f["rank"] for f in facts] == list(range(n)), "==", True,
-                     "every rank 0 .. world_size-1 joined once: {value}")
+        report.claim(
+            "ranks_are_0_to_n_minus_1",
+            [f["rank"] for f in facts] == list(range(n)),
+            "==",
+            True,
+            "every rank 0 .. world_size-1 joined once: {value}",
+        )
 
 
 def backends(report: Report) -> None:
     """2. The docs' table of backends, and what this build of torch contains."""
-    built = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
-             "mpi": dist.is_mpi_available()}
+    built = {
+        "gloo": dist.is_gloo_available(),
+        "nccl": dist.is_nccl_available(),
+        "mpi": dist.is_mpi_available(),
+    }
     report.record("backends_built", built)
-    print0("\nbackend support for these collectives (PyTorch docs; yes/no/?) -- and what this build of "
-           "torch contains")
+    print0(
+        "\nbackend support for these collectives (PyTorch docs; yes/no/?) -- and what this build of "
+        "torch contains"
+    )
     print0("\n".join(backend_table(built)))
-    report.claim("gloo_built", built["gloo"], "==", True,
-                 "gloo is in this build (CPU tensors need it): {value}")
+    report.claim(
+        "gloo_built",
+        built["gloo"],
+        "==",
+        True,
+        "gloo is in this build (CPU tensors need it): {value}",
+    )
 
 
 def check_collectives(info, report: Report) -> None:
     """3. Every collective, checked on every rank against the answer computed locally."""
     n = info.world_size
     if not info.distributed:
-        print0("\n(plain python: no process group, no collectives; "
-               "torchrun --nproc_per_node=1: a world of one)")
+        print0(
+            "\n(plain python: no process group, no collectives; "
+            "torchrun --nproc_per_node=1: a world of one)"
+        )
         return
-    print0(f"\ncollectives on {info.backend}/{info.device.type}: rank k contributes x_k = [0 1 2 3] + 100 k"
-           + ("  (send/recv need a peer: skipped in a world of one)" if n == 1 else ""))
+    print0(
+        f"\ncollectives on {info.backend}/{info.device.type}: rank k contributes x_k = [0 1 2 3] + 100 k"
+        + ("  (send/recv need a peer: skipped in a world of one)" if n == 1 else "")
+    )
     err, waited = run_collectives(info)
-    worst = [max_over_ranks(e) for e in err.values()]  # the worst rank's number for every check, NaN-safe
+    worst = [
+        max_over_ranks(e) for e in err.values()
+    ]  # the worst rank's number for every check, NaN-safe
     for check, e in zip(err, worst):
         if check == "barrier_missed_arrivals":
-            report.claim(check, e, "==", 0, "  barrier: arrivals missing when a rank left it {value:g} "
-                         "(the last rank came 50 ms late)")
+            report.claim(
+                check,
+                e,
+                "==",
+                0,
+                "  barrier: arrivals missing when a rank left it {value:g} "
+                "(the last rank came 50 ms late)",
+            )
         elif check != "reduce_scatter_fallback":
-            report.claim(f"{check}_exact", e, "==", 0.0,
-                         f"  {check:<24} max |error| over ranks {{value:.1e}}")
-        elif info.backend in ("gloo", "nccl"):  # native on both in torch 2.13; not on MPI (docs table)
-            report.claim("reduce_scatter_native", e == 0, "==", True,
-                         f"  reduce_scatter runs natively on {info.backend}: {{value}}")
-    report.perf("barrier_wait_ms", gather_to_rank0(round(waited * 1e3, 1), info),
-                "  barrier: each rank's own wait in it, ms {value}")
+            report.claim(
+                f"{check}_exact",
+                e,
+                "==",
+                0.0,
+                f"  {check:<24} max |error| over ranks {{value:.1e}}",
+            )
+        elif info.backend in (
+            "gloo",
+            "nccl",
+        ):  # native on both in torch 2.13; not on MPI (docs table)
+            report.claim(
+                "reduce_scatter_native",
+                e == 0,
+                "==",
+                True,
+                f"  reduce_scatter runs natively on {info.backend}: {{value}}",
+            )
+    report.perf(
+        "barrier_wait_ms",
+        gather_to_rank0(round(waited * 1e3, 1), info),
+        "  barrier: each rank's own wait in it, ms {value}",
+    )
 
 
 def ring_vs_all_reduce(info, args, length: int) -> dict:
     """The ring from isend/irecv and dist.all_reduce on `length` integers and `length` floats: max |diff|."""
     gen = torch.Generator().manual_seed(args.seed * 1000 + 17 * info.rank + length)
     integers = torch.randint(-1000, 1000, (length,), generator=gen).float()
-    data = torch.cat([integers, torch.randn(length, generator=gen)]).to(info.device)  # (2 * length,)
+    data = torch.cat([integers, torch.randn(length, generator=gen)]).to(
+        info.device
+    )  # (2 * length,)
     ring, ref = ring_all_reduce(data.clone()), data.clone()
     dist.all_reduce(ref)
     # floats may differ in the last bit (the ring adds around the ring, gloo in its own order); integers have
     # no rounding, so there the two must agree exactly
-    return {"length": length, "int_diff": max_over_ranks(max_err(ring[:length], ref[:length])),
-            "float_diff": max_over_ranks(max_err(ring[length:], ref[length:]))}
+    return {
+        "length": length,
+        "int_diff": max_over_ranks(max_err(ring[:length], ref[:length])),
+        "float_diff": max_over_ranks(max_err(ring[length:], ref[length:])),
+    }
 
 
 def check_ring(info, args, report: Report) -> None:
     """4. The ring all-reduce from send/recv: simulated in this process, then between the processes."""
     n = info.world_size
     same = simulation_equals_sum(range(1, 5), args.lengths, args.seed)
-    report.claim("ring_simulation_equals_sum", same, "==", 1, f"\nring schedule simulated in one process for "
-                 f"1..4 ranks, lengths {args.lengths}: equals the plain sum: {{value}}")
+    report.claim(
+        "ring_simulation_equals_sum",
+        same,
+        "==",
+        1,
+        f"\nring schedule simulated in one process for "
+        f"1..4 ranks, lengths {args.lengths}: equals the plain sum: {{value}}",
+    )
     if not info.distributed:
         return
     # integers in float32 sum exactly; random floats round
     rows = [ring_vs_all_reduce(info, args, length) for length in args.lengths]
-    lines = ["  length {length:>6}  integer data max |diff| {int_diff:.1e}  float data "
-             "max |diff| {float_diff:.1e}".format(**row) for row in rows]
-    report.value("ring_vs_all_reduce", rows,
-                 "\n".join([f"ring all-reduce (isend/irecv) vs dist.all_reduce on {n} ranks:"] + lines))
-    report.claim("ring_equals_all_reduce_on_integers", nan_max(r["int_diff"] for r in rows), "==", 0.0,
-                 "  ring == dist.all_reduce on integer data, every length: max |diff| {value:.1e}")
-    report.claim("ring_close_to_all_reduce_on_floats", nan_max(r["float_diff"] for r in rows), "<=", 1e-4,
-                 "  on float data (another summation order): max |diff| {value:.1e}")
+    lines = [
+        "  length {length:>6}  integer data max |diff| {int_diff:.1e}  float data "
+        "max |diff| {float_diff:.1e}".format(**row)
+        for row in rows
+    ]
+    report.value(
+        "ring_vs_all_reduce",
+        rows,
+        "\n".join([f"ring all-reduce (isend/irecv) vs dist.all_reduce on {n} ranks:"] + lines),
+    )
+    report.claim(
+        "ring_equals_all_reduce_on_integers",
+        nan_max(r["int_diff"] for r in rows),
+        "==",
+        0.0,
+        "  ring == dist.all_reduce on integer data, every length: max |diff| {value:.1e}",
+    )
+    report.claim(
+        "ring_close_to_all_reduce_on_floats",
+        nan_max(r["float_diff"] for r in rows),
+        "<=",
+        1e-4,
+        "  on float data (another summation order): max |diff| {value:.1e}",
+    )
     stats = LinkStats()
     ring_all_reduce(torch.ones(1024 * n, device=info.device), stats=stats)  # n divides the length
-    report.claim("ring_messages_per_rank", stats.messages_sent, "==", 2 * (n - 1),
-                 f"  one all-reduce of {1024 * n} float32: messages each rank sends {{value}} = 2(n-1)")
-    print0("  nccl-tests' algbw = bytes / time; busbw = algbw x the share of the tensor each rank sends:")
-    report.claim("ring_bytes_sent_share", stats.bytes_sent / (1024 * n * 4), "==",
-                 bus_bandwidth_factor("all_reduce", n), f"  bytes each rank sends {stats.bytes_sent} = "
-                 "{value:.4f} x the tensor = 2(n-1)/n, nccl-tests' busbw / algbw")
+    report.claim(
+        "ring_messages_per_rank",
+        stats.messages_sent,
+        "==",
+        2 * (n - 1),
+        f"  one all-reduce of {1024 * n} float32: messages each rank sends {{value}} = 2(n-1)",
+    )
+    print0(
+        "  nccl-tests' algbw = bytes / time; busbw = algbw x the share of the tensor each rank sends:"
+    )
+    report.claim(
+        "ring_bytes_sent_share",
+        stats.bytes_sent / (1024 * n * 4),
+        "==",
+        bus_bandwidth_factor("all_reduce", n),
+        f"  bytes each rank sends {stats.bytes_sent} = "
+        "{value:.4f} x the tensor = 2(n-1)/n, nccl-tests' busbw / algbw",
+    )
 
 
 def ring_vs_server(info, report: Report) -> None:
     """5. Ring versus parameter server: bytes on the busiest link, in + out (formula; counted if m <= n)."""
-    print0(f"\nbusiest link, in + out, all-reducing Psi = {PSI * 4} bytes: server 2(n-1) Psi, "
-           "ring 4(n-1) Psi / n")
+    print0(
+        f"\nbusiest link, in + out, all-reducing Psi = {PSI * 4} bytes: server 2(n-1) Psi, "
+        "ring 4(n-1) Psi / n"
+    )
     for m in (2, 4, 8):
         server, ring = server_link_bytes(m, 4 * PSI), ring_link_bytes(m, 4 * PSI)
-        report.claim(f"server_over_ring_formula_n{m}", server / ring, "==", m / 2,
-                     f"  n = {m} (formula): server {server}, ring {ring:.0f}, "
-                     "server / ring {value:g} = n/2")
+        report.claim(
+            f"server_over_ring_formula_n{m}",
+            server / ring,
+            "==",
+            m / 2,
+            f"  n = {m} (formula): server {server}, ring {ring:.0f}, "
+            "server / ring {value:g} = n/2",
+        )
     for m in [m for m in (2, 4, 8) if m <= info.world_size]:
         # every rank creates every group
         group = dist.new_group(list(range(m))) if m < info.world_size else None
         ring = busiest_link(info, ring_all_reduce, m, group)
         server = busiest_link(info, parameter_server_all_reduce, m, group)
-        report.claim(f"ring_link_bytes_measured_n{m}", ring, "==", ring_link_bytes(m, 4 * PSI),
-                     f"  n = {m} (counted): ring {{value:.0f}} = 4(n-1) Psi / n")
-        report.claim(f"server_link_bytes_measured_n{m}", server, "==", server_link_bytes(m, 4 * PSI),
-                     f"  n = {m} (counted): server {{value:.0f}} = 2(n-1) Psi, "
-                     f"{server / ring:g} x the ring's")
+        report.claim(
+            f"ring_link_bytes_measured_n{m}",
+            ring,
+            "==",
+            ring_link_bytes(m, 4 * PSI),
+            f"  n = {m} (counted): ring {{value:.0f}} = 4(n-1) Psi / n",
+        )
+        report.claim(
+            f"server_link_bytes_measured_n{m}",
+            server,
+            "==",
+            server_link_bytes(m, 4 * PSI),
+            f"  n = {m} (counted): server {{value:.0f}} = 2(n-1) Psi, "
+            f"{server / ring:g} x the ring's",
+        )
 
 
 def no_parameter_server(info, args, report: Report) -> None:
     """6. No parameter server: one all_reduce of the gradient, every rank steps itself (= one process on
     the global batch)."""
     s = one_sgd_step(info, args)
-    print0(f"\none SGD step, global batch {info.world_size} x {args.batch_size} samples, "
-           f"{s['num_params']} parameters:")
-    report.claim("step_collectives", s["calls"], "==", int(info.distributed), "  collectives in the step "
-                 f"{{value}}: {s['all_reduces']} all_reduce of the gradient; no broadcast of weights")
-    report.claim("grad_same_on_every_rank", s["grad_across"], "==", 0.0,
-                 "  averaged gradient, max |diff| across ranks:           {value:.1e}")
-    report.claim("grad_equals_global_batch", s["grad_vs_global"], "<=", 1e-6,  # float32, another sum order
-                 "  averaged gradient vs one process on the global batch: {value:.1e}")
-    report.claim("params_same_on_every_rank", s["param_across"], "==", 0.0,  # same start, gradient, update
-                 "  parameters after the step, max |diff| across ranks:   {value:.1e}")
-    report.claim("params_equal_global_batch", s["param_vs_global"], "<=", 1e-6,
-                 "  parameters vs one process on the global batch:        {value:.1e}")
+    print0(
+        f"\none SGD step, global batch {info.world_size} x {args.batch_size} samples, "
+        f"{s['num_params']} parameters:"
+    )
+    report.claim(
+        "step_collectives",
+        s["calls"],
+        "==",
+        int(info.distributed),
+        "  collectives in the step "
+        f"{{value}}: {s['all_reduces']} all_reduce of the gradient; no broadcast of weights",
+    )
+    report.claim(
+        "grad_same_on_every_rank",
+        s["grad_across"],
+        "==",
+        0.0,
+        "  averaged gradient, max |diff| across ranks:           {value:.1e}",
+    )
+    report.claim(
+        "grad_equals_global_batch",
+        s["grad_vs_global"],
+        "<=",
+        1e-6,  # float32, another sum order
+        "  averaged gradient vs one process on the global batch: {value:.1e}",
+    )
+    report.claim(
+        "params_same_on_every_rank",
+        s["param_across"],
+        "==",
+        0.0,  # same start, gradient, update
+        "  parameters after the step, max |diff| across ranks:   {value:.1e}",
+    )
+    report.claim(
+        "params_equal_global_batch",
+        s["param_vs_global"],
+        "<=",
+        1e-6,
+        "  parameters vs one process on the global batch:        {value:.1e}",
+    )
 
 
 def main() -> None:
     args = parse_args()
     with distributed_session(args) as info:
         report = Report(info)
-        report.results.update(backend=info.backend, device=info.device.type, distributed=info.distributed)
-        report.value("world_size", info.world_size, f"world_size {{value}}  backend "
-                     f"{info.backend or 'none (plain python)'}  device {info.device.type}")
+        report.results.update(
+            backend=info.backend, device=info.device.type, distributed=info.distributed
+        )
+        report.value(
+            "world_size",
+            info.world_size,
+            f"world_size {{value}}  backend "
+            f"{info.backend or 'none (plain python)'}  device {info.device.type}",
+        )
         who_am_i(info, report)
         check_collectives(info, report)
         backends(report)  # after the collectives it tabulates
@@ -367,7 +568,9 @@ def main() -> None:
         ring_vs_server(info, report)
         no_parameter_server(info, args, report)
         report.finish(args.results)
-        barrier(info)  # every message received before teardown: 1 in 30 4-rank gloo runs aborted without it
+        barrier(
+            info
+        )  # every message received before teardown: 1 in 30 4-rank gloo runs aborted without it
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ https://pytorch.org/docs/stable/notes/ddp.html, https://pytorch.org/docs/stable/
 https://pytorch.org/docs/stable/elastic/run.html,
 https://pytorch.org/docs/stable/multiprocessing.html#spawning-subprocesses
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,51 +72,103 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common.harness.atomic import load_checkpoint, save_checkpoint
 from common.data import digits_split, synthetic_split
-from common.measure.differences import max_abs_diff_all
-from common.harness.metrics import evaluate
-from common.models import DigitsCNN
-from common.harness.ranks import (gather_to_rank0, global_mean, max_param_diff_across_ranks, peak_rss_mb,
-                                  print0, rank0_progress)
-from common.harness.results import Report
-from common.harness.session import (add_distributed_args, deterministic_cuda, distributed_session, rank0_only,
-                                    run_main, set_seed)
+from common.harness.atomic import load_checkpoint, save_checkpoint
 from common.harness.env import DistInfo, LessonError, choose_backend_and_device
+from common.harness.metrics import evaluate
+from common.harness.ranks import (
+    gather_to_rank0,
+    global_mean,
+    max_param_diff_across_ranks,
+    peak_rss_mb,
+    print0,
+    rank0_progress,
+)
+from common.harness.results import Report
+from common.harness.session import (
+    add_distributed_args,
+    deterministic_cuda,
+    distributed_session,
+    rank0_only,
+    run_main,
+    set_seed,
+)
+from common.measure.differences import max_abs_diff_all
+from common.models import DigitsCNN
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=4, help="passes over the training set (default %(default)s)")
-    p.add_argument("--batch-size", type=int, default=32,
-                   help="samples per process per step; x world_size = global")
+    p.add_argument(
+        "--epochs", type=int, default=4, help="passes over the training set (default %(default)s)"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="samples per process per step; x world_size = global",
+    )
     p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate (default %(default)s)")
-    p.add_argument("--lr-scaling", choices=["none", "linear"], default="none",
-                   help="linear: lr x global/base batch")
+    p.add_argument(
+        "--lr-scaling",
+        choices=["none", "linear"],
+        default="none",
+        help="linear: lr x global/base batch",
+    )
     p.add_argument("--base-batch", type=int, default=32, help="the global batch --lr is tuned for")
-    p.add_argument("--warmup-steps", type=int, default=0,
-                   help="ramp the lr linearly from --lr to its scaled value")
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=0,
+        help="ramp the lr linearly from --lr to its scaled value",
+    )
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--seed", type=int, default=0, help="model init and data order (same on every rank)")
-    p.add_argument("--data", default=None, help="digits .npz (default: the bundled data/digits.npz)")
-    p.add_argument("--dataset", choices=["digits", "synthetic"], default="digits",
-                   help="synthetic: for benchmarks")
-    p.add_argument("--image-size", type=int, default=32,
-                   help="synthetic images are 1 x N x N (default %(default)s)")
-    p.add_argument("--synthetic-samples", type=int, default=4096,
-                   help="train + test samples (default %(default)s)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="model init and data order (same on every rank)"
+    )
+    p.add_argument(
+        "--data", default=None, help="digits .npz (default: the bundled data/digits.npz)"
+    )
+    p.add_argument(
+        "--dataset",
+        choices=["digits", "synthetic"],
+        default="digits",
+        help="synthetic: for benchmarks",
+    )
+    p.add_argument(
+        "--image-size",
+        type=int,
+        default=32,
+        help="synthetic images are 1 x N x N (default %(default)s)",
+    )
+    p.add_argument(
+        "--synthetic-samples",
+        type=int,
+        default=4096,
+        help="train + test samples (default %(default)s)",
+    )
     p.add_argument("--checkpoint", default=None, help="write a checkpoint here after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
-    p.add_argument("--check-equivalence", action="store_true", help="rank 0 replays the run in one process")
-    p.add_argument("--spawn", type=int, default=0, metavar="N",
-                   help="start N processes with mp.spawn (plain python)")
-    p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
+    p.add_argument(
+        "--check-equivalence", action="store_true", help="rank 0 replays the run in one process"
+    )
+    p.add_argument(
+        "--spawn",
+        type=int,
+        default=0,
+        metavar="N",
+        help="start N processes with mp.spawn (plain python)",
+    )
+    p.add_argument(
+        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
+    )
     add_distributed_args(p)
     args = p.parse_args(argv)
     # Validate before any process group exists: every rank sees the same argv, so every rank fails alike.
     if args.batch_size < 1 or args.base_batch < 1:
-        raise LessonError(f"--batch-size must be a positive integer, got {args.batch_size} "
-                          "(--base-batch too)")
+        raise LessonError(
+            f"--batch-size must be a positive integer, got {args.batch_size} (--base-batch too)"
+        )
     for name in ("epochs", "warmup_steps", "spawn"):
         if getattr(args, name) < 0:
             raise LessonError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
@@ -127,20 +180,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.resume and not args.checkpoint:
         raise LessonError("--resume needs --checkpoint PATH")
     if args.resume and args.check_equivalence:
-        raise LessonError("--check-equivalence replays a run from its start; it cannot follow --resume")
+        raise LessonError(
+            "--check-equivalence replays a run from its start; it cannot follow --resume"
+        )
     if args.spawn and "RANK" in os.environ:
-        raise LessonError("--spawn starts its own processes: run it with plain python, not under a launcher")
+        raise LessonError(
+            "--spawn starts its own processes: run it with plain python, not under a launcher"
+        )
     return args
 
 
 def lr_at(step: int, args: argparse.Namespace, world_size: int) -> float:
     """The learning rate of optimizer step `step` (0-based): --lr, or the linear scaling rule with warm-up."""
-    scale = args.batch_size * world_size / args.base_batch if args.lr_scaling == "linear" else 1.0  # 128/32
-    warm = min(1.0, step / args.warmup_steps) if args.warmup_steps else 1.0  # 0 -> 1 (Goyal et al., 2.2)
+    scale = (
+        args.batch_size * world_size / args.base_batch if args.lr_scaling == "linear" else 1.0
+    )  # 128/32
+    warm = (
+        min(1.0, step / args.warmup_steps) if args.warmup_steps else 1.0
+    )  # 0 -> 1 (Goyal et al., 2.2)
     return args.lr + (args.lr * scale - args.lr) * warm  # from --lr up to --lr x scale
 
 
-def replay_on_one_process(train_set, world_size: int, args, device) -> tuple[nn.Module, list[float]]:
+def replay_on_one_process(
+    train_set, world_size: int, args, device
+) -> tuple[nn.Module, list[float]]:
     """Train in ONE process from the same initial weights, on the same global batches and lr schedule as DDP.
 
     Each rank's chunk is forwarded apart (BatchNorm normalises per rank, lesson 06); the loss is the mean over
@@ -149,8 +212,10 @@ def replay_on_one_process(train_set, world_size: int, args, device) -> tuple[nn.
     set_seed(args.seed)
     model = DigitsCNN(image_size=train_set.tensors[0].shape[-1]).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    samplers = [DistributedSampler(train_set, num_replicas=world_size, rank=r, shuffle=True, seed=args.seed)
-                for r in range(world_size)]
+    samplers = [
+        DistributedSampler(train_set, num_replicas=world_size, rank=r, shuffle=True, seed=args.seed)
+        for r in range(world_size)
+    ]
     step, epoch_losses = 0, []
     for epoch in range(args.epochs):
         for s in samplers:
@@ -177,21 +242,28 @@ def build(args: argparse.Namespace, info: DistInfo):
     # Same seed on every rank -> same initial weights (DDP also copies rank 0's once, when it wraps it).
     set_seed(args.seed)
     if args.dataset == "digits":
-        train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8) and (359, 1, 8, 8), every rank
+        train_set, test_set = digits_split(
+            path=args.data
+        )  # (1438, 1, 8, 8) and (359, 1, 8, 8), every rank
     else:
-        train_set, test_set = synthetic_split(args.synthetic_samples, args.image_size, seed=args.seed)
+        train_set, test_set = synthetic_split(
+            args.synthetic_samples, args.image_size, seed=args.seed
+        )
 
     # Each rank reads a disjoint 1/world_size of a permutation that depends on (seed, epoch): 1438 / 2 = 719
     # samples, 23 batches of 32 per rank per epoch with 2 processes.
-    sampler = DistributedSampler(train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True,
-                                 seed=args.seed)
+    sampler = DistributedSampler(
+        train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=args.seed
+    )
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 
     # Wrap order: build -> .to(device) -> DDP. DDP registers its all-reduce hooks on the parameters it
     # finds, which must already be on this rank's device. `raw_model` is what we save, load and evaluate.
     raw_model = DigitsCNN(image_size=train_set.tensors[0].shape[-1]).to(info.device)
     model = raw_model
-    if info.distributed:  # forward_sync_buffers defaults to True: see the docstring for when it sends
+    if (
+        info.distributed
+    ):  # forward_sync_buffers defaults to True: see the docstring for when it sends
         model = DDP(raw_model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
     optimizer = torch.optim.SGD(raw_model.parameters(), lr=args.lr, momentum=args.momentum)
 
@@ -208,22 +280,37 @@ def build(args: argparse.Namespace, info: DistInfo):
 def train(args: argparse.Namespace, info: DistInfo) -> None:
     """The lesson: every rank runs this inside a process group (or alone, without one)."""
     report = Report(info)
-    train_set, test_set, sampler, loader, raw_model, model, optimizer, start_epoch = build(args, info)
+    train_set, test_set, sampler, loader, raw_model, model, optimizer, start_epoch = build(
+        args, info
+    )
     W, B = info.world_size, args.batch_size
-    report.results.update(world_size=W, backend=info.backend, device=info.device.type,
-                          batch_size_per_process=B)
-    report.value("global_batch_size", W * B, f"world_size {W}  backend {info.backend or 'none'}  device "
-                 f"{info.device.type}  global batch {{value}} ({W} x {B})")
-    scaled = (f" = {args.lr:g} x {W * B} / {args.base_batch} (linear scaling), warm-up {args.warmup_steps} "
-              "steps" if args.lr_scaling == "linear" else " on every world size (--lr-scaling none)")
+    report.results.update(
+        world_size=W, backend=info.backend, device=info.device.type, batch_size_per_process=B
+    )
+    report.value(
+        "global_batch_size",
+        W * B,
+        f"world_size {W}  backend {info.backend or 'none'}  device "
+        f"{info.device.type}  global batch {{value}} ({W} x {B})",
+    )
+    scaled = (
+        f" = {args.lr:g} x {W * B} / {args.base_batch} (linear scaling), warm-up {args.warmup_steps} "
+        "steps"
+        if args.lr_scaling == "linear"
+        else " on every world size (--lr-scaling none)"
+    )
     report.value("lr", lr_at(10**9, args, W), "learning rate {value:g}" + scaled)
     before = evaluate(raw_model, test_set, info)  # the untrained model: about ln(10) = 2.30
     history, steps, wrote_checkpoint, samples_per_s, test = [], 0, False, [], before
-    step0 = start_epoch * len(loader)  # optimizer steps before this run (a resumed warm-up continues)
+    step0 = start_epoch * len(
+        loader
+    )  # optimizer steps before this run (a resumed warm-up continues)
     sync = torch.cuda.synchronize if info.device.type == "cuda" else (lambda: None)
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # without it every epoch repeats epoch 0's order
-        first_indices = list(sampler)[:8]  # recorded to show: a new order each epoch, the same on rerun
+        first_indices = list(sampler)[
+            :8
+        ]  # recorded to show: a new order each epoch, the same on rerun
         model.train()
         loss_sum, seen = 0.0, 0
         sync()
@@ -241,18 +328,37 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
             loss_sum, seen, steps = loss_sum + loss.item() * len(y), seen + len(y), steps + 1
         sync()  # GPU work is asynchronous: wait before reading the clock
         elapsed = time.perf_counter() - t0
-        train_loss = global_mean(loss_sum, seen, info)  # reduce (sum, count) pairs over ranks, divide once
+        train_loss = global_mean(
+            loss_sum, seen, info
+        )  # reduce (sum, count) pairs over ranks, divide once
         # raw_model (common/harness/metrics.py), with its own BatchNorm buffers
         test = evaluate(raw_model, test_set, info)
-        history.append({"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test["loss"],
-                        "test_accuracy": test["accuracy"], "rank0_first_indices": first_indices})
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "train_loss": train_loss,
+                "test_loss": test["loss"],
+                "test_accuracy": test["accuracy"],
+                "rank0_first_indices": first_indices,
+            }
+        )
         # recorded once, in "history"
-        print0(f"epoch {epoch + 1}/{args.epochs}  train_loss {train_loss:.4f}  test_loss {test['loss']:.4f}  "
-               f"test_acc {test['accuracy']:.4f}")
-        samples_per_s.append(seen * W / elapsed)  # every rank saw the same count (DistributedSampler pads)
+        print0(
+            f"epoch {epoch + 1}/{args.epochs}  train_loss {train_loss:.4f}  test_loss {test['loss']:.4f}  "
+            f"test_acc {test['accuracy']:.4f}"
+        )
+        samples_per_s.append(
+            seen * W / elapsed
+        )  # every rank saw the same count (DistributedSampler pads)
         if args.checkpoint:
-            state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1}
-            wrote_checkpoint |= save_checkpoint(state, args.checkpoint, info)  # rank 0 writes, all wait
+            state = {
+                "model": raw_model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "epoch": epoch + 1,
+            }
+            wrote_checkpoint |= save_checkpoint(
+                state, args.checkpoint, info
+            )  # rank 0 writes, all wait
     report.record("history", history)
     mine = {"steps": steps, "wrote_checkpoint": wrote_checkpoint}
     report_claims(report, args, info, raw_model, mine, test, before, len(test_set), samples_per_s)
@@ -262,52 +368,114 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
     report.finish(args.results)
 
 
-def report_claims(report: Report, args, info: DistInfo, raw_model: nn.Module, mine: dict, test: dict,
-                  before: dict, test_images: int, samples_per_s: list) -> None:
+def report_claims(
+    report: Report,
+    args,
+    info: DistInfo,
+    raw_model: nn.Module,
+    mine: dict,
+    test: dict,
+    before: dict,
+    test_images: int,
+    samples_per_s: list,
+) -> None:
     """Every rank's facts (printed by rank 0 in rank order), then the run's claims."""
-    facts = gather_to_rank0({"rank": info.rank, "local_rank": info.local_rank, "device": str(info.device),
-                             **mine, "peak_rss_mb": peak_rss_mb()}, info)
-    print0(f"{'rank':>4} {'local_rank':>10} {'device':>8} {'steps':>5}"
-           + ("  wrote the checkpoint" if args.checkpoint else ""))
+    facts = gather_to_rank0(
+        {
+            "rank": info.rank,
+            "local_rank": info.local_rank,
+            "device": str(info.device),
+            **mine,
+            "peak_rss_mb": peak_rss_mb(),
+        },
+        info,
+    )
+    print0(
+        f"{'rank':>4} {'local_rank':>10} {'device':>8} {'steps':>5}"
+        + ("  wrote the checkpoint" if args.checkpoint else "")
+    )
     for f in facts or []:  # rank 0 prints every rank's facts, in rank order
-        print0(f"{f['rank']:>4} {f['local_rank']:>10} {f['device']:>8} {f['steps']:>5}"
-               + (f"  {'yes' if f['wrote_checkpoint'] else 'no'}" if args.checkpoint else ""))
+        print0(
+            f"{f['rank']:>4} {f['local_rank']:>10} {f['device']:>8} {f['steps']:>5}"
+            + (f"  {'yes' if f['wrote_checkpoint'] else 'no'}" if args.checkpoint else "")
+        )
     if not args.checkpoint:
-        print0("(no --checkpoint given: no rank wrote one; with --checkpoint PATH only global rank 0 writes)")
+        print0(
+            "(no --checkpoint given: no rank wrote one; with --checkpoint PATH only global rank 0 writes)"
+        )
     report.record("ranks", facts)
-    if info.distributed:  # no rank sent parameters since the wrap, yet: same start, same gradients, same step
-        report.claim("replicas_identical", max_param_diff_across_ranks(raw_model, info), "==", 0.0,
-                     "max parameter difference across ranks: {value:.1e} (no parameter server)")
+    if (
+        info.distributed
+    ):  # no rank sent parameters since the wrap, yet: same start, same gradients, same step
+        report.claim(
+            "replicas_identical",
+            max_param_diff_across_ranks(raw_model, info),
+            "==",
+            0.0,
+            "max parameter difference across ranks: {value:.1e} (no parameter server)",
+        )
     ratio = test["loss"] / before["loss"]  # test: the last epoch's evaluation
-    sentence = (f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: "
-                "ratio {value:.3f}")
+    sentence = (
+        f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: "
+        "ratio {value:.3f}"
+    )
     if mine["steps"] >= 40:  # a run of this length halves the test loss; a shorter one need not:
         report.claim("loss_falls", ratio, "<=", 0.5, sentence)
     else:  # 4 ranks x 1 epoch = 12 steps end at 0.83; a resumed run starts trained
-        report.value("loss_ratio", ratio, sentence + f" (no claim: {mine['steps']} steps, it needs 40)")
-    if args.epochs >= 4:  # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
-        report.claim("test_accuracy", test["accuracy"], ">=", 0.95, "final test accuracy {value:.4f}")
-    report.claim("each_test_image_counted_once", test["count"], "==", test_images,
-                 "test images counted over all ranks: {value} (the padded repeats dropped)")
-    report.perf("peak_rss_mb", [f["peak_rss_mb"] for f in facts or []],
-                "peak RSS per rank (MB): " + ", ".join(f"{f['peak_rss_mb']:.0f}" for f in facts or []))
-    report.record("samples_per_s", samples_per_s)  # per epoch, over all ranks (benchmarks/ddp_scaling.py)
+        report.value(
+            "loss_ratio", ratio, sentence + f" (no claim: {mine['steps']} steps, it needs 40)"
+        )
+    if (
+        args.epochs >= 4
+    ):  # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
+        report.claim(
+            "test_accuracy", test["accuracy"], ">=", 0.95, "final test accuracy {value:.4f}"
+        )
+    report.claim(
+        "each_test_image_counted_once",
+        test["count"],
+        "==",
+        test_images,
+        "test images counted over all ranks: {value} (the padded repeats dropped)",
+    )
+    report.perf(
+        "peak_rss_mb",
+        [f["peak_rss_mb"] for f in facts or []],
+        "peak RSS per rank (MB): " + ", ".join(f"{f['peak_rss_mb']:.0f}" for f in facts or []),
+    )
+    report.record(
+        "samples_per_s", samples_per_s
+    )  # per epoch, over all ranks (benchmarks/ddp_scaling.py)
 
 
-def compare_with_dataparallel(report: Report, info: DistInfo, raw_model: nn.Module, test_set) -> None:
+def compare_with_dataparallel(
+    report: Report, info: DistInfo, raw_model: nn.Module, test_set
+) -> None:
     """nn.DataParallel (one process, threads) on rank 0: its output equals the module's."""
     with rank0_only(info, "the DataParallel comparison") as mine:
         # nn.DataParallel's device_ids: every visible GPU; [] without CUDA, and then forward = the module's
         if mine:
-            print0("nn.DataParallel, the older API DDP replaces: ONE process drives every GPU with threads "
-                   "(docs/launchers.md)")
-            dp, x = nn.DataParallel(raw_model).eval(), test_set.tensors[0].to(info.device)  # x (359, 1, 8, 8)
-            with torch.no_grad():  # eval mode: each sample's output does not depend on how the batch is split
+            print0(
+                "nn.DataParallel, the older API DDP replaces: ONE process drives every GPU with threads "
+                "(docs/launchers.md)"
+            )
+            dp, x = (
+                nn.DataParallel(raw_model).eval(),
+                test_set.tensors[0].to(info.device),
+            )  # x (359, 1, 8, 8)
+            with (
+                torch.no_grad()
+            ):  # eval mode: each sample's output does not depend on how the batch is split
                 diff = (dp(x) - raw_model(x)).abs().max().item()
             report.record("dataparallel_device_ids", list(dp.device_ids))
-            report.claim("dataparallel_output_equals_module", diff, "<=", 1e-5,
-                         f"nn.DataParallel on device_ids {list(dp.device_ids)} vs the module itself: "
-                         "max |output difference| = {value:.1e}")
+            report.claim(
+                "dataparallel_output_equals_module",
+                diff,
+                "<=",
+                1e-5,
+                f"nn.DataParallel on device_ids {list(dp.device_ids)} vs the module itself: "
+                "max |output difference| = {value:.1e}",
+            )
 
 
 # Why the equality is claimed on 1-2 ranks only. DDP averages the ranks' gradients in the backend's order, the
@@ -319,17 +487,23 @@ def compare_with_dataparallel(report: Report, info: DistInfo, raw_model: nn.Modu
 ORDER_NOTE = " (3+ ranks: float32 sums in another order, no claim; see ORDER_NOTE in the code)"
 
 
-def check_equivalence(report: Report, args, info: DistInfo, raw_model: nn.Module, train_set) -> None:
+def check_equivalence(
+    report: Report, args, info: DistInfo, raw_model: nn.Module, train_set
+) -> None:
     """--check-equivalence: rank 0 replays the run in one process; the parameters match."""
-    with rank0_only(info, "the one-process replay") as mine:  # no --timeout-s bound on the waiting ranks
+    with rank0_only(
+        info, "the one-process replay"
+    ) as mine:  # no --timeout-s bound on the waiting ranks
         if mine:
             t0 = time.perf_counter()
             reference, _ = replay_on_one_process(train_set, info.world_size, args, info.device)
             report.perf("replay_s", time.perf_counter() - t0, "one-process replay: {value:.2f} s")
             ddp, replay = list(raw_model.parameters()), list(reference.parameters())
             diff = max_abs_diff_all(ddp, replay)  # NaN-safe: a diverged run fails the claim
-            sentence = (f"DDP on {info.world_size} ranks vs one process on the global batch: max |parameter "
-                        "difference| = {value:.1e}")
+            sentence = (
+                f"DDP on {info.world_size} ranks vs one process on the global batch: max |parameter "
+                "difference| = {value:.1e}"
+            )
             if info.world_size <= 2:
                 report.claim("ddp_equals_one_process", diff, "<=", 1e-5, sentence)
             else:
@@ -338,17 +512,20 @@ def check_equivalence(report: Report, args, info: DistInfo, raw_model: nn.Module
 
 def spawn_worker(rank: int, world_size: int, args: argparse.Namespace) -> None:
     """mp.spawn calls this in each child, rank first; rank and world size go to init_process_group by hand."""
+
     def work() -> None:
         backend, device = choose_backend_and_device(args.backend, args.device, rank, world_size)
         if device.type == "cuda":
             deterministic_cuda()  # as setup() does: the equivalence is checked bit for bit
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=args.timeout_s))
+        dist.init_process_group(
+            backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=args.timeout_s)
+        )
         try:
             train(args, DistInfo(rank, rank, world_size, world_size, backend, device))
         finally:
             dist.destroy_process_group()
+
     run_main(work)  # ends the child with os._exit: 0, or 2 after a one-line error
 
 
@@ -361,7 +538,9 @@ def main() -> None:
         try:  # start method "spawn": fresh interpreters that import this file and unpickle spawn_worker
             mp.spawn(spawn_worker, args=(args.spawn, args), nprocs=args.spawn, join=True)
         except mp.ProcessExitedException as e:
-            raise LessonError(f"--spawn: process {e.error_index} exited with status {e.exit_code}") from None
+            raise LessonError(
+                f"--spawn: process {e.error_index} exited with status {e.exit_code}"
+            ) from None
         return
     with distributed_session(args) as info:
         train(args, info)

@@ -31,6 +31,7 @@ Sources: https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.
 source torch/utils/data/distributed.py;
 https://pytorch.org/docs/stable/data.html#torch.utils.data.WeightedRandomSampler.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,18 +40,30 @@ from itertools import product
 
 import numpy as np
 import torch
-from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, Sampler, Subset,
-                              WeightedRandomSampler)
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    Sampler,
+    Subset,
+    WeightedRandomSampler,
+)
 
-from common.data_parallel.bucketing import (LengthGroupedDistributedBatchSampler, padded_tokens,
-                                            synthetic_lengths)
 from common.data import digits_split
+from common.data_parallel.bucketing import (
+    LengthGroupedDistributedBatchSampler,
+    padded_tokens,
+    synthetic_lengths,
+)
+from common.data_parallel.samplers import (
+    DistributedSamplerByHand,
+    WeightedDistributedSampler,
+    distributed_indices,
+)
+from common.harness.env import LessonError
 from common.harness.ranks import all_gather_objects, print0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main
-from common.harness.env import LessonError
-from common.data_parallel.samplers import (DistributedSamplerByHand, WeightedDistributedSampler,
-                                           distributed_indices)
 
 NUM_CLASSES = 10
 
@@ -58,24 +71,42 @@ NUM_CLASSES = 10
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seed", type=int, default=0, help="sampler seed (>= 0)")
-    p.add_argument("--demo-size", type=int, default=11, help="dataset size in sections 1-2 (default 11)")
+    p.add_argument(
+        "--demo-size", type=int, default=11, help="dataset size in sections 1-2 (default 11)"
+    )
     p.add_argument("--batch-size", type=int, default=2, help="batch size per process in section 2")
-    p.add_argument("--imbalance", type=float, default=0.05,
-                   help="class c keeps imbalance**(c/9) of its images")
+    p.add_argument(
+        "--imbalance", type=float, default=0.05, help="class c keeps imbalance**(c/9) of its images"
+    )
     p.add_argument("--seq-count", type=int, default=20000, help="synthetic sequences for bucketing")
-    p.add_argument("--seq-batch", type=int, default=32, help="sequences per batch per process (bucketing)")
+    p.add_argument(
+        "--seq-batch", type=int, default=32, help="sequences per batch per process (bucketing)"
+    )
     p.add_argument("--pool-batches", type=int, default=50, help="batches per length-sorting pool")
-    p.add_argument("--data", default=None, help="digits .npz (default: the bundled data/digits.npz)")
-    p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
+    p.add_argument(
+        "--data", default=None, help="digits .npz (default: the bundled data/digits.npz)"
+    )
+    p.add_argument(
+        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
+    )
     add_distributed_args(p)
     args = p.parse_args(argv)
     # Validate before any process group exists: every rank sees the same argv, so every rank fails alike.
-    for name, low in (("demo_size", 1), ("batch_size", 1), ("seq_count", 1), ("seq_batch", 2),
-                      ("pool_batches", 1), ("seed", 0)):
+    for name, low in (
+        ("demo_size", 1),
+        ("batch_size", 1),
+        ("seq_count", 1),
+        ("seq_batch", 2),
+        ("pool_batches", 1),
+        ("seed", 0),
+    ):
         if getattr(args, name) < low:
             kind = {0: ">= 0", 1: "a positive integer"}.get(
-                low, f">= {low} (1 sequence per batch has no padding)")
-            raise LessonError(f"--{name.replace('_', '-')} must be {kind}, got {getattr(args, name)}")
+                low, f">= {low} (1 sequence per batch has no padding)"
+            )
+            raise LessonError(
+                f"--{name.replace('_', '-')} must be {kind}, got {getattr(args, name)}"
+            )
     if not 0.0 < args.imbalance <= 1.0:
         raise LessonError(f"--imbalance must be in (0, 1], got {args.imbalance}")
     return args
@@ -85,7 +116,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def count_matching_configs(seeds=(0, 7), epochs=(0, 1)) -> tuple[int, int]:
     """(matching, total) configurations (n, W, shuffle, drop_last, seed, epoch) on which the by-hand indices
     equal torch's DistributedSampler on every rank (n = 0..12, W = 1..4)."""
-    configs, match = list(product(range(13), range(1, 5), (False, True), (False, True), seeds, epochs)), 0
+    configs, match = (
+        list(product(range(13), range(1, 5), (False, True), (False, True), seeds, epochs)),
+        0,
+    )
     for n, w, shuffle, drop_last, seed, epoch in configs:
         ok = True
         for r in range(w):
@@ -121,8 +155,10 @@ def len_vs_yield(sampler: Sampler, batch_size: int, drop_last: bool) -> dict:
 def blog_steps_differ(n: int, world_size: int, batch_size: int, drop_last: bool) -> bool:
     """The rule: an unpadded stride sampler leaves ranks with different step counts exactly when W does not
     divide n AND ceil(n/W) and floor(n/W) samples make different numbers of batches of batch_size."""
+
     def batches(count: int) -> int:
         return count // batch_size if drop_last else -(-count // batch_size)
+
     return n % world_size != 0 and batches(-(-n // world_size)) != batches(n // world_size)
 
 
@@ -151,7 +187,9 @@ def imbalanced_subset(train_set, imbalance: float, seed: int) -> tuple[Subset, t
 
 
 def class_hist(labels: torch.Tensor, indices: list[int]) -> list[int]:
-    return torch.bincount(labels[torch.as_tensor(indices, dtype=torch.int64)], minlength=NUM_CLASSES).tolist()
+    return torch.bincount(
+        labels[torch.as_tensor(indices, dtype=torch.int64)], minlength=NUM_CLASSES
+    ).tolist()
 
 
 def interleave(streams: list[list[int]]) -> list[int]:
@@ -162,167 +200,333 @@ def interleave(streams: list[list[int]]) -> list[int]:
 def which_indices(info, args, report: Report) -> None:
     """1. Which indices this rank reads in epochs 0 and 1, from PyTorch's sampler and from ours."""
     W, rank, n, seed = info.world_size, info.rank, args.demo_size, args.seed
-    print0(f"\n1. DistributedSampler, {n} samples over {W} rank(s): seed + epoch permutation, pad, stride")
+    print0(
+        f"\n1. DistributedSampler, {n} samples over {W} rank(s): seed + epoch permutation, pad, stride"
+    )
     mine = []
     for epoch in (0, 1):
         ref = DistributedSampler(range(n), W, rank, shuffle=True, seed=seed)
         ref.set_epoch(epoch)  # permutation seed = seed + epoch, the same on every rank
         mine.append((list(ref), distributed_indices(n, W, rank, True, seed, epoch).tolist()))
     per_rank = all_gather_objects(mine, info)
-    indices = report.record("indices", [[f[e][0] for f in per_rank] for e in (0, 1)])  # [epoch][rank]
+    indices = report.record(
+        "indices", [[f[e][0] for f in per_rank] for e in (0, 1)]
+    )  # [epoch][rank]
     print0("\n".join(f"  epoch {e} rank {r}: {indices[e][r]}" for e in (0, 1) for r in range(W)))
-    report.claim("padding_repeats", sum(map(len, indices[0])) - n, "==", (-n) % W,
-                 "  padding: the ranks read {value} index(es) twice, (-n) mod W = {bound}")
+    report.claim(
+        "padding_repeats",
+        sum(map(len, indices[0])) - n,
+        "==",
+        (-n) % W,
+        "  padding: the ranks read {value} index(es) twice, (-n) mod W = {bound}",
+    )
     # 1 index has one order; 2..4 (2 or 6 or 24 orders) repeat by chance (1 in 2 seeds for n = 2)
     if n >= 5:
-        report.claim("set_epoch_changes_permutation", int(indices[0] != indices[1]), "==", 1,
-                     "  set_epoch(1) changes the permutation: {value}")
+        report.claim(
+            "set_epoch_changes_permutation",
+            int(indices[0] != indices[1]),
+            "==",
+            1,
+            "  set_epoch(1) changes the permutation: {value}",
+        )
     same = int(all(a == b for f in per_rank for a, b in f))
-    report.claim("by_hand_equals_torch_this_run", same, "==", 1,
-                 "  by-hand sampler == torch DistributedSampler on every rank of this run: {value}")
+    report.claim(
+        "by_hand_equals_torch_this_run",
+        same,
+        "==",
+        1,
+        "  by-hand sampler == torch DistributedSampler on every rank of this run: {value}",
+    )
     match, total = count_matching_configs(seeds=(seed, seed + 7))
     report.record("configs_total", total)
-    report.claim("by_hand_equals_torch_configs", total - match, "==", 0,
-                 f"  ... and on {match} of {total} configurations (n 0..12, W 1..4, shuffle, drop_last, "
-                 "2 seeds, 2 epochs): {value} mismatches")
+    report.claim(
+        "by_hand_equals_torch_configs",
+        total - match,
+        "==",
+        0,
+        f"  ... and on {match} of {total} configurations (n 0..12, W 1..4, shuffle, drop_last, "
+        "2 seeds, 2 epochs): {value} mismatches",
+    )
 
 
 def len_per_rank(info, args, report: Report) -> None:
     """2. __len__ (myth 5): DataLoader len vs batches yielded on THIS rank, ours and the blog sampler."""
     W, rank, n, b, seed = info.world_size, info.rank, args.demo_size, args.batch_size, args.seed
-    print0(f"\n2. __len__ per rank: DataLoader(batch_size={b}) over {n} samples, len / batches yielded")
+    print0(
+        f"\n2. __len__ per rank: DataLoader(batch_size={b}) over {n} samples, len / batches yielded"
+    )
     grouped = LengthGroupedDistributedBatchSampler(synthetic_lengths(n, seed), b, W, rank, seed)
-    mine = {"by_hand": len_vs_yield(DistributedSamplerByHand(n, W, rank, seed=seed), b, False),
-            "by_hand_drop_last": len_vs_yield(DistributedSamplerByHand(n, W, rank, seed=seed), b, True),
-            "length_grouped": {"len": len(grouped), "yielded": sum(1 for _ in grouped)},
-            "blog": len_vs_yield(BlogShardSampler(n, W, rank), b, False),
-            "blog_drop_last": len_vs_yield(BlogShardSampler(n, W, rank), b, True)}
-    rows = {k: [m[k] for m in all_gather_objects(mine, info)] for k in mine}  # name -> [rank 0's, ...]
+    mine = {
+        "by_hand": len_vs_yield(DistributedSamplerByHand(n, W, rank, seed=seed), b, False),
+        "by_hand_drop_last": len_vs_yield(DistributedSamplerByHand(n, W, rank, seed=seed), b, True),
+        "length_grouped": {"len": len(grouped), "yielded": sum(1 for _ in grouped)},
+        "blog": len_vs_yield(BlogShardSampler(n, W, rank), b, False),
+        "blog_drop_last": len_vs_yield(BlogShardSampler(n, W, rank), b, True),
+    }
+    rows = {
+        k: [m[k] for m in all_gather_objects(mine, info)] for k in mine
+    }  # name -> [rank 0's, ...]
     for name, cells in rows.items():
-        print0(f"  {name:<18} "
-               + "  ".join(f"r{r}: {c['len']:>2}/{c['yielded']:>2}" for r, c in enumerate(cells)))
+        print0(
+            f"  {name:<18} "
+            + "  ".join(f"r{r}: {c['len']:>2}/{c['yielded']:>2}" for r, c in enumerate(cells))
+        )
     report.record("len_check", rows)
     ours = [rows[k] for k in ("by_hand", "by_hand_drop_last", "length_grouped")]
-    report.claim("our_len_equals_yield", sum(c["len"] != c["yielded"] for cells in ours for c in cells),
-                 "==", 0, "  our samplers: ranks where len(DataLoader) != batches yielded: {value}")
+    report.claim(
+        "our_len_equals_yield",
+        sum(c["len"] != c["yielded"] for cells in ours for c in cells),
+        "==",
+        0,
+        "  our samplers: ranks where len(DataLoader) != batches yielded: {value}",
+    )
     uneven = sum(len({c["yielded"] for c in cells}) > 1 for cells in ours)
-    report.claim("our_steps_equal_on_every_rank", uneven, "==", 0,
-                 "  our samplers: samplers whose ranks run different step counts: {value}")
-    report.claim("blog_len_is_dataset_batches", rows["blog"][0]["len"], "==", math.ceil(n / b),
-                 "  the blog sampler says len(DataLoader) = {value} = ceil(n / batch) (the dataset's)")
-    report.claim("blog_yields_rank_share", rows["blog"][0]["yielded"], "==", math.ceil(math.ceil(n / W) / b),
-                 "  ... and yields {value} batches on rank 0 = ceil(ceil(n / W) / batch) (this rank's)")
+    report.claim(
+        "our_steps_equal_on_every_rank",
+        uneven,
+        "==",
+        0,
+        "  our samplers: samplers whose ranks run different step counts: {value}",
+    )
+    report.claim(
+        "blog_len_is_dataset_batches",
+        rows["blog"][0]["len"],
+        "==",
+        math.ceil(n / b),
+        "  the blog sampler says len(DataLoader) = {value} = ceil(n / batch) (the dataset's)",
+    )
+    report.claim(
+        "blog_yields_rank_share",
+        rows["blog"][0]["yielded"],
+        "==",
+        math.ceil(math.ceil(n / W) / b),
+        "  ... and yields {value} batches on rank 0 = ceil(ceil(n / W) / batch) (this rank's)",
+    )
     for key, dl in (("blog", False), ("blog_drop_last", True)):
         steps = [c["yielded"] for c in rows[key]]
-        report.claim(f"{key}_steps_differ_as_the_rule_says", int(len(set(steps)) > 1), "==",
-                     int(blog_steps_differ(n, W, b, dl)),
-                     f"  blog sampler, drop_last={dl}: steps per rank {steps}; they differ: {{value}}")
+        report.claim(
+            f"{key}_steps_differ_as_the_rule_says",
+            int(len(set(steps)) > 1),
+            "==",
+            int(blog_steps_differ(n, W, b, dl)),
+            f"  blog sampler, drop_last={dl}: steps per rank {steps}; they differ: {{value}}",
+        )
     bad, total = step_rule_mismatches()
-    report.claim("blog_step_rule_exact", bad, "==", 0, f"  blog_steps_differ (the rule) vs {total} "
-                 "configurations (n 1..40, W 1..4, batch 1..4, drop_last): {value} mismatches")
+    report.claim(
+        "blog_step_rule_exact",
+        bad,
+        "==",
+        0,
+        f"  blog_steps_differ (the rule) vs {total} "
+        "configurations (n 1..40, W 1..4, batch 1..4, drop_last): {value} mismatches",
+    )
     uneven = [k for k in range(1, 17) if blog_steps_differ(k, W, b, False)]
-    report.value("blog_sizes_with_uneven_steps", uneven,
-                 f"  W={W}, batch {b}, no drop_last: the sizes 1..16 whose ranks' steps differ are {{value}}")
+    report.value(
+        "blog_sizes_with_uneven_steps",
+        uneven,
+        f"  W={W}, batch {b}, no drop_last: the sizes 1..16 whose ranks' steps differ are {{value}}",
+    )
 
 
 def weighted_sampling(info, args, report: Report) -> None:
     """3. Class histograms per rank: plain DistributedSampler vs weights 1 / class count."""
     W, rank, seed = info.world_size, info.rank, args.seed
-    subset, labels = imbalanced_subset(digits_split(path=args.data)[0], args.imbalance, seed)  # of 1438
+    subset, labels = imbalanced_subset(
+        digits_split(path=args.data)[0], args.imbalance, seed
+    )  # of 1438
     class_count = torch.bincount(labels, minlength=NUM_CLASSES)
-    print0(f"\n3. Weighted sampling, imbalanced digits subset of {len(labels)} images "
-           f"(class counts {class_count.tolist()})")
-    report.claim("class_imbalance", (class_count[0] / class_count[-1]).item(), ">=", 10,
-                 "  most / least frequent class: {value:.1f}")
+    print0(
+        f"\n3. Weighted sampling, imbalanced digits subset of {len(labels)} images "
+        f"(class counts {class_count.tolist()})"
+    )
+    report.claim(
+        "class_imbalance",
+        (class_count[0] / class_count[-1]).item(),
+        ">=",
+        10,
+        "  most / least frequent class: {value:.1f}",
+    )
     weights = 1.0 / class_count[labels].double()  # every class equally likely in expectation
     weighted = WeightedDistributedSampler(weights, W, rank, seed=seed)
     first = list(weighted)
     weighted.set_epoch(1)
     plain = list(DistributedSampler(subset, W, rank, shuffle=True, seed=seed))
-    mine = {"plain": class_hist(labels, plain), "weighted": class_hist(labels, first), "indices": first,
-            "deterministic": first == list(WeightedDistributedSampler(weights, W, rank, seed=seed)),
-            "epoch_changes_order": list(weighted) != first,
-            "no_replacement": list(WeightedDistributedSampler(weights, W, rank, 50 * W + 1, False, seed))}
+    mine = {
+        "plain": class_hist(labels, plain),
+        "weighted": class_hist(labels, first),
+        "indices": first,
+        "deterministic": first == list(WeightedDistributedSampler(weights, W, rank, seed=seed)),
+        "epoch_changes_order": list(weighted) != first,
+        "no_replacement": list(
+            WeightedDistributedSampler(weights, W, rank, 50 * W + 1, False, seed)
+        ),
+    }
     per_rank = all_gather_objects(mine, info)
     hists = {k: [f[k] for f in per_rank] for k in ("plain", "weighted")}
     ratio = {k: [max(h) / max(min(h), 1) for h in v] for k, v in hists.items()}
-    print0("\n".join(f"  {k:<8} rank {r}: {h}  max/min {ratio[k][r]:.2f}"
-                      for k in hists for r, h in enumerate(hists[k])))
-    report.record("weighted", {"class_count": class_count.tolist(), "hist": hists, "max_min_ratio": ratio})
-    report.claim("plain_stays_imbalanced", min(ratio["plain"]), ">=", 5,
-                 "  plain: smallest max/min {value:.2f}")
+    print0(
+        "\n".join(
+            f"  {k:<8} rank {r}: {h}  max/min {ratio[k][r]:.2f}"
+            for k in hists
+            for r, h in enumerate(hists[k])
+        )
+    )
+    report.record(
+        "weighted", {"class_count": class_count.tolist(), "hist": hists, "max_min_ratio": ratio}
+    )
+    report.claim(
+        "plain_stays_imbalanced",
+        min(ratio["plain"]),
+        ">=",
+        5,
+        "  plain: smallest max/min {value:.2f}",
+    )
     # all ranks' draws: ~m/W per rank is noisier (W = 4: ~5)
     union_hist = torch.tensor(hists["weighted"]).sum(0)
-    report.claim("weighted_rebalances", (union_hist.max() / union_hist.min().clamp_min(1)).item(), "<=", 3,
-                 f"  weighted, all {W} rank(s) together: max/min {{value:.2f}}")
-    report.claim("weighted_deterministic", int(all(f["deterministic"] for f in per_rank)), "==", 1,
-                 "  weighted: the same seed gives the same stream: {value}")
-    report.claim("weighted_set_epoch_changes_order", int(all(f["epoch_changes_order"] for f in per_rank)),
-                 "==", 1, "  weighted: set_epoch(1) changes the order: {value}")
+    report.claim(
+        "weighted_rebalances",
+        (union_hist.max() / union_hist.min().clamp_min(1)).item(),
+        "<=",
+        3,
+        f"  weighted, all {W} rank(s) together: max/min {{value:.2f}}",
+    )
+    report.claim(
+        "weighted_deterministic",
+        int(all(f["deterministic"] for f in per_rank)),
+        "==",
+        1,
+        "  weighted: the same seed gives the same stream: {value}",
+    )
+    report.claim(
+        "weighted_set_epoch_changes_order",
+        int(all(f["epoch_changes_order"] for f in per_rank)),
+        "==",
+        1,
+        "  weighted: set_epoch(1) changes the order: {value}",
+    )
     if W > 1:
-        report.claim("weighted_ranks_differ", len({tuple(f["indices"]) for f in per_rank}), "==", W,
-                     "  weighted: distinct rank streams {value}")
+        report.claim(
+            "weighted_ranks_differ",
+            len({tuple(f["indices"]) for f in per_rank}),
+            "==",
+            W,
+            "  weighted: distinct rank streams {value}",
+        )
     weighted_unions(report, W, seed, weights, per_rank)
 
 
-def weighted_unions(report: Report, W: int, seed: int, weights: torch.Tensor, per_rank: list) -> None:
+def weighted_unions(
+    report: Report, W: int, seed: int, weights: torch.Tensor, per_rank: list
+) -> None:
     """3, continued: the ranks' streams interleaved against WeightedRandomSampler's draw in one process."""
+
     def g():  # seed + epoch 0, as the sampler's
         return torch.Generator().manual_seed(seed)
+
     union = interleave([f["indices"] for f in per_rank])
     same = int(union == list(WeightedRandomSampler(weights, len(union), True, generator=g())))
-    report.claim("weighted_union_equals_torch_draw", same, "==", 1, "  with replacement, ranks interleaved "
-                 "== WeightedRandomSampler's draw in one process: {value}")
+    report.claim(
+        "weighted_union_equals_torch_draw",
+        same,
+        "==",
+        1,
+        "  with replacement, ranks interleaved "
+        "== WeightedRandomSampler's draw in one process: {value}",
+    )
     # Without replacement, num_samples = m = 50 W + 1 draws fill W * 51 positions: the last W - 1 repeat the
     # start.
     m = 50 * W + 1
     union = interleave([f["no_replacement"] for f in per_rank])
     drawn = list(WeightedRandomSampler(weights, m, False, generator=g()))
-    padded = int(union[:m] == drawn and union[m:] == union[:len(union) - m])
-    report.claim("weighted_no_replacement_is_torch_draw_plus_padding", padded, "==", 1,
-                 f"  without replacement, {m} draws: ranks interleaved == WeightedRandomSampler({m}) + "
-                 "padding: {value}")
+    padded = int(union[:m] == drawn and union[m:] == union[: len(union) - m])
+    report.claim(
+        "weighted_no_replacement_is_torch_draw_plus_padding",
+        padded,
+        "==",
+        1,
+        f"  without replacement, {m} draws: ranks interleaved == WeightedRandomSampler({m}) + "
+        "padding: {value}",
+    )
     whole = int(union == list(WeightedRandomSampler(weights, len(union), False, generator=g())))
-    report.claim("weighted_no_replacement_equals_torch_total_draw_only_if_w_divides", whole, "==",
-                 int(m % W == 0), f"  ... == its draw of all {len(union)} positions: {{value}} "
-                 f"({m} mod {W} = {m % W})")
+    report.claim(
+        "weighted_no_replacement_equals_torch_total_draw_only_if_w_divides",
+        whole,
+        "==",
+        int(m % W == 0),
+        f"  ... == its draw of all {len(union)} positions: {{value}} ({m} mod {W} = {m % W})",
+    )
 
 
 def bucketing(info, args, report: Report) -> None:
     """4. Padded tokens of random batches (DistributedSampler, then consecutive seq_batch chunks, as
     DataLoader(batch_size=...) does) vs length-grouped batches, over this rank's epoch 0."""
     W, rank, seed = info.world_size, info.rank, args.seed
-    print0(f"\n4. Bucketing: {args.seq_count} sequences (log-normal lengths), {args.seq_batch} per batch "
-           "per rank")
+    print0(
+        f"\n4. Bucketing: {args.seq_count} sequences (log-normal lengths), {args.seq_batch} per batch "
+        "per rank"
+    )
     lengths = synthetic_lengths(args.seq_count, seed)
     rand_idx = list(DistributedSampler(range(args.seq_count), W, rank, shuffle=True, seed=seed))
-    rand_batches = [rand_idx[i:i + args.seq_batch] for i in range(0, len(rand_idx), args.seq_batch)]
-    bucket = LengthGroupedDistributedBatchSampler(lengths, args.seq_batch, W, rank, seed, args.pool_batches)
+    rand_batches = [
+        rand_idx[i : i + args.seq_batch] for i in range(0, len(rand_idx), args.seq_batch)
+    ]
+    bucket = LengthGroupedDistributedBatchSampler(
+        lengths, args.seq_batch, W, rank, seed, args.pool_batches
+    )
     bucket_batches = list(bucket)
-    mine = [*padded_tokens(rand_batches, lengths), *padded_tokens(bucket_batches, lengths),
-            len(bucket_batches), len(bucket)]
+    mine = [
+        *padded_tokens(rand_batches, lengths),
+        *padded_tokens(bucket_batches, lengths),
+        len(bucket_batches),
+        len(bucket),
+    ]
     per_rank = all_gather_objects(mine, info)
-    real_r, pad_r, real_b, pad_b = (sum(f[i] for f in per_rank) for i in range(4))  # (sum, count) over ranks
+    real_r, pad_r, real_b, pad_b = (
+        sum(f[i] for f in per_rank) for i in range(4)
+    )  # (sum, count) over ranks
     frac_r, frac_b = 1 - real_r / pad_r, 1 - real_b / pad_b
     report.record("padded_fraction_random", frac_r)
-    report.value("padded_fraction_bucketed", frac_b, f"  padded-token fraction: random batches {frac_r:.4f}, "
-                 "length-grouped {value:.4f}")
-    report.claim("bucketing_cuts_padding", 1 - frac_b / frac_r, ">=", 0.85,
-                 f"  tokens computed {pad_r} -> {pad_b}: padding cut by {{value:.1%}}")
-    report.claim("bucketing_below_half_of_random", frac_b / frac_r, "<=", 0.5,
-                 "  length-grouped / random padded fraction: {value:.3f}")
-    report.claim("bucketing_same_batches_every_rank", len({(f[4], f[5]) for f in per_rank}), "==", 1,
-                 f"  batches per rank {[f[4] for f in per_rank]}, len {[f[5] for f in per_rank]}: "
-                 "distinct (yielded, len) pairs {value}")
-    report.record("lengths_hist", np.histogram(lengths.numpy(), bins=32, range=(0, 512))[0].tolist())
+    report.value(
+        "padded_fraction_bucketed",
+        frac_b,
+        f"  padded-token fraction: random batches {frac_r:.4f}, length-grouped {{value:.4f}}",
+    )
+    report.claim(
+        "bucketing_cuts_padding",
+        1 - frac_b / frac_r,
+        ">=",
+        0.85,
+        f"  tokens computed {pad_r} -> {pad_b}: padding cut by {{value:.1%}}",
+    )
+    report.claim(
+        "bucketing_below_half_of_random",
+        frac_b / frac_r,
+        "<=",
+        0.5,
+        "  length-grouped / random padded fraction: {value:.3f}",
+    )
+    report.claim(
+        "bucketing_same_batches_every_rank",
+        len({(f[4], f[5]) for f in per_rank}),
+        "==",
+        1,
+        f"  batches per rank {[f[4] for f in per_rank]}, len {[f[5] for f in per_rank]}: "
+        "distinct (yielded, len) pairs {value}",
+    )
+    report.record(
+        "lengths_hist", np.histogram(lengths.numpy(), bins=32, range=(0, 512))[0].tolist()
+    )
 
 
 def main() -> None:
     args = parse_args()
     with distributed_session(args) as info:
         report = Report(info)
-        report.value("world_size", info.world_size,
-                     f"world_size {{value}}  backend {info.backend or 'none'}  seed {args.seed}")
+        report.value(
+            "world_size",
+            info.world_size,
+            f"world_size {{value}}  backend {info.backend or 'none'}  seed {args.seed}",
+        )
         which_indices(info, args, report)
         len_per_rank(info, args, report)
         weighted_sampling(info, args, report)

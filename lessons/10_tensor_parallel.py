@@ -46,6 +46,7 @@ https://pytorch.org/docs/stable/distributed.tensor.parallel.html and the tutoria
 https://pytorch.org/tutorials/intermediate/TP_tutorial.html; torchtitan's
 `distributed/tensor_parallel.py` for a full model's plan.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,20 +56,33 @@ import math
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
-                                               parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
-from common.measure.counters import count_collectives
 from common.data import digits_split
-from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
-from common.measure.dtensor_counts import count_dtensor_collectives, saved_local_bytes
+from common.harness.env import LessonError, read_torchrun_env
 from common.harness.grid import Grid
 from common.harness.ranks import print0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
-from common.harness.env import LessonError, read_torchrun_env
-from common.tensor_parallel.layers import (MLP, Block, SelfAttention, TPAttention, TPMLP, check_tp_degree,
-                                    digits_transformer, max_shard_diff, tensor_parallelize)
+from common.measure.counters import count_collectives
+from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
+from common.measure.dtensor_counts import count_dtensor_collectives, saved_local_bytes
+from common.tensor_parallel.layers import (
+    MLP,
+    TPMLP,
+    Block,
+    SelfAttention,
+    TPAttention,
+    check_tp_degree,
+    digits_transformer,
+    max_shard_diff,
+    tensor_parallelize,
+)
 
 SEQ = 8  # tokens per image: its 8 rows
 TOL = 1e-5
@@ -76,14 +90,28 @@ TOL = 1e-5
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--hidden", type=int, default=32, help="H, features per token; tp must divide it")
-    p.add_argument("--heads", type=int, default=4, help="attention heads; tp must divide them (default 4)")
-    p.add_argument("--batch-size", type=int, default=32, help="B, images per step, the same on every tp rank")
-    p.add_argument("--steps", type=int, default=40, help="training steps on the digits (default %(default)s)")
-    p.add_argument("--lr", type=float, default=0.05,
-                   help="SGD learning rate, momentum 0.9 (default %(default)s)")
+    p.add_argument(
+        "--hidden", type=int, default=32, help="H, features per token; tp must divide it"
+    )
+    p.add_argument(
+        "--heads", type=int, default=4, help="attention heads; tp must divide them (default 4)"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=32, help="B, images per step, the same on every tp rank"
+    )
+    p.add_argument(
+        "--steps", type=int, default=40, help="training steps on the digits (default %(default)s)"
+    )
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=0.05,
+        help="SGD learning rate, momentum 0.9 (default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
+    p.add_argument(
+        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
+    )
     add_distributed_args(p)
     args = p.parse_args(argv)
     # validated before any process group: every rank fails alike, none waits
@@ -92,8 +120,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     tp = read_torchrun_env()[2]  # tp = the world size
     check_tp_degree(tp, args.hidden, args.heads)
     if SEQ % tp:  # section 3 gives each rank S/tp whole tokens; DTensor's Shard(1) needs equal ones
-        raise LessonError(f"sequence parallelism splits an image's S = {SEQ} tokens over the tp ranks: "
-                          f"tp = {tp} must divide {SEQ} (1, 2, 4 or 8 processes)")
+        raise LessonError(
+            f"sequence parallelism splits an image's S = {SEQ} tokens over the tp ranks: "
+            f"tp = {tp} must divide {SEQ} (1, 2, 4 or 8 processes)"
+        )
     return args
 
 
@@ -114,10 +144,15 @@ def split_vs_unsplit(full, split, x, grid: Grid, counter, shard_seq: bool = Fals
     with counter() as fwd:
         ys = split(xs)
     with counter() as bwd:
-        ys.square().sum().div(yf.numel()).backward()  # the same per-element gradient with S/tp tokens
+        ys.square().sum().div(
+            yf.numel()
+        ).backward()  # the same per-element gradient with S/tp tokens
     # NaN-safe: a NaN anywhere makes the difference NaN, and the claim fails (common/measure/differences.py)
-    diffs = [max_abs_diff(ys, cut(yf)), max_abs_diff(xs.grad, cut(xf.grad)),
-             max_shard_diff(full, split, tp_rank, grads=True)]  # DTensor gradients: full_tensor() sums
+    diffs = [
+        max_abs_diff(ys, cut(yf)),
+        max_abs_diff(xs.grad, cut(xf.grad)),
+        max_shard_diff(full, split, tp_rank, grads=True),
+    ]  # DTensor gradients: full_tensor() sums
     return max_over_ranks(nan_max(diffs)), fwd, bwd
 
 
@@ -133,7 +168,9 @@ def counted(c, op: str = "all_reduce") -> tuple[int, int]:
 
 def weight_bytes(module) -> int:
     """Bytes of the weight matrices this rank holds (biases left out)."""
-    return sum(p.numel() * p.element_size() for n, p in module.named_parameters() if n.endswith("weight"))
+    return sum(
+        p.numel() * p.element_size() for n, p in module.named_parameters() if n.endswith("weight")
+    )
 
 
 def hand_built(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> None:
@@ -142,23 +179,49 @@ def hand_built(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> None:
     B, S, H = x.shape
     act_bytes = B * S * H * x.element_size()  # what g sums in forward and f in backward
     want = 1 if tp > 1 else 0  # at tp = 1 f and g are identities: nothing to add up
-    for name, full in (("mlp", MLP(H).to(x.device)), ("attention", SelfAttention(H, heads).to(x.device))):
+    for name, full in (
+        ("mlp", MLP(H).to(x.device)),
+        ("attention", SelfAttention(H, heads).to(x.device)),
+    ):
         split = (TPMLP if name == "mlp" else TPAttention)(full, tp_rank, tp, grid.group("tp"))
         diff, fwd, bwd = split_vs_unsplit(full, split, x, grid, count_collectives)
-        report.claim(f"hand_{name}_equals_unsplit", diff, "<=", TOL,
-                     f"by hand, {name} at tp={tp}: max |split - unsplit| over output, input gradient and "
-                     "weight gradients = {value:.1e}")
+        report.claim(
+            f"hand_{name}_equals_unsplit",
+            diff,
+            "<=",
+            TOL,
+            f"by hand, {name} at tp={tp}: max |split - unsplit| over output, input gradient and "
+            "weight gradients = {value:.1e}",
+        )
         (fc, fb), (bc, bb) = counted(fwd), counted(bwd)
-        report.claim(f"hand_{name}_allreduces_forward", fc, "==", want,
-                     "  all-reduces in forward (g): {value}")
-        report.claim(f"hand_{name}_allreduces_backward", bc, "==", want,
-                     "  all-reduces in backward (f): {value}")
-        report.claim(f"hand_{name}_allreduce_bytes", fb + bb, "==", 2 * want * act_bytes,
-                     "  bytes all-reduced per forward + backward: {value} = 2 x B x S x H x 4 at tp > 1")
+        report.claim(
+            f"hand_{name}_allreduces_forward",
+            fc,
+            "==",
+            want,
+            "  all-reduces in forward (g): {value}",
+        )
+        report.claim(
+            f"hand_{name}_allreduces_backward",
+            bc,
+            "==",
+            want,
+            "  all-reduces in backward (f): {value}",
+        )
+        report.claim(
+            f"hand_{name}_allreduce_bytes",
+            fb + bb,
+            "==",
+            2 * want * act_bytes,
+            "  bytes all-reduced per forward + backward: {value} = 2 x B x S x H x 4 at tp > 1",
+        )
         # by construction (each shard is a chunk of the full matrix), so a number to read, not a claim
-        report.value(f"hand_{name}_weight_bytes", [weight_bytes(split), weight_bytes(full)],
-                     "  weight-matrix bytes per rank: {value[0]} of {value[1]} (1/tp; the row-parallel bias "
-                     "stays whole on every rank)")
+        report.value(
+            f"hand_{name}_weight_bytes",
+            [weight_bytes(split), weight_bytes(full)],
+            "  weight-matrix bytes per rank: {value[0]} of {value[1]} (1/tp; the row-parallel bias "
+            "stays whole on every rank)",
+        )
 
 
 def placements(module) -> dict[str, str]:
@@ -175,11 +238,20 @@ def with_dtensor(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> Non
     plan = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
     split = parallelize_module(copy.deepcopy(full), mesh, plan)
     shown = placements(split)
-    report.value("dtensor_mlp_placements", shown, "parallelize_module, MLP: parameter placements "
-                 + ", ".join(f"{n} {p}" for n, p in shown.items()))
+    report.value(
+        "dtensor_mlp_placements",
+        shown,
+        "parallelize_module, MLP: parameter placements "
+        + ", ".join(f"{n} {p}" for n, p in shown.items()),
+    )
     diff, fwd, bwd = split_vs_unsplit(full, split, x, grid, count_dtensor_collectives)
-    report.claim("dtensor_mlp_equals_unsplit", diff, "<=", TOL,
-                 "  max |split - unsplit| (output, input and weight gradients) = {value:.1e}")
+    report.claim(
+        "dtensor_mlp_equals_unsplit",
+        diff,
+        "<=",
+        TOL,
+        "  max |split - unsplit| (output, input and weight gradients) = {value:.1e}",
+    )
     hand = TPMLP(full, tp_rank, grid.size("tp"), grid.group("tp"))
     _, hand_fwd, hand_bwd = split_vs_unsplit(full, hand, x, grid, count_collectives)
 
@@ -187,28 +259,52 @@ def with_dtensor(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> Non
         return c.calls, c.bytes, c.groups
 
     same = (every(fwd), every(bwd)) == (every(hand_fwd), every(hand_bwd))
-    report.claim("dtensor_mlp_collectives_as_by_hand", int(same), "==", 1,
-                 f"  its collectives: forward {calls(fwd)}, backward {calls(bwd)}, the same calls, bytes and "
-                 "group as by hand: {value}")
+    report.claim(
+        "dtensor_mlp_collectives_as_by_hand",
+        int(same),
+        "==",
+        1,
+        f"  its collectives: forward {calls(fwd)}, backward {calls(bwd)}, the same calls, bytes and "
+        "group as by hand: {value}",
+    )
     full = SelfAttention(H, heads).to(x.device)
-    plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "proj": RowwiseParallel()}
+    plan = {
+        "q": ColwiseParallel(),
+        "k": ColwiseParallel(),
+        "v": ColwiseParallel(),
+        "proj": RowwiseParallel(),
+    }
     split = parallelize_module(copy.deepcopy(full), mesh, plan)
     diff, fwd, bwd = split_vs_unsplit(full, split, x, grid, count_dtensor_collectives)
-    report.claim("dtensor_attention_equals_unsplit", diff, "<=", TOL,
-                 "parallelize_module, attention: max |split - unsplit| = {value:.1e}")
-    report.value("dtensor_attention_backward_allreduces", bwd.calls.get("all_reduce", 0),
-                 "  all-reduces in its backward: {value} (q, k and v each sum their input gradient; "
-                 "by hand: 1)")
+    report.claim(
+        "dtensor_attention_equals_unsplit",
+        diff,
+        "<=",
+        TOL,
+        "parallelize_module, attention: max |split - unsplit| = {value:.1e}",
+    )
+    report.value(
+        "dtensor_attention_backward_allreduces",
+        bwd.calls.get("all_reduce", 0),
+        "  all-reduces in its backward: {value} (q, k and v each sum their input gradient; "
+        "by hand: 1)",
+    )
 
 
 def sp_blocks(full: Block, mesh):
     """The block (x + mlp(norm2(x))) split two ways: tensor parallel only, and with sequence parallelism."""
-    tp_block = parallelize_module(copy.deepcopy(full), mesh, {"mlp.fc1": ColwiseParallel(),
-                                                              "mlp.fc2": RowwiseParallel()})
-    sp_block = parallelize_module(copy.deepcopy(full), mesh, {
-        "norm2": SequenceParallel(),                           # (B, S/tp, H) in, (B, S/tp, H) out
-        "mlp.fc1": ColwiseParallel(input_layouts=Shard(1)),    # all-gather the tokens: (B, S, H)
-        "mlp.fc2": RowwiseParallel(output_layouts=Shard(1))})  # reduce-scatter: (B, S/tp, H)
+    tp_block = parallelize_module(
+        copy.deepcopy(full), mesh, {"mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
+    )
+    sp_block = parallelize_module(
+        copy.deepcopy(full),
+        mesh,
+        {
+            "norm2": SequenceParallel(),  # (B, S/tp, H) in, (B, S/tp, H) out
+            "mlp.fc1": ColwiseParallel(input_layouts=Shard(1)),  # all-gather the tokens: (B, S, H)
+            "mlp.fc2": RowwiseParallel(output_layouts=Shard(1)),
+        },
+    )  # reduce-scatter: (B, S/tp, H)
     return tp_block, sp_block
 
 
@@ -218,35 +314,63 @@ def sequence_parallel(report: Report, grid: Grid, x: torch.Tensor) -> None:
     B, S, H = x.shape
     full = Block(H).to(x.device)  # x + mlp(norm2(x)), no attention
     tp_block, sp_block = sp_blocks(full, mesh)
-    diff, fwd, bwd = split_vs_unsplit(full, sp_block, x, grid, count_dtensor_collectives, shard_seq=True)
-    report.claim("sequence_parallel_equals_unsplit", diff, "<=", TOL,
-                 "sequence parallel block (norm + MLP): max |split - unsplit| on this rank's tokens, weight "
-                 "gradients summed over ranks = {value:.1e}")
+    diff, fwd, bwd = split_vs_unsplit(
+        full, sp_block, x, grid, count_dtensor_collectives, shard_seq=True
+    )
+    report.claim(
+        "sequence_parallel_equals_unsplit",
+        diff,
+        "<=",
+        TOL,
+        "sequence parallel block (norm + MLP): max |split - unsplit| on this rank's tokens, weight "
+        "gradients summed over ranks = {value:.1e}",
+    )
     one_each = fwd.calls == bwd.calls == {"all_gather": 1, "reduce_scatter": 1}
-    report.claim("sequence_parallel_collectives", int(one_each), "==", 1,
-                 f"  forward {calls(fwd)}, backward {calls(bwd)}: one all-gather + one reduce-scatter each "
-                 "way: {value}")
+    report.claim(
+        "sequence_parallel_collectives",
+        int(one_each),
+        "==",
+        1,
+        f"  forward {calls(fwd)}, backward {calls(bwd)}: one all-gather + one reduce-scatter each "
+        "way: {value}",
+    )
     norm_gradients(report, sp_block, full)
-    with count_dtensor_collectives() as without:  # the block without sequence parallelism, forward + backward
+    with (
+        count_dtensor_collectives() as without
+    ):  # the block without sequence parallelism, forward + backward
         tp_block(x.clone().requires_grad_()).sum().backward()
-    sp_bytes = sum(c.bytes.get(op, 0) for c in (fwd, bwd) for op in ("all_gather", "reduce_scatter"))
+    sp_bytes = sum(
+        c.bytes.get(op, 0) for c in (fwd, bwd) for op in ("all_gather", "reduce_scatter")
+    )
     ar_bytes = counted(without)[1]
     # Ring costs per rank for a buffer of N bytes: all-reduce 2 (tp-1)/tp N, all-gather and reduce-scatter
     # (tp-1)/tp N each. So the same bytes travel when the gathered + scattered buffers are twice the
     # all-reduced ones.
-    report.claim("sequence_parallel_same_bytes", sp_bytes / (2 * ar_bytes), "==", 1,
-                 f"  all-gather + reduce-scatter buffers {sp_bytes} bytes / (2 x {ar_bytes} bytes "
-                 "all-reduced without sequence parallelism) = {value}: on a ring the same bytes travel (an "
-                 "all-reduce is a reduce-scatter then an all-gather)")
+    report.claim(
+        "sequence_parallel_same_bytes",
+        sp_bytes / (2 * ar_bytes),
+        "==",
+        1,
+        f"  all-gather + reduce-scatter buffers {sp_bytes} bytes / (2 x {ar_bytes} bytes "
+        "all-reduced without sequence parallelism) = {value}: on a ring the same bytes travel (an "
+        "all-reduce is a reduce-scatter then an all-gather)",
+    )
     saved = {}
     for name, block, xin in (("tp", tp_block, x), ("sp", sp_block, x.chunk(tp, 1)[tp_rank])):
         with saved_local_bytes(exclude=list(block.parameters())) as s:
             block(xin.clone().requires_grad_()).sum().backward()
         saved[name] = s.bytes
-    norm_saved = (B * S * H + 2 * B * S) * x.element_size()  # LayerNorm keeps its input, mean and 1/std
-    report.claim("sequence_parallel_saves_less", saved["tp"] - saved["sp"], "==", norm_saved * (tp - 1) // tp,
-                 f"  activation bytes saved for backward per rank: {saved['tp']} -> {saved['sp']}, {{value}} "
-                 "fewer = the norm's input and statistics x (tp-1)/tp")
+    norm_saved = (
+        B * S * H + 2 * B * S
+    ) * x.element_size()  # LayerNorm keeps its input, mean and 1/std
+    report.claim(
+        "sequence_parallel_saves_less",
+        saved["tp"] - saved["sp"],
+        "==",
+        norm_saved * (tp - 1) // tp,
+        f"  activation bytes saved for backward per rank: {saved['tp']} -> {saved['sp']}, {{value}} "
+        "fewer = the norm's input and statistics x (tp-1)/tp",
+    )
 
 
 def norm_gradients(report: Report, sp_block: Block, full: Block) -> None:
@@ -257,24 +381,46 @@ def norm_gradients(report: Report, sp_block: Block, full: Block) -> None:
     kinds = sorted({", ".join(map(repr, p.grad.placements)) for p, _ in pairs})
     # The tp shares sum to the full gradient g, so the worst rank's share is at least (tp-1)/tp |g| away from
     # g (0.5 at tp = 2): bound 0.25. A gradient already summed in backward would be 0 away and fail it.
-    share_off = nan_max((p.grad.to_local() - f.grad).norm().item() / f.grad.norm().item() for p, f in pairs)
-    report.claim("sequence_parallel_norm_grads_partial", max_over_ranks(share_off), ">=", 0.25,
-                 f"  LayerNorm weight and bias gradients after backward: {', '.join(kinds)}; the worst "
-                 "rank's |local - full| / |full| = {value:.2f} (each rank summed its S/tp tokens only)")
+    share_off = nan_max(
+        (p.grad.to_local() - f.grad).norm().item() / f.grad.norm().item() for p, f in pairs
+    )
+    report.claim(
+        "sequence_parallel_norm_grads_partial",
+        max_over_ranks(share_off),
+        ">=",
+        0.25,
+        f"  LayerNorm weight and bias gradients after backward: {', '.join(kinds)}; the worst "
+        "rank's |local - full| / |full| = {value:.2f} (each rank summed its S/tp tokens only)",
+    )
     with count_dtensor_collectives() as summed:
         whole = [p.grad.redistribute(placements=[Replicate()]) for p, _ in pairs]
     after = nan_max(max_abs_diff(w.to_local(), f.grad) for w, (_, f) in zip(whole, pairs))
-    report.claim("sequence_parallel_norm_grad_allreduces", counted(summed)[0], "==", len(pairs),
-                 f"  redistribute(Partial -> Replicate): {calls(summed)}, one per parameter, {{value}} "
-                 "more all-reduces than the all-gather + reduce-scatter above")
-    report.claim("sequence_parallel_norm_grads_equal_after", max_over_ranks(after), "<=", TOL,
-                 "  ... after them, max |local - full| = {value:.1e}")
-    opt = torch.optim.SGD([p for p, _ in pairs], lr=0.0)  # lr 0: only to see what a step communicates
+    report.claim(
+        "sequence_parallel_norm_grad_allreduces",
+        counted(summed)[0],
+        "==",
+        len(pairs),
+        f"  redistribute(Partial -> Replicate): {calls(summed)}, one per parameter, {{value}} "
+        "more all-reduces than the all-gather + reduce-scatter above",
+    )
+    report.claim(
+        "sequence_parallel_norm_grads_equal_after",
+        max_over_ranks(after),
+        "<=",
+        TOL,
+        "  ... after them, max |local - full| = {value:.1e}",
+    )
+    opt = torch.optim.SGD(
+        [p for p, _ in pairs], lr=0.0
+    )  # lr 0: only to see what a step communicates
     with count_dtensor_collectives() as stepped:
         opt.step()
-    report.value("sequence_parallel_norm_step_allreduces", counted(stepped)[0],
-                 "  an optimizer step on these Partial gradients all-reduces them itself: {value} "
-                 "all-reduces")
+    report.value(
+        "sequence_parallel_norm_step_allreduces",
+        counted(stepped)[0],
+        "  an optimizer step on these Partial gradients all-reduces them itself: {value} "
+        "all-reduces",
+    )
 
 
 def train_both(grid: Grid, args: argparse.Namespace):
@@ -284,16 +430,20 @@ def train_both(grid: Grid, args: argparse.Namespace):
     tp_rank, tp = grid.coords["tp"], grid.size("tp")
     set_seed(args.seed)
     full = digits_transformer(args.hidden, args.heads, layers=1).to(device)
-    split = tensor_parallelize(full, tp_rank, tp, grid.group("tp"))  # every rank cut its shards from one init
+    split = tensor_parallelize(
+        full, tp_rank, tp, grid.group("tp")
+    )  # every rank cut its shards from one init
     train_set, test_set = digits_split()
     images, labels = train_set.tensors
-    g = torch.Generator().manual_seed(args.seed)  # the same batches on every rank: tp ranks share the data
+    g = torch.Generator().manual_seed(
+        args.seed
+    )  # the same batches on every rank: tp ranks share the data
     tx, ty = (t.to(device) for t in test_set.tensors)  # (359, 1, 8, 8), (359,)
     test = (tx.squeeze(1), ty)  # held out: less noisy than a few training batches
     before = test_loss(split, test)
     opts = [torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9) for m in (full, split)]
     losses = {"unsplit": [], "split": []}
-    for step in range(args.steps):
+    for _step in range(args.steps):
         pick = torch.randint(len(labels), (args.batch_size,), generator=g)
         x = images[pick].squeeze(1).to(device)  # (B, 8, 8): 8 tokens of 8 pixels
         y = labels[pick].to(device)
@@ -318,21 +468,42 @@ def train(report: Report, grid: Grid, args: argparse.Namespace) -> None:
     report.record("losses", losses)
     bad = [i for i, loss in enumerate(losses["unsplit"]) if not math.isfinite(loss)]
     if bad:  # the equality claims below then fail on NaN, as they must; say why once
-        print0(f"training: the unsplit run itself diverged at step {bad[0]} "
-               f"(loss {losses['unsplit'][bad[0]]}): --lr {args.lr:g} is too large for this model and batch")
+        print0(
+            f"training: the unsplit run itself diverged at step {bad[0]} "
+            f"(loss {losses['unsplit'][bad[0]]}): --lr {args.lr:g} is too large for this model and batch"
+        )
     gap = max_over_ranks(nan_max(abs(a - b) for a, b in zip(losses["unsplit"], losses["split"])))
-    report.claim("training_follows_unsplit", gap, "<=", TOL,
-                 f"training, {args.steps} SGD steps on the digits at tp={tp}: "
-                 "max |loss split - loss unsplit| = {value:.1e}")
+    report.claim(
+        "training_follows_unsplit",
+        gap,
+        "<=",
+        TOL,
+        f"training, {args.steps} SGD steps on the digits at tp={tp}: "
+        "max |loss split - loss unsplit| = {value:.1e}",
+    )
     params_diff = max_over_ranks(max_shard_diff(full, split, grid.coords["tp"]))
-    report.claim("training_params_equal_unsplit", params_diff, "<=", TOL,
-                 "  max |parameter shard - unsplit slice| after training = {value:.1e}")
+    report.claim(
+        "training_params_equal_unsplit",
+        params_diff,
+        "<=",
+        TOL,
+        "  max |parameter shard - unsplit slice| after training = {value:.1e}",
+    )
     after = {name: test_loss(m, test) for name, m in (("unsplit", full), ("split", split))}
-    report.claim("training_test_loss_equals_unsplit", max_over_ranks(abs(after["split"] - after["unsplit"])),
-                 "<=", TOL, "  held-out test loss, split vs unsplit model: max |difference| = {value:.1e}")
-    report.value("test_loss_ratio", after["split"] / before, f"  test loss of the split model {before:.3f} "
-                 f"before training, {after['split']:.3f} after: ratio {{value:.2f}} (lower is learning; "
-                 "it depends on --steps, --batch-size and --lr)")
+    report.claim(
+        "training_test_loss_equals_unsplit",
+        max_over_ranks(abs(after["split"] - after["unsplit"])),
+        "<=",
+        TOL,
+        "  held-out test loss, split vs unsplit model: max |difference| = {value:.1e}",
+    )
+    report.value(
+        "test_loss_ratio",
+        after["split"] / before,
+        f"  test loss of the split model {before:.3f} "
+        f"before training, {after['split']:.3f} after: ratio {{value:.2f}} (lower is learning; "
+        "it depends on --steps, --batch-size and --lr)",
+    )
     with torch.no_grad():
         accuracy = (split(test[0]).argmax(1) == test[1]).float().mean().item()
     report.value("test_accuracy", accuracy, "  test accuracy of the split model: {value:.3f}")
@@ -347,14 +518,16 @@ def main(argv=None) -> None:
         set_seed(args.seed)
         # x (B, S, H): the same on every rank (same seed)
         x = torch.randn(args.batch_size, SEQ, args.hidden).to(info.device)
-        hand_built(report, grid, x, args.heads)                 # 1. by hand
+        hand_built(report, grid, x, args.heads)  # 1. by hand
         if grid.size("tp") > 1:  # at tp = 1 there is nothing to split
-            with_dtensor(report, grid, x, args.heads)           # 2. with parallelize_module
-            sequence_parallel(report, grid, x)                  # 3. sequence parallelism
+            with_dtensor(report, grid, x, args.heads)  # 2. with parallelize_module
+            sequence_parallel(report, grid, x)  # 3. sequence parallelism
         else:
-            print0("tp = 1: parallelize_module and sequence parallelism skipped: nothing to split (under "
-                   "torchrun with 1 process DTensor would run, trivially)")
-        train(report, grid, args)                               # 4. training on the digits
+            print0(
+                "tp = 1: parallelize_module and sequence parallelism skipped: nothing to split (under "
+                "torchrun with 1 process DTensor would run, trivially)"
+            )
+        train(report, grid, args)  # 4. training on the digits
         report.finish(args.results)
 
 

@@ -44,6 +44,7 @@ tutorial https://pytorch.org/tutorials/intermediate/TP_tutorial.html; torchtitan
 `distributed/parallel_dims.py` for the grid's order;
 https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html (reshard_after_forward, HSDP).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,17 +58,21 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from common.measure.counters import CollectiveCount, count_collectives
 from common.data import digits_split
-from common.measure.differences import max_over_ranks
-from common.measure.dtensor_counts import count_dtensor_collectives
+from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.grid import Grid
 from common.harness.ranks import gather_to_rank0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
-from common.harness.env import DistInfo, LessonError, read_torchrun_env
-from common.tensor_parallel.layers import (check_tp_degree, digits_transformer, max_shard_diff,
-                                           tensor_parallelize)
+from common.measure.counters import CollectiveCount, count_collectives
+from common.measure.differences import max_over_ranks
+from common.measure.dtensor_counts import count_dtensor_collectives
+from common.tensor_parallel.layers import (
+    check_tp_degree,
+    digits_transformer,
+    max_shard_diff,
+    tensor_parallelize,
+)
 
 TOL = 1e-5
 ORDER = ("pp", "dp", "tp")  # the grid's dimensions, outermost first
@@ -79,15 +84,22 @@ def _mesh(text: str, names: tuple, world_size: int) -> dict | None:
         return None
     if text == "auto":  # 2-D: the second size 2 when the world is even; 3-D: 2x2x2 on 8 ranks only
         inner = 2 if world_size % 2 == 0 else 1
-        sizes = [world_size // inner, inner] if len(names) == 2 else [2, 2, 2] if world_size == 8 else None
+        sizes = (
+            [world_size // inner, inner]
+            if len(names) == 2
+            else [2, 2, 2]
+            if world_size == 8
+            else None
+        )
         if sizes is None:
             return None
     else:
         try:
             sizes = [int(t) for t in text.split("x")]
         except ValueError:
-            raise LessonError(f"a mesh is sizes joined by x, like 2x2, or auto or none; got {text!r}") \
-                from None
+            raise LessonError(
+                f"a mesh is sizes joined by x, like 2x2, or auto or none; got {text!r}"
+            ) from None
     if len(sizes) != len(names):
         raise LessonError(f"mesh {text!r} needs {len(names)} sizes ({' x '.join(names)})")
     return dict(zip(names, sizes))
@@ -100,26 +112,48 @@ def build_grid(info: DistInfo, sizes: dict) -> Grid:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dp-pp", default="auto", help="DP x PP sizes, e.g. 2x2; auto: (world/2) x 2; none: skip")
-    p.add_argument("--fsdp-tp", default="auto", help="FSDP x TP sizes, e.g. 2x2; auto: (world/2) x 2")
-    p.add_argument("--dp-pp-tp", default="auto", help="DP x PP x TP sizes, e.g. 2x2x2; auto: on 8 ranks")
-    p.add_argument("--hidden", type=int, default=32, help="H, features per token; tp must divide it")
-    p.add_argument("--layers", type=int, default=4, help="MLP blocks; at least one per pipeline stage")
-    p.add_argument("--batch-size", type=int, default=16, help="global batch: images per step, all dp ranks")
-    p.add_argument("--microbatches", type=int, default=2, help="micro-batches per pipeline step (GPipe)")
+    p.add_argument(
+        "--dp-pp", default="auto", help="DP x PP sizes, e.g. 2x2; auto: (world/2) x 2; none: skip"
+    )
+    p.add_argument(
+        "--fsdp-tp", default="auto", help="FSDP x TP sizes, e.g. 2x2; auto: (world/2) x 2"
+    )
+    p.add_argument(
+        "--dp-pp-tp", default="auto", help="DP x PP x TP sizes, e.g. 2x2x2; auto: on 8 ranks"
+    )
+    p.add_argument(
+        "--hidden", type=int, default=32, help="H, features per token; tp must divide it"
+    )
+    p.add_argument(
+        "--layers", type=int, default=4, help="MLP blocks; at least one per pipeline stage"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=16, help="global batch: images per step, all dp ranks"
+    )
+    p.add_argument(
+        "--microbatches", type=int, default=2, help="micro-batches per pipeline step (GPipe)"
+    )
     p.add_argument("--steps", type=int, default=3, help="training steps compared with one process")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
+    p.add_argument(
+        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
+    )
     add_distributed_args(p)
     args = p.parse_args(argv)
     world_size = read_torchrun_env()[2]
-    args.meshes = {"dp_pp": _mesh(args.dp_pp, ("dp", "pp"), world_size),
-                   "fsdp_tp": _mesh(args.fsdp_tp, ("dp", "tp"), world_size),
-                   "dp_pp_tp": _mesh(args.dp_pp_tp, ("dp", "pp", "tp"), world_size)}
-    if min(args.hidden, args.layers, args.batch_size, args.microbatches, args.steps) < 1 or args.lr <= 0:
-        raise LessonError("--hidden, --layers, --batch-size, --microbatches and --steps must be >= 1, "
-                          "--lr > 0")
+    args.meshes = {
+        "dp_pp": _mesh(args.dp_pp, ("dp", "pp"), world_size),
+        "fsdp_tp": _mesh(args.fsdp_tp, ("dp", "tp"), world_size),
+        "dp_pp_tp": _mesh(args.dp_pp_tp, ("dp", "pp", "tp"), world_size),
+    }
+    if (
+        min(args.hidden, args.layers, args.batch_size, args.microbatches, args.steps) < 1
+        or args.lr <= 0
+    ):
+        raise LessonError(
+            "--hidden, --layers, --batch-size, --microbatches and --steps must be >= 1, --lr > 0"
+        )
     for sizes in filter(None, args.meshes.values()):
         check_mesh(sizes, args, world_size)
     return args
@@ -129,43 +163,57 @@ def check_mesh(sizes: dict, args: argparse.Namespace, world_size: int) -> None:
     """Raise LessonError (on every rank, before any process group) for a mesh this run cannot use."""
     build_grid(DistInfo(world_size=world_size), sizes)  # Grid's own check of the product
     if sizes.get("pp", 1) > args.layers:
-        raise LessonError(f"{sizes['pp']} pipeline stages but only {args.layers} layers (--layers): "
-                          f"every stage needs at least one")
+        raise LessonError(
+            f"{sizes['pp']} pipeline stages but only {args.layers} layers (--layers): "
+            f"every stage needs at least one"
+        )
     check_tp_degree(sizes.get("tp", 1), args.hidden)
     if args.batch_size % (sizes["dp"] * args.microbatches):
-        raise LessonError(f"--batch-size {args.batch_size} must split into dp={sizes['dp']} x "
-                          f"{args.microbatches} micro-batches")
+        raise LessonError(
+            f"--batch-size {args.batch_size} must split into dp={sizes['dp']} x "
+            f"{args.microbatches} micro-batches"
+        )
 
 
 # ---- the pipeline by hand (lesson 09), its gradients averaged over dp ----------------------------------
+
 
 def stage_of(model: nn.Sequential, grid: Grid) -> nn.Sequential:
     """This pp_rank's slice of [embed, blocks..., mean, head]: the blocks split as evenly as they go; the
     first stage also embeds, the last also pools and classifies. Slices keep the whole model's parameter
     names."""
-    blocks = torch.arange(1, len(model) - 2).tensor_split(grid.size("pp"))[grid.coords["pp"]].tolist()
+    blocks = (
+        torch.arange(1, len(model) - 2).tensor_split(grid.size("pp"))[grid.coords["pp"]].tolist()
+    )
     start = 0 if grid.is_first("pp") else blocks[0]
-    return model[start: len(model) if grid.is_last("pp") else blocks[-1] + 1]
+    return model[start : len(model) if grid.is_last("pp") else blocks[-1] + 1]
 
 
 def p2p(op: str, t: torch.Tensor, peer: int, grid: Grid, counts: CollectiveCount) -> None:
     """Send `t` to (or receive it from) global rank `peer` of this rank's pp group, and count it there."""
     group = grid.group("pp")
     (dist.send if op == "send" else dist.recv)(t, peer, group=group)
-    key = (op, tuple(dist.get_process_group_ranks(group)) if group is not None else (grid.info.rank,))
+    key = (
+        op,
+        tuple(dist.get_process_group_ranks(group)) if group is not None else (grid.info.rank,),
+    )
     counts.calls[op] = counts.calls.get(op, 0) + 1
     counts.bytes[op] = counts.bytes.get(op, 0) + t.numel() * t.element_size()
     counts.groups[key] = counts.groups.get(key, 0) + 1
 
 
-def pipeline_step(stage: nn.Module, grid: Grid, x, y, m: int, hidden: int, counts: CollectiveCount) -> None:
+def pipeline_step(
+    stage: nn.Module, grid: Grid, x, y, m: int, hidden: int, counts: CollectiveCount
+) -> None:
     """One GPipe step on this dp rank's batch: all m forwards, then all m backwards (lesson 09's schedule)."""
     pp, me = grid.ranks_in("pp"), grid.coords["pp"]
     held = []  # (input, output) per micro-batch, kept for backward
     for xm, ym in zip(x.chunk(m), y.chunk(m)):
         h = xm  # (b, 8, 8) on the first stage
         if not grid.is_first("pp"):
-            h = torch.empty(len(xm), xm.shape[1], hidden, device=xm.device)  # (b, S, H) from the stage before
+            h = torch.empty(
+                len(xm), xm.shape[1], hidden, device=xm.device
+            )  # (b, S, H) from the stage before
             p2p("recv", h, pp[me - 1], grid, counts)
             h.requires_grad_()
         out = stage(h)
@@ -199,22 +247,36 @@ def average_over_dp(stage: nn.Module, grid: Grid) -> None:
 
 # ---- what travelled where, in bytes handed over and bytes sent -----------------------------------------
 
+
 def sent_per_rank(op: str, n: int, nbytes: int) -> int:
     """Bytes one rank sends for `nbytes` handed to `op` in a group of n, under the ring model: an all-reduce
     sends 2 (n-1)/n of its buffer, an all-gather or reduce-scatter (n-1)/n of the full buffer, send all of it,
     recv nothing."""
-    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
-              "send": 1.0, "recv": 0.0}[op]
+    factor = {
+        "all_reduce": 2 * (n - 1) / n,
+        "all_gather": (n - 1) / n,
+        "reduce_scatter": (n - 1) / n,
+        "send": 1.0,
+        "recv": 0.0,
+    }[op]
     return round(factor * nbytes)
 
 
 def dims_of(counts: CollectiveCount, dim_of_op: dict, grid: Grid) -> list[dict]:
     """Rows {op, dim, ranks, calls, bytes, sent} of one step's counts, and whether each group is the grid's
     `dim`. A row's ranks come from the process group the call really used."""
-    return [{"op": op, "dim": dim_of_op[op], "ranks": list(ranks), "calls": n, "bytes": counts.bytes[op],
-             "sent": sent_per_rank(op, len(ranks), counts.bytes[op]),
-             "in_its_group": list(ranks) == grid.ranks_in(dim_of_op[op])}
-            for (op, ranks), n in sorted(counts.groups.items())]
+    return [
+        {
+            "op": op,
+            "dim": dim_of_op[op],
+            "ranks": list(ranks),
+            "calls": n,
+            "bytes": counts.bytes[op],
+            "sent": sent_per_rank(op, len(ranks), counts.bytes[op]),
+            "in_its_group": list(ranks) == grid.ranks_in(dim_of_op[op]),
+        }
+        for (op, ranks), n in sorted(counts.groups.items())
+    ]
 
 
 def show_groups(report: Report, name: str, grid: Grid, rows: list[dict], info) -> list[dict]:
@@ -222,20 +284,31 @@ def show_groups(report: Report, name: str, grid: Grid, rows: list[dict], info) -
     everyone = gather_to_rank0(rows, info) or []
     seen = {(r["op"], tuple(r["ranks"])): r for rank_rows in everyone for r in rank_rows}
     table = [seen[k] for k in sorted(seen)]
-    lines = [f"  {r['op']:>14} in the {r['dim']} group {r['ranks']}: {r['calls']} calls, buffer {r['bytes']} "
-             f"bytes, sent {r['sent']} bytes per rank" for r in table]
-    report.value(f"{name}_groups", table, "\n".join(["  " + line for line in grid.describe()] + lines))
+    lines = [
+        f"  {r['op']:>14} in the {r['dim']} group {r['ranks']}: {r['calls']} calls, buffer {r['bytes']} "
+        f"bytes, sent {r['sent']} bytes per rank"
+        for r in table
+    ]
+    report.value(
+        f"{name}_groups", table, "\n".join(["  " + line for line in grid.describe()] + lines)
+    )
     # Only a collective's group can be misplaced: a send to the wrong peer would hang or break the equality
     # above, so send/recv are shown, not checked. With one group per dimension nothing can be misplaced.
     checked = [r for r in rows if r["op"] not in ("send", "recv")]
     if any(grid.size(r["dim"]) < info.world_size for r in checked):
         misplaced = max_over_ranks(sum(not r["in_its_group"] for r in checked))
-        report.claim(f"{name}_collectives_in_their_groups", misplaced, "==", 0,
-                     "  collectives seen outside the group of their dimension: {value:g}")
+        report.claim(
+            f"{name}_collectives_in_their_groups",
+            misplaced,
+            "==",
+            0,
+            "  collectives seen outside the group of their dimension: {value:g}",
+        )
     return table
 
 
 # ---- the combinations ----------------------------------------------------------------------------------
+
 
 def dp_pp(report, info, sizes: dict, model0, data, ref, args) -> list[dict]:
     """PP x DP (x TP): pipeline stages by hand, gradients averaged over dp, tp split by hand."""
@@ -257,9 +330,14 @@ def dp_pp(report, info, sizes: dict, model0, data, ref, args) -> list[dict]:
         opt.step()
     diff = max_over_ranks(max_shard_diff(ref, stage, tp_rank))  # NaN-safe: a diverged run fails
     shape = " x ".join(f"{k}={v}" for k, v in grid.sizes.items())
-    report.claim(f"{name}_equals_one_process", diff, "<=", TOL,
-                 f"{shape}: after {args.steps} steps, max |parameter - one process on the global batch| = "
-                 "{value:.1e}")
+    report.claim(
+        f"{name}_equals_one_process",
+        diff,
+        "<=",
+        TOL,
+        f"{shape}: after {args.steps} steps, max |parameter - one process on the global batch| = "
+        "{value:.1e}",
+    )
     rows = dims_of(step, {"send": "pp", "recv": "pp", "all_reduce": "tp"}, grid)
     return show_groups(report, name, grid, rows + dims_of(grads, {"all_reduce": "dp"}, grid), info)
 
@@ -270,8 +348,12 @@ def shard_fsdp_tp(model: nn.Sequential, grid: Grid) -> int:
     for block in model[1:-2]:
         plan = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
         parallelize_module(block.mlp, grid.submesh("tp"), plan)
-        fully_shard(block, mesh=grid.submesh("dp"))  # each block's (tp-local) parameters: 1/dp per rank
-    fully_shard(model, mesh=grid.submesh("dp"))  # the root: embed and head, and the group of all units
+        fully_shard(
+            block, mesh=grid.submesh("dp")
+        )  # each block's (tp-local) parameters: 1/dp per rank
+    fully_shard(
+        model, mesh=grid.submesh("dp")
+    )  # the root: embed and head, and the group of all units
     return len(model[1:-2]) + 1
 
 
@@ -279,7 +361,9 @@ def fsdp_tp(report, info, sizes: dict, model0, data, ref, args) -> list[dict]:
     """FSDP x TP: parallelize_module on the tp sub-mesh, then fully_shard on the dp sub-mesh."""
     grid = build_grid(info, sizes)
     model = copy.deepcopy(model0)
-    units = shard_fsdp_tp(model, grid) if grid.mesh is not None else 0  # plain python: nothing to shard
+    units = (
+        shard_fsdp_tp(model, grid) if grid.mesh is not None else 0
+    )  # plain python: nothing to shard
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     dp_size, dp_rank = grid.size("dp"), grid.coords["dp"]
     for x, y in data:
@@ -293,17 +377,34 @@ def fsdp_tp(report, info, sizes: dict, model0, data, ref, args) -> list[dict]:
     # DTensor parameters are gathered whole to compare (full_tensor logs that a (dp, tp) shard takes 2)
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     diff = max_over_ranks(max_shard_diff(ref, model, 0))
-    report.claim("fsdp_tp_equals_one_process", diff, "<=", TOL,
-                 f"fsdp: dp={sizes['dp']} x tp={sizes['tp']}: after {args.steps} steps, max |parameter - one "
-                 "process on the global batch| = {value:.1e}")
-    if units and grid.size("dp") > 1:  # with dp = 1 every rank holds everything: FSDP gathers nothing
-        report.claim("fsdp_tp_forward_all_gathers", fwd.calls.get("all_gather", 0), "==", units,
-                     f"  {units} FSDP units ({units - 1} blocks + the root): all-gathers in forward "
-                     "{value}")
-        report.claim("fsdp_tp_backward_all_gathers", bwd.calls.get("all_gather", 0), "==", units - 1,
-                     "  all-gathers in backward {value}: the root stays unsharded after forward "
-                     "(reshard_after_forward is False for it by default), so backward does not gather it "
-                     "again")
+    report.claim(
+        "fsdp_tp_equals_one_process",
+        diff,
+        "<=",
+        TOL,
+        f"fsdp: dp={sizes['dp']} x tp={sizes['tp']}: after {args.steps} steps, max |parameter - one "
+        "process on the global batch| = {value:.1e}",
+    )
+    if (
+        units and grid.size("dp") > 1
+    ):  # with dp = 1 every rank holds everything: FSDP gathers nothing
+        report.claim(
+            "fsdp_tp_forward_all_gathers",
+            fwd.calls.get("all_gather", 0),
+            "==",
+            units,
+            f"  {units} FSDP units ({units - 1} blocks + the root): all-gathers in forward "
+            "{value}",
+        )
+        report.claim(
+            "fsdp_tp_backward_all_gathers",
+            bwd.calls.get("all_gather", 0),
+            "==",
+            units - 1,
+            "  all-gathers in backward {value}: the root stays unsharded after forward "
+            "(reshard_after_forward is False for it by default), so backward does not gather it "
+            "again",
+        )
     step = CollectiveCount()
     for c in (fwd, bwd):
         for k, v in c.groups.items():
@@ -317,34 +418,96 @@ def fsdp_tp(report, info, sizes: dict, model0, data, ref, args) -> list[dict]:
 def decision_table(report: Report, tables: dict, model0: nn.Module, args) -> None:
     """Which parallelism for which limit, with the busiest rank's bytes per step from this run's counts."""
     params = sum(p.numel() for p in model0.parameters())
-    rows = [("dp", "dp", "all_reduce", "the model fits on a rank: replicas; gradients all-reduced once a "
-             "step{stage}"),
-            ("fsdp", "dp", "all_gather", "the model does not fit: parameters gathered for forward, and for "
-             "backward (not the root's)"),
-            ("fsdp", "dp", "reduce_scatter", "  ... and gradients reduce-scattered, each rank keeps 1/dp"),
-            ("tp", "tp", "all_reduce", "a layer is too big, or the per-rank batch already small: activations "
-             "all-reduced once forward and once backward per MLP or attention sub-block (a layer with both "
-             "pays 2 + 2), so fast links (inside a node)"),
-            ("pp", "pp", "send", "many layers, slow links (across nodes: pp is the outermost grid "
-             "dimension): activations at stage boundaries only, at the cost of a bubble")]
-    lines = [f"decision table for H={args.hidden}, {args.layers} layers ({params} parameters, {4 * params} "
-             f"bytes), global batch {args.batch_size} x 8 tokens; per step, busiest rank: the buffer handed "
-             "to the collective, and the bytes it sends (ring model):"]
+    rows = [
+        (
+            "dp",
+            "dp",
+            "all_reduce",
+            "the model fits on a rank: replicas; gradients all-reduced once a step{stage}",
+        ),
+        (
+            "fsdp",
+            "dp",
+            "all_gather",
+            "the model does not fit: parameters gathered for forward, and for "
+            "backward (not the root's)",
+        ),
+        (
+            "fsdp",
+            "dp",
+            "reduce_scatter",
+            "  ... and gradients reduce-scattered, each rank keeps 1/dp",
+        ),
+        (
+            "tp",
+            "tp",
+            "all_reduce",
+            "a layer is too big, or the per-rank batch already small: activations "
+            "all-reduced once forward and once backward per MLP or attention sub-block (a layer with both "
+            "pays 2 + 2), so fast links (inside a node)",
+        ),
+        (
+            "pp",
+            "pp",
+            "send",
+            "many layers, slow links (across nodes: pp is the outermost grid "
+            "dimension): activations at stage boundaries only, at the cost of a bubble",
+        ),
+    ]
+    lines = [
+        f"decision table for H={args.hidden}, {args.layers} layers ({params} parameters, {4 * params} "
+        f"bytes), global batch {args.batch_size} x 8 tokens; per step, busiest rank: the buffer handed "
+        "to the collective, and the bytes it sends (ring model):"
+    ]
     table = []
-    for kind, dim, op, when in rows:  # FSDP's rows come from FSDP x TP, DP's from the hand-built runs
-        runs = ["fsdp_tp"] if kind == "fsdp" else ["dp_pp", "dp_pp_tp"] if kind == "dp" else list(tables)
-        found = [(run, r) for run in runs for r in tables.get(run, []) if (r["op"], r["dim"]) == (op, dim)]
+    for (
+        kind,
+        dim,
+        op,
+        when,
+    ) in rows:  # FSDP's rows come from FSDP x TP, DP's from the hand-built runs
+        runs = (
+            ["fsdp_tp"]
+            if kind == "fsdp"
+            else ["dp_pp", "dp_pp_tp"]
+            if kind == "dp"
+            else list(tables)
+        )
+        found = [
+            (run, r)
+            for run in runs
+            for r in tables.get(run, [])
+            if (r["op"], r["dim"]) == (op, dim)
+        ]
         if found:
             run, busiest = max(found, key=lambda f: f[1]["sent"])
-            pp, tp = args.meshes[run].get("pp", 1), args.meshes[run].get("tp", 1)  # dp's runs have a pp dim
+            pp, tp = (
+                args.meshes[run].get("pp", 1),
+                args.meshes[run].get("tp", 1),
+            )  # dp's runs have a pp dim
             split = f" split over tp = {tp}" if tp > 1 else ""
-            stage = (f" (here replicas of one pipeline stage{split}, pp = {pp}: the buffer is its gradients, "
-                     f"not the model's {4 * params:,} bytes)") if pp > 1 else ""
+            stage = (
+                (
+                    f" (here replicas of one pipeline stage{split}, pp = {pp}: the buffer is its gradients, "
+                    f"not the model's {4 * params:,} bytes)"
+                )
+                if pp > 1
+                else ""
+            )
             when = when.format(stage=stage)
-            table.append({"parallelism": kind, "op": op, "bytes": busiest["bytes"], "sent": busiest["sent"],
-                          "when": when})
-            lines.append(f"  {kind:>4} {op:>14}: buffer {busiest['bytes']:>7}, "
-                         f"sent {busiest['sent']:>7} bytes  {when}")
+            table.append(
+                {
+                    "parallelism": kind,
+                    "op": op,
+                    "bytes": busiest["bytes"],
+                    "sent": busiest["sent"],
+                    "when": when,
+                }
+            )
+            lines.append(
+                f"  {kind:>4} {op:>14}: buffer {busiest['bytes']:>7}, "
+                f"sent {busiest['sent']:>7} bytes  {when}"
+            )
     report.value("decision_table", table, "\n".join(lines))
 
 

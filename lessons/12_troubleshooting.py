@@ -31,39 +31,59 @@ https://pytorch.org/docs/stable/notes/ddp.html,
 https://pytorch.org/docs/stable/elastic/run.html (rendezvous, --standalone),
 https://pytorch.org/tutorials/prototype/flight_recorder_tutorial.html (the flight recorder).
 """
+
 from __future__ import annotations
 
 import argparse
 import time
 
 from common.exhibits.frame import GROUPS, load_exhibits, run_exhibit
+from common.harness.env import LessonError
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main
-from common.harness.env import LessonError
 
-BOOKKEEPING_TIMEOUT_S = 120.0  # the default group only gathers outcomes; the exhibits get --timeout-s
+BOOKKEEPING_TIMEOUT_S = (
+    120.0  # the default group only gathers outcomes; the exhibits get --timeout-s
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--list", action="store_true", help="list the exhibits and exit")
-    p.add_argument("--index", action="store_true", help="print the symptom index (a markdown table) and exit")
-    p.add_argument("--show", default=None, metavar="NAME",
-                   help=f"an exhibit's name, a group ({', '.join(GROUPS)}) or 'all'")
-    p.add_argument("--seed", type=int, default=0, help="every exhibit seeds its own models from this")
-    p.add_argument("--results", default=None, help="rank 0 writes the claims of "
-                                                   "every exhibit shown here as JSON")
+    p.add_argument(
+        "--index", action="store_true", help="print the symptom index (a markdown table) and exit"
+    )
+    p.add_argument(
+        "--show",
+        default=None,
+        metavar="NAME",
+        help=f"an exhibit's name, a group ({', '.join(GROUPS)}) or 'all'",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="every exhibit seeds its own models from this"
+    )
+    p.add_argument(
+        "--results",
+        default=None,
+        help="rank 0 writes the claims of every exhibit shown here as JSON",
+    )
     add_distributed_args(p, timeout_s=2.0)  # --timeout-s bounds each broken collective
     args = p.parse_args(argv)
     exhibits = load_exhibits()
     if args.list + args.index + (args.show is not None) != 1:
-        raise LessonError("give exactly one of --list, --index or --show NAME (see --list for the names)")
+        raise LessonError(
+            "give exactly one of --list, --index or --show NAME (see --list for the names)"
+        )
     if args.show is not None and args.show not in {*exhibits, *GROUPS, "all"}:
-        raise LessonError(f"--show {args.show}: no such exhibit or group; --list shows the "
-                          f"{len(exhibits)} exhibits, groups are {', '.join(GROUPS)}, or all")
+        raise LessonError(
+            f"--show {args.show}: no such exhibit or group; --list shows the "
+            f"{len(exhibits)} exhibits, groups are {', '.join(GROUPS)}, or all"
+        )
     if not 0.5 <= args.timeout_s <= 60:
-        raise LessonError(f"--timeout-s must be between 0.5 and 60 s here (each "
-                          f"broken version waits that long), got {args.timeout_s}")
+        raise LessonError(
+            f"--timeout-s must be between 0.5 and 60 s here (each "
+            f"broken version waits that long), got {args.timeout_s}"
+        )
     return args
 
 
@@ -73,17 +93,27 @@ def list_exhibits() -> None:
         print(f"{ex.name:34s} {ex.group:12s} lesson {ex.lesson}  {ex.cause}")
 
 
-LESSONS = {"01": "single device", "02": "collectives", "03": "DDP", "04": "custom samplers",
-           "05": "uneven data",
-           "06": "SyncBatchNorm", "07": "gradient accumulation"}
+LESSONS = {
+    "01": "single device",
+    "02": "collectives",
+    "03": "DDP",
+    "04": "custom samplers",
+    "05": "uneven data",
+    "06": "SyncBatchNorm",
+    "07": "gradient accumulation",
+}
 
 
 def symptom_index() -> str:
     """docs/symptoms.md's table: what you see -> cause -> exhibit -> the lesson that teaches the right way."""
     rows = ["| what you see | cause | exhibit | the right way |", "|---|---|---|---|"]
     for ex in load_exhibits().values():
-        symptom, cause = (text.replace("|", "\\|") for text in (ex.symptom, ex.cause))  # a pipe ends a cell
-        rows.append(f"| `{symptom}` | {cause} | `{ex.name}` | lesson {ex.lesson} ({LESSONS[ex.lesson]}) |")
+        symptom, cause = (
+            text.replace("|", "\\|") for text in (ex.symptom, ex.cause)
+        )  # a pipe ends a cell
+        rows.append(
+            f"| `{symptom}` | {cause} | `{ex.name}` | lesson {ex.lesson} ({LESSONS[ex.lesson]}) |"
+        )
     return "\n".join(rows)
 
 
@@ -97,9 +127,13 @@ def main(argv=None) -> None:
     session_args = argparse.Namespace(**{**vars(args), "timeout_s": BOOKKEEPING_TIMEOUT_S})
     with distributed_session(session_args) as info:
         report = Report(info)
-        report.value("world_size", info.world_size, "world_size {value}; each broken "
-                                                    "collective is bounded by "
-                     f"--timeout-s {args.timeout_s:g} s")
+        report.value(
+            "world_size",
+            info.world_size,
+            "world_size {value}; each broken "
+            "collective is bounded by "
+            f"--timeout-s {args.timeout_s:g} s",
+        )
         report.record("timeout_s", args.timeout_s)
         report.record("shown", [ex.name for ex in chosen])
         for ex in chosen:

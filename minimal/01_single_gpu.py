@@ -6,6 +6,7 @@
 Each later script is a small diff from this one: `diff minimal/01_single_gpu.py minimal/03_ddp.py`.
 The measured lesson is lessons/01_single_gpu.py; a test holds this script to its numbers.
 """
+
 import argparse
 import json
 import math
@@ -33,9 +34,18 @@ def load_digits():
 def make_model() -> nn.Module:
     """The lessons' DigitsCNN: the same layers in the same order give the same initial weights."""
     return nn.Sequential(  # x (B, 1, 8, 8) -> logits (B, 10), ~38k parameters
-        nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
+        nn.Conv2d(1, 16, 3, padding=1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
+    )
 
 
 def train(args, device) -> None:

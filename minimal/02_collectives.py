@@ -9,6 +9,7 @@ x_k = [0, 1, 2, 3] + 100 k. A collective is called by EVERY rank; rank 0 prints 
 The ring: reduce-scatter then all-gather, each rank talking only to its neighbours; every rank sends
 2(n-1)/n of the tensor. The check: the ring equals dist.all_reduce. Lesson: lessons/02.
 """
+
 import argparse
 import os
 
@@ -24,8 +25,10 @@ def ring_all_reduce(t: torch.Tensor) -> torch.Tensor:
         send, recv = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
         buf = torch.empty_like(recv)
         # post the send and the receive together: if every rank sent first, all could wait forever
-        ops = [dist.P2POp(dist.isend, send, (rank + 1) % n),  # to the right neighbour
-               dist.P2POp(dist.irecv, buf, (rank - 1) % n)]  # from the left one
+        ops = [
+            dist.P2POp(dist.isend, send, (rank + 1) % n),  # to the right neighbour
+            dist.P2POp(dist.irecv, buf, (rank - 1) % n),
+        ]  # from the left one
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         if step < n - 1:
@@ -66,8 +69,10 @@ def run(args, rank, world_size, device) -> None:
         ring, reference = ring_all_reduce(floats.clone()), floats.clone()
         dist.all_reduce(reference)
         if rank == 0:
-            print(f"ring vs dist.all_reduce, {length} floats: max |difference| "
-                  f"{(ring - reference).abs().max().item():.1e}")
+            print(
+                f"ring vs dist.all_reduce, {length} floats: max |difference| "
+                f"{(ring - reference).abs().max().item():.1e}"
+            )
 
     # --- the check: every collective gave what we computed locally; the ring equals all_reduce ---
     torch.testing.assert_close(got, want, rtol=0, atol=0)  # integers in float32: exact

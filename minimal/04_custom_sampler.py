@@ -8,6 +8,7 @@ Every rank draws the SAME permutation from (seed, epoch), pads it by repeating i
 divides by the world size, and keeps every world_size-th index from its rank: no message needed.
 The check: its indices are torch's, so the training equals minimal/03's. Lesson: lessons/04.
 """
+
 import argparse
 import json
 import math
@@ -38,9 +39,18 @@ def load_digits():
 def make_model() -> nn.Module:
     """The lessons' DigitsCNN: the same layers in the same order give the same initial weights."""
     return nn.Sequential(  # x (B, 1, 8, 8) -> logits (B, 10), ~38k parameters
-        nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
+        nn.Conv2d(1, 16, 3, padding=1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
+    )
 
 
 def shard_indices(n: int, world_size: int, rank: int, seed: int, epoch: int) -> list[int]:

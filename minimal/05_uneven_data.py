@@ -7,6 +7,7 @@
 padding); ranks add (loss sum, correct, count), divide once. Rank r trains on 4 + r batches: under
 Join a rank that ran out shadows DDP's all-reduces (without it the others wait until the timeout).
 """
+
 import argparse
 import json
 import os
@@ -37,9 +38,16 @@ def load_digits():
 def make_model() -> nn.Module:
     """The lessons' DigitsCNN: the same layers in the same order give the same initial weights."""
     return nn.Sequential(  # x (B, 1, 8, 8) -> logits (B, 10), ~38k parameters
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),  # no BatchNorm: lesson 06
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),  # no BatchNorm: lesson 06
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
+    )
 
 
 @torch.no_grad()

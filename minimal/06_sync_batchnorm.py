@@ -4,6 +4,7 @@
 
 Under DDP a BatchNorm normalises with THIS rank's micro-batch; SyncBatchNorm2d all-reduces [count,
 sum, sum of squares] per channel (and its gradients in backward). nn.SyncBatchNorm: GPUs only."""
+
 import argparse
 import json
 import os
@@ -32,16 +33,19 @@ def load_digits():
 
 class AllReduceSum(torch.autograd.Function):
     """dist.all_reduce with a gradient: the gradient of a sum over ranks is a sum over ranks."""
+
     @staticmethod
     def forward(ctx, t: torch.Tensor) -> torch.Tensor:
         t = t.clone()  # out of place: autograd may need the input
         dist.all_reduce(t)
         return t
+
     backward = forward  # my input fed every rank's sum: its gradient adds every rank's gradient
 
 
 class SyncBatchNorm2d(nn.BatchNorm2d):
     """BatchNorm2d whose training statistics are those of the global batch (all ranks together)."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, C, H, W), B on this rank
         if not self.training:
             return super().forward(x)  # evaluation uses the running statistics: nothing to share
@@ -58,9 +62,18 @@ class SyncBatchNorm2d(nn.BatchNorm2d):
 def make_model() -> nn.Module:
     """The lessons' DigitsCNN with SyncBatchNorm2d: in BEFORE the DDP wrap records the layers."""
     return nn.Sequential(  # x (B, 1, 8, 8) -> logits (B, 10), ~38k parameters
-        nn.Conv2d(1, 16, 3, padding=1, bias=False), SyncBatchNorm2d(16), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1, bias=False), SyncBatchNorm2d(32), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
+        nn.Conv2d(1, 16, 3, padding=1, bias=False),
+        SyncBatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1, bias=False),
+        SyncBatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
+    )
 
 
 def train(args, rank, world_size, device) -> None:

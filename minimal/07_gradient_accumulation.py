@@ -8,6 +8,7 @@ backward inside model.no_sync() (no all-reduce: gradients add up locally); the k
 sum; the loss is divided by k, so the step is the mean over k x world_size x 32 samples. The check:
 equal to one step on all those samples at once. Lesson: lessons/07_gradient_accumulation.py.
 """
+
 import argparse
 import json
 import os
@@ -38,9 +39,18 @@ def load_digits():
 def make_model() -> nn.Module:
     """The lessons' DigitsCNN: the same layers in the same order give the same initial weights."""
     return nn.Sequential(  # x (B, 1, 8, 8) -> logits (B, 10), ~38k parameters
-        nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
+        nn.Conv2d(1, 16, 3, padding=1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
+    )
 
 
 def train(args, rank, world_size, device) -> None:

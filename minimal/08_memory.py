@@ -8,6 +8,7 @@ counted here with torch.autograd.graph.saved_tensors_hooks. Activation checkpoin
 block's input and recomputes the block in backward: the same gradients for fewer bytes. bf16
 autocast halves the activations but saves a bf16 copy of each weight. Lesson: lessons/08_memory.py.
 """
+
 import argparse
 import json
 import os
@@ -30,8 +31,9 @@ class ResidualMLP(nn.Module):
     def __init__(self):
         super().__init__()
         self.stem = nn.Linear(64, W)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(W, W), nn.GELU(), nn.Linear(W, W))
-                                    for _ in range(D))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(W, W), nn.GELU(), nn.Linear(W, W)) for _ in range(D)
+        )
         self.head = nn.Sequential(nn.GELU(), nn.Linear(W, 10))
 
     def forward(self, x, checkpointing=False):  # x (B, 64) -> logits (B, 10)
@@ -51,6 +53,7 @@ def saved_bytes(model, x, checkpointing=False) -> int:
             seen.add(t.untyped_storage().data_ptr())
             total += t.untyped_storage().nbytes()
         return t
+
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(x, checkpointing)
     return total
@@ -80,17 +83,30 @@ def train(args, rank, world_size, device) -> None:
     # plain: the stem's input (B, 64), 3 tensors (B, W) per block, 2 in the head, 4 bytes each;
     # checkpointing: 1 per block, its input; bf16: 2 bytes each, plus a bf16 copy of each weight
     # whose input needs a gradient (all but the stem's: x needs none)
-    copies = 2 * sum(m.weight.numel() for m in raw_model.modules()
-                     if isinstance(m, nn.Linear) and m is not raw_model.stem)
-    formula = {"plain": 4 * B * (64 + W * (3 * D + 2)), "checkpointing": 4 * B * (64 + W * (D + 2)),
-               "bf16 autocast": 2 * B * (64 + W * (3 * D + 2)) + copies}
+    copies = 2 * sum(
+        m.weight.numel()
+        for m in raw_model.modules()
+        if isinstance(m, nn.Linear) and m is not raw_model.stem
+    )
+    formula = {
+        "plain": 4 * B * (64 + W * (3 * D + 2)),
+        "checkpointing": 4 * B * (64 + W * (D + 2)),
+        "bf16 autocast": 2 * B * (64 + W * (3 * D + 2)) + copies,
+    }
 
     # --- the check: the bytes follow from the shapes; checkpointing gives the same gradients ---
     diff = (grads[True] - grads[False]).abs().max()
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     if rank == 0:  # one JSON line: the bytes are lesson 08's at its defaults
-        print(json.dumps({"saved_bytes": saved, "checkpointing_share": saved["checkpointing"] /
-                          saved["plain"], "checkpointing_max_grad_diff": diff.item()}))
+        print(
+            json.dumps(
+                {
+                    "saved_bytes": saved,
+                    "checkpointing_share": saved["checkpointing"] / saved["plain"],
+                    "checkpointing_max_grad_diff": diff.item(),
+                }
+            )
+        )
     assert saved == formula, (saved, formula)
     torch.testing.assert_close(grads[True], grads[False], rtol=0, atol=1e-5)
 

@@ -9,6 +9,7 @@ dist.recv), then all m backwards (the gradient of each stage's input travels bac
 So stages can work on different micro-batches at once. The check: loss and gradients equal the
 unsplit model's. The measured lesson, lessons/09_model_parallel.py, times the idle "bubble", 1F1B.
 """
+
 import argparse
 import copy
 import json
@@ -49,7 +50,7 @@ def train(args, rank, world_size, device) -> None:
     model = make_model().to(device)
     reference = copy.deepcopy(model)  # the unsplit model, for the check
     cut = [2 * round(k * 8 / world_size) for k in range(world_size + 1)]  # 4 Linears per stage at 2
-    stage = model[cut[rank]:cut[rank + 1]]  # this rank's layers
+    stage = model[cut[rank] : cut[rank + 1]]  # this rank's layers
     first, last = rank == 0, rank == world_size - 1
 
     # --- GPipe: all m forwards, then all m backwards ---
@@ -81,14 +82,22 @@ def train(args, rank, world_size, device) -> None:
     ref_loss = F.cross_entropy(reference(x), y)  # the whole batch at once
     ref_loss.backward()
     dist.broadcast(loss, src=world_size - 1)  # the last stage computed it
-    pairs = zip(stage.parameters(), reference[cut[rank]:cut[rank + 1]].parameters())
+    pairs = zip(stage.parameters(), reference[cut[rank] : cut[rank + 1]].parameters())
     diffs = [(loss - ref_loss).abs(), *((a.grad - b.grad).abs().max() for a, b in pairs)]
     diff = torch.stack(diffs).max()
     worst = diff.clone()  # for the printout; each rank checks its own diff (gloo's MAX drops NaN)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     if rank == 0:  # one JSON line, full precision: a test compares the loss with lesson 09's
-        print(json.dumps({"stages": world_size, "microbatches": args.microbatches,
-                          "loss": loss.item(), "max_diff": worst.item()}))
+        print(
+            json.dumps(
+                {
+                    "stages": world_size,
+                    "microbatches": args.microbatches,
+                    "loss": loss.item(),
+                    "max_diff": worst.item(),
+                }
+            )
+        )
     torch.testing.assert_close(diff, torch.zeros_like(diff), rtol=0, atol=1e-5)
 
 

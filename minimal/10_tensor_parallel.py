@@ -9,6 +9,7 @@ GELU is elementwise: nothing travels in between. f (identity forward, all-reduce
 has a partial gradient of x) and g (all-reduce forward: each has a partial product) join them: one
 all-reduce each way. The measured lesson is lessons/10_tensor_parallel.py.
 """
+
 import argparse
 import json
 import os
@@ -84,15 +85,28 @@ def train(args, rank, world_size, device) -> None:
 
     # --- the check: output, input gradient and this rank's slice of every weight gradient ---
     mine = lambda t, dim: t.grad.chunk(world_size, dim)[rank]  # noqa: E731
-    pairs = [(ys, yf), (xs.grad, xf.grad), (split.w1.grad, mine(full[0].weight, 0)),
-             (split.b1.grad, mine(full[0].bias, 0)), (split.w2.grad, mine(full[2].weight, 1)),
-             (split.b2.grad, full[2].bias.grad)]
+    pairs = [
+        (ys, yf),
+        (xs.grad, xf.grad),
+        (split.w1.grad, mine(full[0].weight, 0)),
+        (split.b1.grad, mine(full[0].bias, 0)),
+        (split.w2.grad, mine(full[2].weight, 1)),
+        (split.b2.grad, full[2].bias.grad),
+    ]
     diff = torch.stack([(a - b).abs().max() for a, b in pairs]).max()
     worst = diff.clone()  # for the printout; each rank checks its own diff (gloo's MAX drops NaN)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     if rank == 0:  # one JSON line, full precision; the loss: lesson 10's unsplit MLP at this seed
-        print(json.dumps({"tp": world_size, "all_reduces": calls, "max_diff": worst.item(),
-                          "loss": yf.square().mean().item()}))
+        print(
+            json.dumps(
+                {
+                    "tp": world_size,
+                    "all_reduces": calls,
+                    "max_diff": worst.item(),
+                    "loss": yf.square().mean().item(),
+                }
+            )
+        )
     torch.testing.assert_close(diff, torch.zeros_like(diff), rtol=0, atol=1e-5)
 
 

@@ -7,6 +7,7 @@ Ranks form a grid arange(world_size).view(dp, tp). A row is a tp group: it holds
 MLP of minimal/10 split over it) and sees one micro-batch. A column is a dp group: the replicas
 average gradients in it. The check: equal to one process. Lesson: lessons/11_hybrid_parallel.py.
 """
+
 import argparse
 import copy
 import json
@@ -25,6 +26,7 @@ class CopyToTP(torch.autograd.Function):  # f: identity forward, all-reduce back
     def forward(ctx, x, group):
         ctx.group = group
         return x.view_as(x)
+
     @staticmethod
     def backward(ctx, grad):
         grad = grad.contiguous().clone()
@@ -38,6 +40,7 @@ class ReduceFromTP(torch.autograd.Function):  # g: all-reduce forward, identity 
         x = x.contiguous().clone()
         dist.all_reduce(x, group=group)
         return x
+
     @staticmethod
     def backward(ctx, grad):
         return grad, None
@@ -51,6 +54,7 @@ class TPMLP(nn.Module):  # minimal/10's: f, column-parallel fc1, GELU, row-paral
         self.w1, self.b1 = cut(full[0].weight, 0), cut(full[0].bias, 0)  # (256/tp, 64), (256/tp,)
         self.w2 = cut(full[2].weight, 1)  # (10, 256/tp); the bias b2 (10,) whole, added after g
         self.b2 = nn.Parameter(full[2].bias.detach().clone())
+
     def forward(self, x):  # x (b, 64), the same on every rank of the tp group
         h = F.gelu(F.linear(CopyToTP.apply(x, self.group), self.w1, self.b1))  # (b, 256/tp)
         return ReduceFromTP.apply(F.linear(h, self.w2), self.group) + self.b2  # (b, 10)
@@ -72,8 +76,13 @@ def train(args, rank, world_size, device) -> None:
     g = torch.Generator().manual_seed(args.seed)  # the same 5 global batches of 32 on every rank
     batches = torch.randint(len(y_all), (5, 32), generator=g)
     torch.manual_seed(args.seed)  # the same full weights on every rank, to cut shards from
-    full = nn.Sequential(nn.Linear(64, 64), nn.GELU(),  # replicated on every rank, then the MLP
-                         nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 10)).to(device)
+    full = nn.Sequential(
+        nn.Linear(64, 64),
+        nn.GELU(),  # replicated on every rank, then the MLP
+        nn.Linear(64, 256),
+        nn.GELU(),
+        nn.Linear(256, 10),
+    ).to(device)
     model = nn.Sequential(copy.deepcopy(full[:2]), TPMLP(full[2:], tp_rank, tp, tp_group))
     optimizer = torch.optim.SGD([*full.parameters(), *model.parameters()], lr=0.1)
     # --- the training loop: `full` as one process on the global batch, `model` on my 1/dp ---
@@ -91,8 +100,17 @@ def train(args, rank, world_size, device) -> None:
     worst = diff.clone()  # for the printout; each rank checks its own diff (gloo's MAX drops NaN)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     if rank == 0:  # one JSON line: the grid's groups and the check
-        print(json.dumps({"dp": dp, "tp": tp, "tp_groups": grid.tolist(),
-                          "dp_groups": grid.t().tolist(), "max_diff": worst.item()}))
+        print(
+            json.dumps(
+                {
+                    "dp": dp,
+                    "tp": tp,
+                    "tp_groups": grid.tolist(),
+                    "dp_groups": grid.t().tolist(),
+                    "max_diff": worst.item(),
+                }
+            )
+        )
     torch.testing.assert_close(diff, torch.zeros_like(diff), rtol=0, atol=1e-5)
 
 

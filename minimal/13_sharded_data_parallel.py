@@ -8,6 +8,7 @@ updates that slice only (stage 1: 1/N of the optimizer state); stage 2 reduce-sc
 (a rank gets its slice's sum only); stage 3 frees the whole parameters between steps. Each equals
 DDP. The measured lesson (lessons/13_sharded_data_parallel.py) shards layer by layer, and FSDP2.
 """
+
 import argparse
 import json
 import os
@@ -40,8 +41,12 @@ def train(args, rank, world_size, device) -> None:
         y_all = torch.from_numpy(f["labels"].astype(np.int64))  # (1797,) digits 0..9
     perm = torch.randperm(len(y_all), generator=torch.Generator().manual_seed(args.seed))
     b = 64 // world_size  # step t: the samples perm[64t: 64t + 64], rank r the r-th b of them
-    data = [(x_all[i].to(device), y_all[i].to(device)) for i in
-            (perm[(t * 64 + rank * b + torch.arange(b)) % len(perm)] for t in range(args.steps))]
+    data = [
+        (x_all[i].to(device), y_all[i].to(device))
+        for i in (
+            perm[(t * 64 + rank * b + torch.arange(b)) % len(perm)] for t in range(args.steps)
+        )
+    ]
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     raw_model = make_model().to(device)
     init = parameters_to_vector(raw_model.parameters()).detach()  # (n,) all parameters, flat
@@ -60,7 +65,7 @@ def train(args, rank, world_size, device) -> None:
         s = -(-n // world_size)  # elements per rank; the last up to N - 1 are padding
         flat = torch.cat([init, init.new_zeros(world_size * s - n)])
         vector_to_parameters(flat[:n], model.parameters())  # p.data = a view of flat, each p
-        shard = nn.Parameter(flat[rank * s:(rank + 1) * s].clone())  # the slice this rank owns
+        shard = nn.Parameter(flat[rank * s : (rank + 1) * s].clone())  # the slice this rank owns
         optimizer, losses = torch.optim.Adam([shard], lr=1e-3), []  # moments for s elements, not n
         if stage == 3:
             flat.untyped_storage().resize_(0)  # at rest a rank holds its shard only
@@ -74,7 +79,7 @@ def train(args, rank, world_size, device) -> None:
             model.zero_grad(set_to_none=True)
             if stage == 1:  # the whole summed gradient on every rank, as DDP; use my slice
                 dist.all_reduce(grad)
-                shard.grad = grad[rank * s:(rank + 1) * s]
+                shard.grad = grad[rank * s : (rank + 1) * s]
             else:  # all-reduce = reduce-scatter + all-gather: get only my slice's sum
                 shard.grad = torch.empty_like(shard)
                 dist.reduce_scatter_single(shard.grad, grad)  # torch < 2.13: reduce_scatter_tensor
@@ -89,8 +94,17 @@ def train(args, rank, world_size, device) -> None:
         dist.all_reduce(diff, op=dist.ReduceOp.MAX)
         state = sum(t.nbytes for v in optimizer.state.values() for t in v.values())  # Adam's
         if rank == 0:  # one JSON line per stage, full precision
-            print(json.dumps({"stage": stage, "max_diff": diff.item(), "adam_state_bytes": state,
-                              "ddp_adam_state_bytes": ddp_state, "losses": losses}))
+            print(
+                json.dumps(
+                    {
+                        "stage": stage,
+                        "max_diff": diff.item(),
+                        "adam_state_bytes": state,
+                        "ddp_adam_state_bytes": ddp_state,
+                        "losses": losses,
+                    }
+                )
+            )
         torch.testing.assert_close(flat[:n], want, rtol=0, atol=1e-6)
 
 

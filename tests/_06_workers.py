@@ -7,6 +7,7 @@
 - `buffer_broadcast_rule` (tests/unit/test_sync_batchnorm.py, through tests._workers.run_world) counts DDP's
   buffer broadcasts per kind of forward and checks `global_batch_tracker` against BatchNorm on the global batch.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,31 +19,43 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from common.data_parallel.sync_batchnorm import convert_sync_batchnorm
+from common.harness.session import exit_process
 from common.measure.counters import count_collectives
 from common.models import DigitsCNN
-from common.harness.session import exit_process
-from common.data_parallel.sync_batchnorm import convert_sync_batchnorm
 
 C = 3  # channels
 
 # world_size -> cases: (name, per-rank batch sizes, spatial size, momentum, process groups or None)
 CASES = {
-    2: [("uneven", [3, 5], 4, 0.1, None),
-        ("one_sample_per_rank", [1, 1], 1, 0.1, None)],  # 1 value per channel per rank, 2 globally
-    3: [("uneven", [2, 5, 1], 4, 0.1, None),
+    2: [
+        ("uneven", [3, 5], 4, 0.1, None),
+        ("one_sample_per_rank", [1, 1], 1, 0.1, None),
+    ],  # 1 value per channel per rank, 2 globally
+    3: [
+        ("uneven", [2, 5, 1], 4, 0.1, None),
         ("cumulative_momentum_none", [4, 1, 3], 4, None, None),
-        ("empty_rank", [3, 0, 2], 4, 0.1, None)],
-    4: [("uneven", [4, 1, 3, 2], 4, 0.1, None),
-        ("groups_01_23", [4, 1, 3, 2], 4, 0.1, [[0, 1], [2, 3]])],
+        ("empty_rank", [3, 0, 2], 4, 0.1, None),
+    ],
+    4: [
+        ("uneven", [4, 1, 3, 2], 4, 0.1, None),
+        ("groups_01_23", [4, 1, 3, 2], 4, 0.1, [[0, 1], [2, 3]]),
+    ],
 }
 STEPS = 2  # two training steps: running statistics are updated twice
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.detach().double().cpu() - b.detach().double().cpu()).abs().max().item() if a.numel() else 0.0
+    return (
+        (a.detach().double().cpu() - b.detach().double().cpu()).abs().max().item()
+        if a.numel()
+        else 0.0
+    )
 
 
-def run_case(rank: int, world_size: int, sizes, spatial: int, momentum, groups, device, seed: int = 0) -> dict:
+def run_case(
+    rank: int, world_size: int, sizes, spatial: int, momentum, groups, device, seed: int = 0
+) -> dict:
     """Compare one rank's from-scratch SyncBatchNorm with BatchNorm on its group's concatenated batch."""
     pg, members = None, list(range(world_size))
     if groups:
@@ -73,17 +86,22 @@ def run_case(rank: int, world_size: int, sizes, spatial: int, momentum, groups, 
         dw, db = mine.weight.grad.clone(), mine.bias.grad.clone()
         dist.all_reduce(dw, group=pg)
         dist.all_reduce(db, group=pg)
-        lo = sum(sizes[r] for r in members[:members.index(rank)])
+        lo = sum(sizes[r] for r in members[: members.index(rank)])
         mine_slice = slice(lo, lo + sizes[rank])
-        for k, a, b in [("out", y, y_ref[mine_slice]), ("dx", x.grad, x_ref.grad[mine_slice]),
-                        ("dweight", dw, ref.weight.grad), ("dbias", db, ref.bias.grad),
-                        ("running_mean", mine.running_mean, ref.running_mean),
-                        ("running_var", mine.running_var, ref.running_var)]:
+        for k, a, b in [
+            ("out", y, y_ref[mine_slice]),
+            ("dx", x.grad, x_ref.grad[mine_slice]),
+            ("dweight", dw, ref.weight.grad),
+            ("dbias", db, ref.bias.grad),
+            ("running_mean", mine.running_mean, ref.running_mean),
+            ("running_var", mine.running_var, ref.running_var),
+        ]:
             diffs[k] = max(diffs[k], _max_diff(a, b))
     diffs["num_batches_tracked"] = [int(mine.num_batches_tracked), int(ref.num_batches_tracked)]
     # sanity: the running statistics compared really moved away from their initial values (mean 0, var 1)
-    diffs["running_stats_moved"] = min(ref.running_mean.abs().max().item(),
-                                       (ref.running_var - 1).abs().max().item())
+    diffs["running_stats_moved"] = min(
+        ref.running_mean.abs().max().item(), (ref.running_var - 1).abs().max().item()
+    )
     return diffs
 
 
@@ -100,8 +118,12 @@ def count_case(rank: int, device) -> dict:
     stats_before = model.features[1].running_mean.clone()
     with count_collectives() as ev, torch.no_grad():
         model(x)
-    return {"train_forward": fwd.calls, "train_backward": bwd.calls, "eval_forward": ev.calls,
-            "eval_changed_running_mean": not torch.equal(stats_before, model.features[1].running_mean)}
+    return {
+        "train_forward": fwd.calls,
+        "train_backward": bwd.calls,
+        "eval_forward": ev.calls,
+        "eval_changed_running_mean": not torch.equal(stats_before, model.features[1].running_mean),
+    }
 
 
 def torch_case(rank: int, world_size: int, device) -> dict:
@@ -130,7 +152,9 @@ def torch_case(rank: int, world_size: int, device) -> dict:
     return diffs
 
 
-def proof_worker(rank: int, world_size: int, init_file: str, out_dir: str, device_type: str = "cpu") -> None:
+def proof_worker(
+    rank: int, world_size: int, init_file: str, out_dir: str, device_type: str = "cpu"
+) -> None:
     """Entry point for mp.spawn: run CASES[world_size] (and the counting case at world size 4)."""
     if device_type == "cuda":
         device = torch.device("cuda", rank % torch.cuda.device_count())
@@ -139,8 +163,13 @@ def proof_worker(rank: int, world_size: int, init_file: str, out_dir: str, devic
         backend = "nccl" if torch.cuda.device_count() >= world_size else "gloo"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=60),
+    )
     try:
         out = {}
         if device_type == "cuda":
@@ -153,7 +182,9 @@ def proof_worker(rank: int, world_size: int, init_file: str, out_dir: str, devic
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
     finally:
         dist.destroy_process_group()
-    exit_process(0)  # skip interpreter finalization: the gloo exit abort (common.harness.session.run_main)
+    exit_process(
+        0
+    )  # skip interpreter finalization: the gloo exit abort (common.harness.session.run_main)
 
 
 def buffer_broadcast_rule(rank: int, world_size: int) -> dict:
@@ -166,14 +197,21 @@ def buffer_broadcast_rule(rank: int, world_size: int) -> dict:
 
     from common.data_parallel.bn_stats import global_batch_tracker, running_stats
     from common.data_parallel.ddp_buffers import count_buffer_broadcasts
+
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         DDP(copy.deepcopy(model), broadcast_buffers=False)
-    warned = any(issubclass(w.category, FutureWarning) and "broadcast_buffers" in str(w.message) for w in caught)
+    warned = any(
+        issubclass(w.category, FutureWarning) and "broadcast_buffers" in str(w.message)
+        for w in caught
+    )
     ddp, off = DDP(copy.deepcopy(model)), DDP(copy.deepcopy(model), forward_sync_buffers=False)
-    xs = [torch.randn(6, 4, generator=torch.Generator().manual_seed(r)) * (r + 1) for r in range(world_size)]
+    xs = [
+        torch.randn(6, 4, generator=torch.Generator().manual_seed(r)) * (r + 1)
+        for r in range(world_size)
+    ]
     x = xs[rank]  # different data on every rank: the buffers drift unless they are broadcast
 
     def step(m=ddp, sync=True, grad=True):
@@ -183,12 +221,17 @@ def buffer_broadcast_rule(rank: int, world_size: int) -> dict:
                 out.backward()
 
     counts = {}
-    scenarios = [("3 training steps", [{}] * 3), ("3 forwards under no_grad", [{"grad": False}] * 3),
-                 ("the training step after them", [{}]),
-                 ("2 optimizer steps of 3 micro-steps, no_sync on 2", [{"sync": False}] * 2 + [{}]
-                  + [{"sync": False}] * 2 + [{}]),
-                 ("1 no_sync micro-step, then 1 synced", [{"sync": False}, {}]),
-                 ("forward_sync_buffers=False, 3 training steps", [{"m": off}] * 3)]
+    scenarios = [
+        ("3 training steps", [{}] * 3),
+        ("3 forwards under no_grad", [{"grad": False}] * 3),
+        ("the training step after them", [{}]),
+        (
+            "2 optimizer steps of 3 micro-steps, no_sync on 2",
+            [{"sync": False}] * 2 + [{}] + [{"sync": False}] * 2 + [{}],
+        ),
+        ("1 no_sync micro-step, then 1 synced", [{"sync": False}, {}]),
+        ("forward_sync_buffers=False, 3 training steps", [{"m": off}] * 3),
+    ]
     for name, kinds in scenarios:
         with count_buffer_broadcasts() as sent:
             for kw in kinds:
@@ -196,14 +239,21 @@ def buffer_broadcast_rule(rank: int, world_size: int) -> dict:
         counts[name] = len(sent)
     gathered = [torch.empty(8, dtype=torch.float64) for _ in range(world_size)]
     dist.all_gather(gathered, running_stats(off))
-    off_spread = (torch.stack(gathered).max(0).values - torch.stack(gathered).min(0).values).max().item()
+    off_spread = (
+        (torch.stack(gathered).max(0).values - torch.stack(gathered).min(0).values).max().item()
+    )
     # The tracker beside a plain copy: its statistics against BatchNorm1d over every rank's x concatenated.
     plain, twin, ref = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model[1])
     with global_batch_tracker(plain) as tracker, torch.no_grad():
         for _ in range(2):
             out, out_twin = plain(x), twin(x)
             ref(model[0](torch.cat(xs)))
-    return {"counts": counts, "warned": warned, "off_spread": off_spread,
-            "tracker_vs_global": (running_stats(tracker) - running_stats(ref)).abs().max().item(),
-            "tracker_moved": (running_stats(ref) - running_stats(model)).abs().max().item(),
-            "output_changed": (out - out_twin).abs().max().item(), "hooks_left": len(plain[1]._forward_pre_hooks)}
+    return {
+        "counts": counts,
+        "warned": warned,
+        "off_spread": off_spread,
+        "tracker_vs_global": (running_stats(tracker) - running_stats(ref)).abs().max().item(),
+        "tracker_moved": (running_stats(ref) - running_stats(model)).abs().max().item(),
+        "output_changed": (out - out_twin).abs().max().item(),
+        "hooks_left": len(plain[1]._forward_pre_hooks),
+    }

@@ -1,4 +1,5 @@
 """Worker functions for tests/unit/test_ring_attention.py (spawned by tests._workers.run_world)."""
+
 from __future__ import annotations
 
 import torch
@@ -20,6 +21,7 @@ def ring_vs_sdpa(rank: int, world_size: int, kind: str, ulysses: bool = False) -
     values that arrived). Ulysses gets 2 heads per rank: with one, a wrong head order cannot show."""
     from common.context_parallel.ring_attention import RingStats, Split, owners, ring_attention
     from common.context_parallel.ulysses import ulysses_attention
+
     split = Split(kind, world_size)
     whole, mine = whole_and_mine(split, rank, (2, 2 * world_size if ulysses else 4, 16, 8))
     ref = F.scaled_dot_product_attention(*whole, is_causal=True)
@@ -27,19 +29,30 @@ def ring_vs_sdpa(rank: int, world_size: int, kind: str, ulysses: bool = False) -
     ref.backward(dout)
     stats = RingStats(blocks=[])
     group = dist.group.WORLD
-    out = ulysses_attention(*mine, group=group) if ulysses else ring_attention(*mine, split, group, stats)
+    out = (
+        ulysses_attention(*mine, group=group)
+        if ulysses
+        else ring_attention(*mine, split, group, stats)
+    )
     out.backward(split.take(dout, rank, 2))
     diffs = [(out - split.take(ref.detach(), rank, 2)).abs().max().item()]
-    diffs += [(m.grad - split.take(w.grad, rank, 2)).abs().max().item() for m, w in zip(mine, whole)]
+    diffs += [
+        (m.grad - split.take(w.grad, rank, 2)).abs().max().item() for m, w in zip(mine, whole)
+    ]
     held = owners(stats.blocks, whole[1].detach(), split)
     return {"diffs": diffs, "pairs": stats.pairs, "sent": dict(stats.sent), "held": held}
 
 
 def minimal_16_check(rank: int, world_size: int, bad: float) -> bool:
-    """minimal/16_context_parallel.py's check() on every rank, rank 1's diff replaced by `bad`."""
+    """minimal/19_context_parallel.py's check() on every rank, rank 1's diff replaced by `bad`."""
     import runpy
 
     from common.run.launch import REPO_ROOT
-    path = REPO_ROOT / "minimal" / "16_context_parallel.py"  # a script, not a module: run it, not as __main__
-    script = runpy.run_path(str(path), run_name="minimal_16")  # defines the functions; main() does not run
+
+    path = (
+        REPO_ROOT / "minimal" / "19_context_parallel.py"
+    )  # a script, not a module: run it, not as __main__
+    script = runpy.run_path(
+        str(path), run_name="minimal_16"
+    )  # defines the functions; main() does not run
     return script["check"](torch.tensor(bad if rank == 1 else 1e-7))

@@ -1,4 +1,5 @@
-"""Worker functions for tests/lessons/test_17_expert_parallel.py (spawned by tests._workers.run_world)."""
+"""Worker functions for tests/lessons/test_20_expert_parallel.py (spawned by tests._workers.run_world)."""
+
 from __future__ import annotations
 
 import importlib
@@ -7,14 +8,15 @@ import torch
 
 
 def unreached_expert_after_momentum(rank: int, world_size: int) -> dict:
-    """Lesson 17's reduce_grads over a dp group of 2 (ep 1), then SGD with momentum, two steps: every
+    """Lesson 20's reduce_grads over a dp group of 2 (ep 1), then SGD with momentum, two steps: every
     parameter gets a gradient at step 1; at step 2 expert 1 gets none on any rank (no token chose it), and
     expert 0 one on rank 0 only. Returns how far each expert's fc1 weight moved at step 2, and its .grad."""
+    from common.expert_parallel.model import moe_of, moe_transformer
+    from common.expert_parallel.moe import MoE
     from common.harness.env import DistInfo
     from common.harness.grid import Grid
-    from common.expert_parallel.moe import MoE
-    from common.expert_parallel.model import moe_of, moe_transformer
-    lesson = importlib.import_module("lessons.17_expert_parallel")
+
+    lesson = importlib.import_module("lessons.20_expert_parallel")
     grid = Grid(DistInfo(rank=rank, world_size=world_size, backend="gloo"), dp=world_size, ep=1)
     torch.manual_seed(0)
     model = moe_transformer(8, 2, MoE(8, 4, 2, 1.0))

@@ -1,4 +1,5 @@
 """Assertions shared by the lesson tests (tests/lessons/): claims and bad input."""
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,12 @@ def assert_claims(results: dict, expected: set[str] | list[str]) -> dict:
     assert not missing, f"claims not recorded: {sorted(missing)}; recorded: {sorted(claims)}"
     failing = {k: c for k, c in claims.items() if not c["holds"]}
     assert not failing, f"claims that do not hold: {failing}"
-    for name, c in claims.items():  # a recorded 'holds' must agree with its own value, bound and relation
+    for (
+        name,
+        c,
+    ) in claims.items():  # a recorded 'holds' must agree with its own value, bound and relation
         from common.harness.results import holds
+
         assert holds(c["value"], c["relation"], c["bound"]) == c["holds"], name
     return claims
 
@@ -30,5 +35,7 @@ def assert_fails_on_every_rank(run, nproc: int, message: str) -> None:
     containing `message` (the promise every lesson makes for bad input)."""
     assert run.returncode != 0, run.stdout
     for rank in range(nproc):
-        lines = [l for l in run.stderr.splitlines() if l.startswith(f"[rank {rank}] error:")]
+        lines = [
+            line for line in run.stderr.splitlines() if line.startswith(f"[rank {rank}] error:")
+        ]
         assert len(lines) == 1 and message in lines[0], run.stderr

@@ -9,12 +9,13 @@ put back afterwards, so the replica claim is the only one the plant can fail. A 
 every rank, the claim does not hold and the lesson exits 1; a check that drops rank 1's NaN (gloo's MAX)
 returns 0.0 and the lesson exits 0.
 """
+
 from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -29,6 +30,7 @@ RUNNER = Path(__file__)
 def launch_with_nan_on_rank1(lesson: str, args: Sequence[str] = (), timeout_s: float = 300):
     """`lesson` ("03_ddp") under torchrun with 2 processes, through this file; its `LessonRun`."""
     from common.run.launch import run_lesson
+
     return run_lesson(RUNNER, nproc=2, args=[f"lessons.{lesson}", *args], timeout_s=timeout_s)
 
 
@@ -55,7 +57,9 @@ def main() -> None:
     lesson = importlib.import_module(name)
     load_exhibits()  # lesson 12's exhibit modules, imported now so that their name is wrapped too
     for module_name, module in list(sys.modules.items()):
-        ours = module_name.startswith(("lessons.", "common.")) and module is not common.harness.ranks
+        ours = (
+            module_name.startswith(("lessons.", "common.")) and module is not common.harness.ranks
+        )
         if ours and getattr(module, "max_param_diff_across_ranks", None) is REAL:
             module.max_param_diff_across_ranks = nan_on_rank1
     run_main(lesson.main)

@@ -2,6 +2,7 @@
 lesson 02's hand-written step and ZeRO stages 1-3 against DDP + torch.optim on a model with frozen and tied
 parameters (tests/unit/test_zero.py); `max_over_ranks` on ranks that disagree (tests/unit/test_collectives.py);
 a sharded save into a folder that holds a finished checkpoint, stopped before its new marker (test_zero.py)."""
+
 from __future__ import annotations
 
 import importlib
@@ -12,7 +13,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-STEPS, LR, DECAY = 3, 1e-2, 0.1  # weight decay: a frozen parameter that got a zero gradient would shrink
+STEPS, LR, DECAY = (
+    3,
+    1e-2,
+    0.1,
+)  # weight decay: a frozen parameter that got a zero gradient would shrink
 
 
 class FrozenTied(nn.Module):
@@ -34,8 +39,9 @@ class FrozenTied(nn.Module):
 
 def _data(world_size: int):
     g = torch.Generator().manual_seed(1)  # the same global batches on every rank
-    return torch.randn(STEPS, 4 * world_size, 64, generator=g), torch.randint(10, (STEPS, 4 * world_size),
-                                                                              generator=g)
+    return torch.randn(STEPS, 4 * world_size, 64, generator=g), torch.randint(
+        10, (STEPS, 4 * world_size), generator=g
+    )
 
 
 def _fresh(init: dict, rank: int, perturb: bool) -> FrozenTied:
@@ -63,27 +69,41 @@ def _worst(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return torch.stack([(p.detach() - q.detach()).abs().max() for p, q in zip(a, b)]).max().item()
 
 
-def _ddp_reference(init: dict, rank: int, world_size: int, optimizer_cls, perturb: bool) -> list[torch.Tensor]:
+def _ddp_reference(
+    init: dict, rank: int, world_size: int, optimizer_cls, perturb: bool
+) -> list[torch.Tensor]:
     model = _fresh(init, rank, perturb)
     ddp = DDP(model)  # broadcasts rank 0's parameters, frozen ones included
-    opt = optimizer_cls(model.parameters(), lr=LR, weight_decay=DECAY)  # skips parameters whose grad is None
+    opt = optimizer_cls(
+        model.parameters(), lr=LR, weight_decay=DECAY
+    )  # skips parameters whose grad is None
 
     def step():
         opt.step()
         opt.zero_grad(set_to_none=True)
+
     _train(ddp, step, rank, world_size)
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _summary(model: FrozenTied, params: list[torch.Tensor], ref: list[torch.Tensor], init: dict) -> dict:
-    names = [n for n, _ in model.named_parameters()]  # tied: block.2.weight is block.0.weight, listed once
+def _summary(
+    model: FrozenTied, params: list[torch.Tensor], ref: list[torch.Tensor], init: dict
+) -> dict:
+    names = [
+        n for n, _ in model.named_parameters()
+    ]  # tied: block.2.weight is block.0.weight, listed once
     frozen = [i for i, (_, p) in enumerate(model.named_parameters()) if not p.requires_grad]
     trainable = [i for i in range(len(names)) if i not in frozen]
-    return {"trainable_vs_ddp": _worst([params[i] for i in trainable], [ref[i] for i in trainable]),
-            "frozen_vs_ddp": _worst([params[i] for i in frozen], [ref[i] for i in frozen]),
-            "frozen_vs_start": _worst([params[i] for i in frozen], [init[names[i]] for i in frozen]),
-            "trainable_moved": _worst([params[i] for i in trainable], [init[names[i]] for i in trainable]),
-            "still_tied": model.block[2].weight is model.block[0].weight, "frozen": [names[i] for i in frozen]}
+    return {
+        "trainable_vs_ddp": _worst([params[i] for i in trainable], [ref[i] for i in trainable]),
+        "frozen_vs_ddp": _worst([params[i] for i in frozen], [ref[i] for i in frozen]),
+        "frozen_vs_start": _worst([params[i] for i in frozen], [init[names[i]] for i in frozen]),
+        "trainable_moved": _worst(
+            [params[i] for i in trainable], [init[names[i]] for i in trainable]
+        ),
+        "still_tied": model.block[2].weight is model.block[0].weight,
+        "frozen": [names[i] for i in frozen],
+    }
 
 
 def lesson02_step_vs_ddp(rank: int, world_size: int) -> dict:
@@ -92,13 +112,16 @@ def lesson02_step_vs_ddp(rank: int, world_size: int) -> dict:
     torch.manual_seed(0)
     init = FrozenTied().state_dict()
     ref = _ddp_reference(init, rank, world_size, torch.optim.SGD, perturb=False)
-    model = _fresh(init, rank, perturb=False)  # lesson 02 broadcasts nothing: every rank starts from one seed
+    model = _fresh(
+        init, rank, perturb=False
+    )  # lesson 02 broadcasts nothing: every rank starts from one seed
     opt = torch.optim.SGD(model.parameters(), lr=LR, weight_decay=DECAY)
 
     def step():
         lesson.average_gradients(model, world_size, True)
         opt.step()
         opt.zero_grad(set_to_none=True)
+
     _train(model, step, rank, world_size)
     return _summary(model, [p.detach().clone() for p in model.parameters()], ref, init)
 
@@ -106,23 +129,35 @@ def lesson02_step_vs_ddp(rank: int, world_size: int) -> dict:
 def zero_vs_ddp(rank: int, world_size: int) -> dict:
     """ZeRO stages 1-3 with AdamW against DDP + AdamW; rank r > 0 starts elsewhere in both (the wrap broadcasts)."""
     from common.sharding.zero import ZeRO
+
     torch.manual_seed(0)
     init = FrozenTied().state_dict()
     ref = _ddp_reference(init, rank, world_size, torch.optim.AdamW, perturb=True)
     out = {}
     for stage in (1, 2, 3):
         model = _fresh(init, rank, perturb=True)
-        zero = ZeRO(model, [model.stem, model.block, model.head], stage, group=dist.group.WORLD,
-                    optimizer_cls=torch.optim.AdamW, lr=LR, weight_decay=DECAY)
+        zero = ZeRO(
+            model,
+            [model.stem, model.block, model.head],
+            stage,
+            group=dist.group.WORLD,
+            optimizer_cls=torch.optim.AdamW,
+            lr=LR,
+            weight_decay=DECAY,
+        )
         _train(model, zero.step, rank, world_size)
-        out[stage] = {**_summary(model, zero.full_parameters(), ref, init), "units": len(zero.units),
-                      "padding_zero": zero.padding_is_zero()}
+        out[stage] = {
+            **_summary(model, zero.full_parameters(), ref, init),
+            "units": len(zero.units),
+            "padding_zero": zero.padding_is_zero(),
+        }
     return out
 
 
 def max_over_ranks_of_different_values(rank: int, world_size: int) -> list[float]:
     """Rank r reports 10 r - 3 (and r - 3.5): what one diverging rank looks like to a MAX reduction."""
     from common.measure.differences import max_over_ranks
+
     return [max_over_ranks(10.0 * rank - 3), max_over_ranks(rank - 3.5)]
 
 
@@ -130,9 +165,11 @@ def save_over_a_finished_checkpoint(rank: int, world_size: int, path: str) -> di
     """Save a complete checkpoint into `path`, then start a second save there and stop before its marker (as a
     crash would): what `check_complete` says about the folder after each."""
     from types import SimpleNamespace
-    from common.harness.env import LessonError
+
     from common.checkpoint.sharded import check_complete, mark_complete, save_sharded
     from common.checkpoint.train_state import model_signature
+    from common.harness.env import LessonError
+
     info = SimpleNamespace(master_process=rank == 0)
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
@@ -161,10 +198,14 @@ def load_full_from_rank0_into_meta(rank: int, world_size: int) -> dict:
     full_state_dict=True is left out (torch 2.13's checkpoint/state_dict.py refuses it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.fsdp import fully_shard
+
     from common.measure.memory import ResidualMLP
+
     torch.manual_seed(1 + rank)  # different values on every rank: only rank 0's may end up loaded
     full = ResidualMLP(8, 2).state_dict() if rank == 0 else {}
-    copy = {k: v.clone() for k, v in full.items()}  # set_model_state_dict turns `full`'s values into DTensors
+    copy = {
+        k: v.clone() for k, v in full.items()
+    }  # set_model_state_dict turns `full`'s values into DTensors
     with torch.device("meta"):
         model = ResidualMLP(8, 2)
     fully_shard(model)
@@ -174,11 +215,16 @@ def load_full_from_rank0_into_meta(rank: int, world_size: int) -> dict:
         refused = "loads"
     except ValueError as e:
         refused = str(e)
-    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    set_model_state_dict(
+        model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
     gathered = {k: v.full_tensor() for k, v in model.state_dict().items()}
     want = [copy] if rank == 0 else [None]
     dist.broadcast_object_list(want, src=0)
     worst = max((gathered[k] - v).abs().max().item() for k, v in want[0].items())
     nan_free = all(torch.isfinite(t).all().item() for t in gathered.values())
-    return {"worst": worst if nan_free else float("nan"), "keys": sorted(gathered) == sorted(want[0]),
-            "refused": refused}
+    return {
+        "worst": worst if nan_free else float("nan"),
+        "keys": sorted(gathered) == sorted(want[0]),
+        "refused": refused,
+    }

@@ -5,6 +5,7 @@
   lessons (and minimal/ scripts) under torchrun.
   `python -m pytest -m "not slow"` therefore runs the unit tests alone (tests/unit/, under a minute).
 """
+
 import gc
 import os
 import shutil
@@ -72,4 +73,5 @@ def pytest_terminal_summary(terminalreporter):
         saved_s = sum(r["wall_s"] for r in shared)
         terminalreporter.write_line(
             f"lesson launches: {len(records) - len(shared)} made ({launched_s:.0f} s), {len(shared)} shared "
-            f"with an earlier identical launch ({saved_s:.0f} s not spent again)")
+            f"with an earlier identical launch ({saved_s:.0f} s not spent again)"
+        )

@@ -12,6 +12,7 @@ pages), then runs Sphinx on it with warnings as errors, so a link that does not 
 Addresses are by topic slug (lessons/ddp/), taken from the lesson file names (lessons/03_ddp.py -> "ddp"), so
 a renumbering keeps them; the numbered names (notebooks/03_ddp.html, lessons/03_ddp.html) redirect.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -121,7 +122,7 @@ def first_sentence(doc: str) -> str:
     " -- " as a dash: "Lesson 03: DDP -- lesson 01's loop on two processes." -> "DDP — lesson 01's ..."."""
     paragraph = " ".join(line.strip() for line in doc.strip().split("\n\n")[0].splitlines())
     m = re.search(r"[.?!](?=\s|$)", paragraph)
-    sentence = paragraph[:m.end()] if m else paragraph
+    sentence = paragraph[: m.end()] if m else paragraph
     sentence = re.sub(r"^Lesson \d+:\s*", "", sentence).replace(" -- ", " — ")
     return sentence[:1].upper() + sentence[1:]
 
@@ -155,8 +156,15 @@ def routes(lang: str) -> list[dict]:
     out = []
     for en_row, row in zip(found["en"], found[lang]):
         slug = re.sub(r"[^a-z0-9]+", "-", en_row[0].lower()).strip("-")
-        out.append({"slug": slug, "goal": row[0], "cell": row[1], "time": row[2],
-                    "lessons": re.findall(r"\b(\d\d)\b", row[1])})
+        out.append(
+            {
+                "slug": slug,
+                "goal": row[0],
+                "cell": row[1],
+                "time": row[2],
+                "lessons": re.findall(r"\b(\d\d)\b", row[1]),
+            }
+        )
     return out
 
 
@@ -216,7 +224,11 @@ class Linker:
             repo_path = os.path.normpath(base / path).replace(os.sep, "/")
             found = self.target(repo_path, anchor)
             if found is None:
-                return f"{label} (`{repo_path}`)" if "`" not in label and repo_path not in label else label
+                return (
+                    f"{label} (`{repo_path}`)"
+                    if "`" not in label and repo_path not in label
+                    else label
+                )
             lang, doc = found
             doc, _, anchor = doc.partition("#")
             if lang == self.lang and anchor.startswith("@"):
@@ -248,7 +260,9 @@ def cross_href(page: str, lang: str, doc: str) -> str:
 
 def inline_html(label: str) -> str:
     parts = re.split(r"`([^`]*)`", label)
-    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))
+    return "".join(
+        f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts)
+    )
 
 
 # ---- lesson pages ------------------------------------------------------------------------------------------
@@ -258,7 +272,9 @@ def fence(code: str, lang: str = "python") -> str:
 
 
 def dropdown(title: str, body: str) -> str:
-    colons = ":" * max(3, max((len(m) for m in re.findall(r"^:{3,}", body, re.MULTILINE)), default=0) + 1)
+    colons = ":" * max(
+        3, max((len(m) for m in re.findall(r"^:{3,}", body, re.MULTILINE)), default=0) + 1
+    )
     return f"{colons}{{dropdown}} {title}\n{body.rstrip()}\n{colons}\n"
 
 
@@ -285,8 +301,12 @@ def claims(source: str) -> list[tuple[str, str, str, str]]:
     """(name, relation, bound, sentence) of every report.claim(...) call in a lesson's source."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "claim"
-                and len(node.args) >= 4):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "claim"
+            and len(node.args) >= 4
+        ):
             args = [a.value if isinstance(a, ast.Constant) else ast.unparse(a) for a in node.args]
             sentence = template_text(node.args[4]) if len(node.args) > 4 else ""
             found.append((str(args[0]), str(args[2]), str(args[3]), sentence))
@@ -300,8 +320,10 @@ def template_text(node: ast.expr) -> str:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
-        return "".join(v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
-                       for v in node.values)
+        return "".join(
+            v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+            for v in node.values
+        )
     return "–"
 
 
@@ -310,28 +332,57 @@ def cell_text(text: str) -> str:
 
 
 WORDS = {
-    "en": {"minimal": "Minimal script", "lesson": "Measured lesson", "exercise": "Exercise",
-           "nav": "Previous and next", "prev": "Previous", "next": "Next", "none_min":
-           "This lesson has no minimal script: read the measured lesson's docstring below.",
-           "diff": "The diff from its base, `{base}`:", "whole": "The whole script, `{path}` ({n} lines)",
-           "run": "Run it:", "source": "The source, `{path}` ({n} lines)", "commands":
-           "The commands from its docstring:", "claims": "What it measures: each claim below is printed "
-           "with its bound, recorded, and asserted by a test.", "claim_head": "| claim | holds when | "
-           "printed as |", "stub": "The stub, `exercises/{name}.py`: {what}.", "grade":
-           "Fill it in, then grade it (2-4 gloo processes, compared with PyTorch's own):",
-           "solution": "The solution, `exercises/solutions/{name}.py` (open it after your own attempt)",
-           "no_ex": "This lesson has no exercise.", "guide": "中文导读", "notebook": None,
-           "start": "Start of the course", "end": "End of the course", "colon": ": "},
-    "zh": {"minimal": "最小脚本", "lesson": "课程文件", "exercise": "练习", "nav": "上一课与下一课",
-           "prev": "上一课", "next": "下一课", "none_min": "这一课没有最小脚本：读下面课程文件开头的 docstring。",
-           "diff": "与基础脚本 `{base}` 的差别：", "whole": "完整脚本 `{path}`（{n} 行）", "run": "运行：",
-           "source": "源码 `{path}`（{n} 行）", "commands": "docstring 里的命令：",
-           "claims": "它测量什么：下面每个结论都连同界限一起打印、记录，并由测试断言。",
-           "claim_head": "| 结论 | 成立条件 | 打印为 |", "stub": "练习文件 `exercises/{name}.py`：{what}。",
-           "grade": "填好之后评分（2-4 个 gloo 进程，与 PyTorch 自己的实现比较）：",
-           "solution": "参考答案 `exercises/solutions/{name}.py`（先自己做完再看）",
-           "no_ex": "这一课没有练习。", "guide": None, "notebook": "notebook（英文）",
-           "start": "课程开始", "end": "课程结束", "colon": "："},
+    "en": {
+        "minimal": "Minimal script",
+        "lesson": "Measured lesson",
+        "exercise": "Exercise",
+        "nav": "Previous and next",
+        "prev": "Previous",
+        "next": "Next",
+        "none_min": "This lesson has no minimal script: read the measured lesson's docstring below.",
+        "diff": "The diff from its base, `{base}`:",
+        "whole": "The whole script, `{path}` ({n} lines)",
+        "run": "Run it:",
+        "source": "The source, `{path}` ({n} lines)",
+        "commands": "The commands from its docstring:",
+        "claims": "What it measures: each claim below is printed "
+        "with its bound, recorded, and asserted by a test.",
+        "claim_head": "| claim | holds when | printed as |",
+        "stub": "The stub, `exercises/{name}.py`: {what}.",
+        "grade": "Fill it in, then grade it (2-4 gloo processes, compared with PyTorch's own):",
+        "solution": "The solution, `exercises/solutions/{name}.py` (open it after your own attempt)",
+        "no_ex": "This lesson has no exercise.",
+        "guide": "中文导读",
+        "notebook": None,
+        "start": "Start of the course",
+        "end": "End of the course",
+        "colon": ": ",
+    },
+    "zh": {
+        "minimal": "最小脚本",
+        "lesson": "课程文件",
+        "exercise": "练习",
+        "nav": "上一课与下一课",
+        "prev": "上一课",
+        "next": "下一课",
+        "none_min": "这一课没有最小脚本：读下面课程文件开头的 docstring。",
+        "diff": "与基础脚本 `{base}` 的差别：",
+        "whole": "完整脚本 `{path}`（{n} 行）",
+        "run": "运行：",
+        "source": "源码 `{path}`（{n} 行）",
+        "commands": "docstring 里的命令：",
+        "claims": "它测量什么：下面每个结论都连同界限一起打印、记录，并由测试断言。",
+        "claim_head": "| 结论 | 成立条件 | 打印为 |",
+        "stub": "练习文件 `exercises/{name}.py`：{what}。",
+        "grade": "填好之后评分（2-4 个 gloo 进程，与 PyTorch 自己的实现比较）：",
+        "solution": "参考答案 `exercises/solutions/{name}.py`（先自己做完再看）",
+        "no_ex": "这一课没有练习。",
+        "guide": None,
+        "notebook": "notebook（英文）",
+        "start": "课程开始",
+        "end": "课程结束",
+        "colon": "：",
+    },
 }
 
 
@@ -343,15 +394,25 @@ def lesson_sections(lesson: Lesson, lessons: list[Lesson], lang: str, page: str)
     else:
         source = lesson.minimal.read_text()
         rel = f"minimal/{lesson.minimal.name}"
-        commands = [m.group(1) for line in (ast.get_docstring(ast.parse(source)) or "").splitlines()
-                    if (m := MINIMAL_COMMAND_RE.match(line))]
+        commands = [
+            m.group(1)
+            for line in (ast.get_docstring(ast.parse(source)) or "").splitlines()
+            if (m := MINIMAL_COMMAND_RE.match(line))
+        ]
         out.append(w["run"] + "\n\n" + fence("\n".join(commands), "bash"))
         base_number = minimal_base().get(lesson.number)
         base = next((le for le in lessons if le.number == base_number and le.minimal), None)
         if base is not None:
-            diff = "\n".join(difflib.unified_diff(
-                base.minimal.read_text().splitlines(), source.splitlines(),
-                f"minimal/{base.minimal.name}", rel, n=1, lineterm=""))
+            diff = "\n".join(
+                difflib.unified_diff(
+                    base.minimal.read_text().splitlines(),
+                    source.splitlines(),
+                    f"minimal/{base.minimal.name}",
+                    rel,
+                    n=1,
+                    lineterm="",
+                )
+            )
             said = w["diff"].format(base=f"minimal/{base.minimal.name}")
             out.append("\n" + said + "\n\n" + fence(diff, "diff"))
         n = len(source.splitlines())
@@ -368,7 +429,9 @@ def lesson_sections(lesson: Lesson, lessons: list[Lesson], lang: str, page: str)
             holds = f"{cell_text(rel_)} {cell_text(bound)}"
             out.append(f"| `{cell_text(name)}` | `{holds}` | {cell_text(sentence)} |\n")
     rel = f"lessons/{lesson.stem}.py"
-    out.append("\n" + dropdown(w["source"].format(path=rel, n=len(source.splitlines())), fence(source)))
+    out.append(
+        "\n" + dropdown(w["source"].format(path=rel, n=len(source.splitlines())), fence(source))
+    )
     out.append(f"\n({lang}-{lesson.slug}-exercise)=\n## {w['exercise']}\n")
     if not lesson.exercises:
         out.append(w["no_ex"] + "\n")
@@ -433,8 +496,18 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
             doc_pages.append(doc)
     pages["docs/index"] += toctree(doc_pages, "docs/index")
 
-    word = {"en": ("Lessons", "Routes by goal", "Reference", "Lesson", "topic", "time: ", "what it covers"),
-            "zh": ("课程", "按目标的路线", "参考页", "课", "主题", "时间：", "内容")}[lang]
+    word = {
+        "en": (
+            "Lessons",
+            "Routes by goal",
+            "Reference",
+            "Lesson",
+            "topic",
+            "time: ",
+            "what it covers",
+        ),
+        "zh": ("课程", "按目标的路线", "参考页", "课", "主题", "时间：", "内容"),
+    }[lang]
     lesson_pages = [lesson.page for lesson in lessons]
     for lesson in lessons:
         page = lesson.page
@@ -442,7 +515,9 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
             nb = json.loads((ROOT / "notebooks" / f"{lesson.stem}.ipynb").read_text())
             for cell in nb["cells"]:
                 if cell["cell_type"] == "markdown":
-                    text = linker.rewrite("".join(cell["source"]), f"notebooks/{lesson.stem}.ipynb", page)
+                    text = linker.rewrite(
+                        "".join(cell["source"]), f"notebooks/{lesson.stem}.ipynb", page
+                    )
                     cell["source"] = text
                 elif cell["cell_type"] == "code":
                     cell["source"] = without_nbval_markers("".join(cell["source"]))
@@ -451,20 +526,32 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
             nav = nav_line(lesson, lessons, lang, page) + f' · <a href="{guide}">中文导读</a>\n'
             nav_cell = {"cell_type": "markdown", "id": "site-nav", "metadata": {}, "source": nav}
             nb["cells"].insert(first + 1, nav_cell)
-            nb["cells"].append({"cell_type": "markdown", "id": "site-sections", "metadata": {},
-                                "source": lesson_sections(lesson, lessons, lang, page)})
+            nb["cells"].append(
+                {
+                    "cell_type": "markdown",
+                    "id": "site-sections",
+                    "metadata": {},
+                    "source": lesson_sections(lesson, lessons, lang, page),
+                }
+            )
             target = src / f"{page}.ipynb"
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps(nb, ensure_ascii=False))
         else:
             repo = f"docs/zh/lessons/{lesson.stem}.md"
             title, _, rest = (ROOT / repo).read_text().partition("\n")
-            rest, extra = without_link_paragraph(rest)  # the generated line below the title replaces it
+            rest, extra = without_link_paragraph(
+                rest
+            )  # the generated line below the title replaces it
             text = linker.rewrite(title + "\n\n" + extra + "\n" + rest, repo, page)
             title, _, text = text.partition("\n\n")
             extra, _, rest = text.partition("\n")
-            nav = nav_line(lesson, lessons, lang, page).rstrip("\n") + (" · " + extra if extra else "")
-            pages[page] = title + "\n\n" + nav + "\n\n" + rest + lesson_sections(lesson, lessons, lang, page)
+            nav = nav_line(lesson, lessons, lang, page).rstrip("\n") + (
+                " · " + extra if extra else ""
+            )
+            pages[page] = (
+                title + "\n\n" + nav + "\n\n" + rest + lesson_sections(lesson, lessons, lang, page)
+            )
     lines = [f"# {word[0]}\n\n| # | {word[4]} | {word[6]} |\n|---|---|---|\n"]
     for lesson in lessons:
         topic = lesson.topic_zh if lang == "zh" else lesson.topic_en
@@ -486,10 +573,16 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
             topic = lesson.topic_zh if lang == "zh" else lesson.topic_en
             link = md_link(lang, page, lesson.page)
             said = summary(lesson, lang)  # a Chinese guide's title may be its topic: not said twice
-            body.append(f"1. [{n} {topic}]({link})" + (colon + plain(said) if said != topic else "") + "\n")
+            body.append(
+                f"1. [{n} {topic}]({link})" + (colon + plain(said) if said != topic else "") + "\n"
+            )
         pages[page] = "".join(body)
-        cell = linker.rewrite(route["cell"], readme, "routes/index")  # the route's own link added after
-        lines.append(f"- [{route['goal']}]({route['slug']}/index.md){colon}{cell}{comma}{route['time']}\n")
+        cell = linker.rewrite(
+            route["cell"], readme, "routes/index"
+        )  # the route's own link added after
+        lines.append(
+            f"- [{route['goal']}]({route['slug']}/index.md){colon}{cell}{comma}{route['time']}\n"
+        )
     pages["routes/index"] = "".join(lines) + toctree(route_pages, "routes/index")
     pages["index"] += toctree(["lessons/index", "routes/index", "docs/index"], "index")
 
@@ -508,8 +601,9 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
             target.write_text(redirect_page(f"../lessons/{slug}/index.html"))
     if lang == "zh":
         (src / "_jieba_words.txt").write_text("".join(f"{w} 1000\n" for w in course_words()))
-    (src / "_docnames.json").write_text(json.dumps(sorted(
-        [p for p in pages] + [lesson.page for lesson in lessons])))
+    (src / "_docnames.json").write_text(
+        json.dumps(sorted([p for p in pages] + [lesson.page for lesson in lessons]))
+    )
     return src
 
 
@@ -538,13 +632,14 @@ def link_route_goals(home: str, lang: str) -> str:
         link = md_link(lang, "index", f"routes/{route['slug']}/index")
         for i, line in enumerate(lines):
             if line.startswith(head):
-                lines[i] = f"| [{route['goal']}]({link}) |" + line[len(head):]
+                lines[i] = f"| [{route['goal']}]({link}) |" + line[len(head) :]
     return "\n".join(lines)
 
 
 def study_cells_zh(text: str) -> str:
     """README.zh-CN.md's lesson table, its 学 column: the notebook says it is in English, and the lesson's
     Chinese guide stands beside it."""
+
     def sub(m: re.Match) -> str:
         stem = m.group(2)
         guide = f"docs/zh/lessons/{stem}.md"
@@ -571,8 +666,11 @@ def without_link_paragraph(text: str) -> tuple[str, str]:
     links = LINK_RE.findall(lead)
     if not links or re.sub(r"[\s·]", "", LINK_RE.sub("", lead)):
         return text, ""
-    kept = [f"[{label}]({url})" for label, url in links
-            if not re.match(r"^(\.\./)+(README\.md|lessons/|minimal/|notebooks/)", url)]
+    kept = [
+        f"[{label}]({url})"
+        for label, url in links
+        if not re.match(r"^(\.\./)+(README\.md|lessons/|minimal/|notebooks/)", url)
+    ]
     return rest, " · ".join(kept)
 
 
@@ -590,7 +688,11 @@ def course_words() -> list[str]:
         spans += re.findall(r"^- \*\*([^*]+)\*\*", path.read_text(), re.MULTILINE)
     words = set()
     for span in spans:
-        words.update(w for w in re.split(r"[\s/、，,。：:（）()“”\[\]`·]+|[A-Za-z0-9_.\-]+", span) if CJK.match(w))
+        words.update(
+            w
+            for w in re.split(r"[\s/、，,。：:（）()“”\[\]`·]+|[A-Za-z0-9_.\-]+", span)
+            if CJK.match(w)
+        )
     return sorted(words)
 
 
@@ -600,9 +702,11 @@ def toctree(docs: list[str], page: str) -> str:
 
 
 def redirect_page(href: str) -> str:
-    return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>Moved</title>\n'
-            f'<link rel="canonical" href="{href}">\n<meta http-equiv="refresh" content="0; url={href}">\n'
-            f'</head><body><p>This page moved to <a href="{href}">{href}</a>.</p></body></html>\n')
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>Moved</title>\n'
+        f'<link rel="canonical" href="{href}">\n<meta http-equiv="refresh" content="0; url={href}">\n'
+        f'</head><body><p>This page moved to <a href="{href}">{href}</a>.</p></body></html>\n'
+    )
 
 
 # ---- building ----------------------------------------------------------------------------------------------
@@ -611,7 +715,9 @@ def build(langs=LANGS, serial: bool = False, out: Path = OUT, staging: Path = ST
     staging tree, Sphinx's environment (doctrees) and the output, so a changed source always shows."""
     t0 = time.perf_counter()
     lessons = curriculum()
-    for lang in LANGS:  # both staged: each build knows the other language's pages, for its language switch
+    for (
+        lang
+    ) in LANGS:  # both staged: each build knows the other language's pages, for its language switch
         stage(lang, lessons, staging)
     for lang in LANGS:
         other = "zh" if lang == "en" else "en"
@@ -620,14 +726,31 @@ def build(langs=LANGS, serial: bool = False, out: Path = OUT, staging: Path = ST
     for lang in langs:
         shutil.rmtree(out / lang, ignore_errors=True)
         shutil.rmtree(doctrees / lang, ignore_errors=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
     procs = []
     failed = []
     for lang in langs:
-        command = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q",
-                   "-c", str(CONF_DIR), "-d", str(doctrees / lang), str(staging / lang), str(out / lang)]
-        proc = subprocess.Popen(command, env=dict(env, WEBSITE_LANG=lang, WEBSITE_STAGE=str(staging / lang)),
-                                cwd=ROOT)
+        command = [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-b",
+            "html",
+            "-W",
+            "--keep-going",
+            "-q",
+            "-c",
+            str(CONF_DIR),
+            "-d",
+            str(doctrees / lang),
+            str(staging / lang),
+            str(out / lang),
+        ]
+        proc = subprocess.Popen(
+            command, env=dict(env, WEBSITE_LANG=lang, WEBSITE_STAGE=str(staging / lang)), cwd=ROOT
+        )
         if serial:
             if proc.wait():
                 failed.append(lang)
@@ -638,7 +761,9 @@ def build(langs=LANGS, serial: bool = False, out: Path = OUT, staging: Path = ST
             failed.append(lang)
     if failed:
         raise SystemExit(f"error: the {', '.join(failed)} site did not build (warnings are errors)")
-    shutil.rmtree(out / "jupyter_execute", ignore_errors=True)  # myst-nb's scratch folder, not a page
+    shutil.rmtree(
+        out / "jupyter_execute", ignore_errors=True
+    )  # myst-nb's scratch folder, not a page
     for lang in langs:
         shutil.rmtree(out / lang / "_sources", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -650,7 +775,9 @@ def build(langs=LANGS, serial: bool = False, out: Path = OUT, staging: Path = ST
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m website", description=__doc__.split("\n\n")[0])
     parser.add_argument("--lang", choices=LANGS, action="append", help="default: both")
-    parser.add_argument("--serial", action="store_true", help="build the languages one after the other")
+    parser.add_argument(
+        "--serial", action="store_true", help="build the languages one after the other"
+    )
     args = parser.parse_args(argv)
     seconds = build(tuple(args.lang or LANGS), args.serial)
     print(f"site built in {seconds:.1f} s: {OUT / 'index.html'}")

@@ -1,5 +1,6 @@
 """Sphinx configuration shared by both languages; website/build.py sets WEBSITE_LANG and the source folder
 (build/site-src/LANG/, laid fresh from the repository's files at each build)."""
+
 import json
 import os
 from pathlib import Path
@@ -8,7 +9,10 @@ LANG = os.environ.get("WEBSITE_LANG", "en")
 HERE = Path(__file__).resolve().parent
 STAGE = Path(os.environ.get("WEBSITE_STAGE", HERE.parent / "build" / "site-src" / LANG))
 
-project = {"en": "Distributed PyTorch, one runnable lesson at a time", "zh": "分布式 PyTorch：一课一个可运行的脚本"}[LANG]
+project = {
+    "en": "Distributed PyTorch, one runnable lesson at a time",
+    "zh": "分布式 PyTorch：一课一个可运行的脚本",
+}[LANG]
 html_title = "Distributed PyTorch lessons" if LANG == "en" else "分布式 PyTorch 课程"
 language = "en" if LANG == "en" else "zh_CN"
 extensions = ["myst_nb", "sphinx_design"]
@@ -19,7 +23,9 @@ nb_execution_mode = "off"  # the notebooks as committed: nbval validates those o
 nb_merge_streams = False
 myst_enable_extensions = ["colon_fence", "dollarmath"]
 myst_heading_anchors = 4
-suppress_warnings = ["myst.header"]  # a guide may step from # to ###; links and references stay errors
+suppress_warnings = [
+    "myst.header"
+]  # a guide may step from # to ###; links and references stay errors
 exclude_patterns = ["_extra", "_*.json", "jupyter_execute"]
 
 html_theme = "pydata_sphinx_theme"
@@ -58,7 +64,9 @@ html_context = {
     "default_mode": "auto",  # the theme logs an error on a first visit without it
     "other_docnames": set(json.loads(_other.read_text())) if _other.exists() else set(),
 }
-html_favicon = str(HERE / "static" / "favicon.svg")  # else the browser asks the host for /favicon.ico
+html_favicon = str(
+    HERE / "static" / "favicon.svg"
+)  # else the browser asks the host for /favicon.ico
 
 
 def _fix_chinese_stemmer(app, exc):
@@ -67,8 +75,14 @@ def _fix_chinese_stemmer(app, exc):
     path = Path(app.outdir) / "_static" / "language_data.js"
     if exc is None and LANG == "zh" and path.exists():
         text = path.read_text()
-        if "ChineseStemmer" in text and "var ChineseStemmer" not in text and "EnglishStemmer" in text:
-            text = text.replace("window.Stemmer = ChineseStemmer;", "window.Stemmer = EnglishStemmer;")
+        if (
+            "ChineseStemmer" in text
+            and "var ChineseStemmer" not in text
+            and "EnglishStemmer" in text
+        ):
+            text = text.replace(
+                "window.Stemmer = ChineseStemmer;", "window.Stemmer = EnglishStemmer;"
+            )
             path.write_text(text)
 
 

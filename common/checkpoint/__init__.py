@@ -1,1 +1,1 @@
-"""Checkpoints: DCP saves that reshard, and the whole training state (lessons 13, 14)."""
+"""Checkpoints: DCP saves that reshard, and the whole training state (lessons 13, 16)."""

@@ -9,6 +9,7 @@ writes `COMPLETE.json` (the model's parameter names and shapes, the world size, 
 that every rank reaches only when its files are written; a loader refuses a folder without it, or one whose
 shapes are not this model's, before any process group exists: every rank fails alike, with one line.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,14 +20,25 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 
 from common.harness.atomic import atomic_write
 from common.harness.env import DistInfo, LessonError
 
-__all__ = ["MARKER", "FULL_MODEL", "agreed_folder", "check_complete", "save_sharded",
-           "mark_complete", "load_sharded"]
+__all__ = [
+    "MARKER",
+    "FULL_MODEL",
+    "agreed_folder",
+    "check_complete",
+    "save_sharded",
+    "mark_complete",
+    "load_sharded",
+]
 
 MARKER = "COMPLETE.json"
 FULL_MODEL = "full_model.pt"  # the whole model in one file, for a single-process reader
@@ -39,34 +51,52 @@ def check_complete(path: str | Path, signature: dict[str, list[int]]) -> dict:
     if not path.is_dir():
         raise LessonError(f"no sharded checkpoint at {path} (not a folder)")
     if not (path / MARKER).is_file():
-        raise LessonError(f"{path} has no {MARKER}: its save did not finish (or it is not a checkpoint of this "
-                          "lesson); refusing to load a partial checkpoint")
+        raise LessonError(
+            f"{path} has no {MARKER}: its save did not finish (or it is not a checkpoint of this "
+            "lesson); refusing to load a partial checkpoint"
+        )
     try:
         marker = json.loads((path / MARKER).read_text())
         theirs = marker["model"]
     except (ValueError, KeyError) as e:
-        raise LessonError(f"{path / MARKER} is not a completion marker ({type(e).__name__})") from None
+        raise LessonError(
+            f"{path / MARKER} is not a completion marker ({type(e).__name__})"
+        ) from None
     if theirs != signature:
-        diff = sorted(set(theirs) ^ set(signature)) or [k for k in signature if theirs[k] != signature[k]]
+        diff = sorted(set(theirs) ^ set(signature)) or [
+            k for k in signature if theirs[k] != signature[k]
+        ]
         k = diff[0]
-        raise LessonError(f"{path} holds a checkpoint of another model: {k} is {theirs.get(k, 'absent')} there, "
-                          f"{signature.get(k, 'absent')} here (--width/--depth must match the saving run)")
+        raise LessonError(
+            f"{path} holds a checkpoint of another model: {k} is {theirs.get(k, 'absent')} there, "
+            f"{signature.get(k, 'absent')} here (--width/--depth must match the saving run)"
+        )
     return marker
 
 
-def save_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, path: str | Path, info: DistInfo) -> None:
+def save_sharded(
+    model: nn.Module, optimizer: torch.optim.Optimizer, path: str | Path, info: DistInfo
+) -> None:
     """Every rank saves its shards of the model and the optimizer state; rank 0 also writes the full model
     (gathered to rank 0 on the CPU: `full_state_dict=True, cpu_offload=True`) as `full_model.pt`.
     Call `mark_complete` after everything that belongs to the checkpoint is written."""
     path = Path(path)
     if info.master_process:
         path.mkdir(parents=True, exist_ok=True)
-        (path / MARKER).unlink(missing_ok=True)  # an old marker must not vouch for the files written now
+        (path / MARKER).unlink(
+            missing_ok=True
+        )  # an old marker must not vouch for the files written now
     dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)  # DTensors: this rank's shards, keyed by name
+    model_sd, optim_sd = get_state_dict(
+        model, optimizer
+    )  # DTensors: this rank's shards, keyed by name
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if info.master_process:  # the other ranks got {}: the full tensors exist on rank 0 only, on the CPU
+    full = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    if (
+        info.master_process
+    ):  # the other ranks got {}: the full tensors exist on rank 0 only, on the CPU
         atomic_write(path / FULL_MODEL, lambda f: torch.save(full, f))
 
 
@@ -84,7 +114,9 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, path: str |
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
 
 
 def agreed_folder(path: str | Path | None, info: DistInfo) -> Path:

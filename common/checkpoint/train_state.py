@@ -1,4 +1,4 @@
-"""The whole training state in one checkpoint, written so that a crash never leaves a file that loads (lesson 14).
+"""The whole training state in one checkpoint, written so that a crash never leaves a file that loads (lesson 16).
 
 Resuming "exactly" means the resumed run computes the same bits as a run that never stopped. That needs more
 than the model: the optimizer's moments, the LR scheduler's position, the GradScaler's scale, every random
@@ -13,14 +13,15 @@ A checkpoint counts only when its marker exists AND the .pt's sha256 matches it:
 `.step_000008.pt.XXXX.tmp` (never renamed), a kill between rename and marker leaves a .pt without a marker, and
 neither is ever loaded; the previous complete checkpoint is (`find_latest`).
 """
+
 from __future__ import annotations
 
 import hashlib
 import io
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -28,12 +29,26 @@ import torch.nn as nn
 from torch.utils.data import DistributedSampler
 
 from common.harness.atomic import atomic_write, load_checkpoint
-from common.measure.differences import max_abs_diff_all, max_over_ranks
 from common.harness.env import DistInfo, LessonError
 from common.harness.session import rank0_only
+from common.measure.differences import max_abs_diff_all, max_over_ranks
 
-__all__ = ["ResumableDistributedSampler", "capture_rng", "capture_rng_all_ranks", "restore_rng", "model_signature", "save_train_state",
-           "find_latest", "load_train_state", "check_same_run", "leftovers", "resume_point", "clear_run", "roundtrip", "max_diff_over_ranks"]
+__all__ = [
+    "ResumableDistributedSampler",
+    "capture_rng",
+    "capture_rng_all_ranks",
+    "restore_rng",
+    "model_signature",
+    "save_train_state",
+    "find_latest",
+    "load_train_state",
+    "check_same_run",
+    "leftovers",
+    "resume_point",
+    "clear_run",
+    "roundtrip",
+    "max_diff_over_ranks",
+]
 
 
 class ResumableDistributedSampler(DistributedSampler):
@@ -43,19 +58,26 @@ class ResumableDistributedSampler(DistributedSampler):
     perm[r::W] (the same permutation on every rank, seeded by seed + epoch); `__iter__` starts it at seen / W,
     so a resumed run skips the trained samples without reading them (it slices indices, not data). Because
     the list is perm[r::W], the global batch of step t with per-rank batch b is perm[t*G : (t+1)*G], G = W*b:
-    the same samples for any world size that keeps G (lesson 14, a world that changes size).
+    the same samples for any world size that keeps G (lesson 16, a world that changes size).
     torchdata's `StatefulDataLoader` keeps the same position for a DataLoader with workers.
     """
 
     def __init__(self, dataset, num_replicas: int, rank: int, seed: int, samples_per_epoch: int):
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        super().__init__(
+            dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
         if samples_per_epoch % num_replicas or samples_per_epoch > len(dataset):
-            raise LessonError(f"{samples_per_epoch} samples per epoch cannot be split over {num_replicas} ranks")
-        self.samples_per_epoch, self.seen = samples_per_epoch, 0  # global samples used per epoch / trained so far
+            raise LessonError(
+                f"{samples_per_epoch} samples per epoch cannot be split over {num_replicas} ranks"
+            )
+        self.samples_per_epoch, self.seen = (
+            samples_per_epoch,
+            0,
+        )  # global samples used per epoch / trained so far
 
     def __iter__(self):
         mine = list(super().__iter__())[: self.samples_per_epoch // self.num_replicas]
-        return iter(mine[self.seen // self.num_replicas:])
+        return iter(mine[self.seen // self.num_replicas :])
 
     def __len__(self) -> int:
         return (self.samples_per_epoch - self.seen) // self.num_replicas
@@ -72,19 +94,32 @@ class ResumableDistributedSampler(DistributedSampler):
 
     def load_state_dict(self, state: dict) -> None:
         if state["seen"] % self.num_replicas or state["seen"] >= self.samples_per_epoch:
-            raise LessonError(f"sampler position {state['seen']} does not fit {self.num_replicas} ranks")
+            raise LessonError(
+                f"sampler position {state['seen']} does not fit {self.num_replicas} ranks"
+            )
         self.set_epoch(state["epoch"])
         self.seen = state["seen"]
 
 
 def capture_rng(generator: torch.Generator, device: torch.device) -> dict:
     """This rank's random streams, as tensors and plain containers (what `torch.load(weights_only=True)` reads)."""
-    np_state = np.random.get_state(legacy=False)  # {"state": {"key": uint32 array (624,), "pos"}, ...}
-    state = {"torch": torch.get_rng_state(), "generator": generator.get_state(), "random": random.getstate(),
-             "numpy": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-                       "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
-                       "gauss": float(np_state["gauss"])}}
-    if device.type == "cuda":  # dropout on a GPU draws from the device's generator, not torch.get_rng_state()
+    np_state = np.random.get_state(
+        legacy=False
+    )  # {"state": {"key": uint32 array (624,), "pos"}, ...}
+    state = {
+        "torch": torch.get_rng_state(),
+        "generator": generator.get_state(),
+        "random": random.getstate(),
+        "numpy": {
+            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+    }
+    if (
+        device.type == "cuda"
+    ):  # dropout on a GPU draws from the device's generator, not torch.get_rng_state()
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
@@ -95,6 +130,7 @@ def capture_rng_all_ranks(generator: torch.Generator, info: DistInfo) -> list[di
     if not info.distributed:
         return [rng]
     import torch.distributed as dist
+
     out = [None] * info.world_size
     dist.all_gather_object(out, rng)
     return out
@@ -106,8 +142,14 @@ def restore_rng(state: dict, generator: torch.Generator, device: torch.device) -
     generator.set_state(state["generator"].cpu())
     random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in state["random"]))
     n = state["numpy"]
-    np.random.set_state({"bit_generator": "MT19937", "has_gauss": n["has_gauss"], "gauss": n["gauss"],
-                         "state": {"key": n["key"].cpu().numpy().astype(np.uint32), "pos": n["pos"]}})
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "has_gauss": n["has_gauss"],
+            "gauss": n["gauss"],
+            "state": {"key": n["key"].cpu().numpy().astype(np.uint32), "pos": n["pos"]},
+        }
+    )
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
@@ -121,8 +163,15 @@ def _paths(ckpt_dir: Path, step: int) -> tuple[Path, Path]:
     return ckpt_dir / f"step_{step:06d}.pt", ckpt_dir / f"step_{step:06d}.json"
 
 
-def save_train_state(state: dict, ckpt_dir: str | Path, step: int, info: DistInfo, signature: dict,
-                     keep: int = 2, fault: Callable[[str, object, bytes], None] | None = None) -> Path:
+def save_train_state(
+    state: dict,
+    ckpt_dir: str | Path,
+    step: int,
+    info: DistInfo,
+    signature: dict,
+    keep: int = 2,
+    fault: Callable[[str, object, bytes], None] | None = None,
+) -> Path:
     """Global rank 0 writes `state` (with every rank's RNG already gathered into it) and its marker; all wait.
 
     Order: serialize -> atomic_write the .pt (temp file, fsync, rename) -> atomic_write the marker -> delete
@@ -130,7 +179,7 @@ def save_train_state(state: dict, ckpt_dir: str | Path, step: int, info: DistInf
     `common.harness.atomic.save_checkpoint` does), not in a barrier bounded by --timeout-s: a big checkpoint on a
     slow file system may take longer than a collective may, and nobody may train on before it is complete.
     If the writer dies instead, the waiting ranks' barrier raises (gloo) and torchrun restarts the job.
-    `fault(point, file, payload)` is called at "mid-write" and "before-rename" (lesson 14 kills the writer
+    `fault(point, file, payload)` is called at "mid-write" and "before-rename" (lesson 16 kills the writer
     there); None in normal use.
     """
     ckpt_dir = Path(ckpt_dir)
@@ -141,7 +190,9 @@ def save_train_state(state: dict, ckpt_dir: str | Path, step: int, info: DistInf
     return pt
 
 
-def _write(state: dict, ckpt_dir: Path, step: int, info: DistInfo, signature: dict, keep: int, fault) -> None:
+def _write(
+    state: dict, ckpt_dir: Path, step: int, info: DistInfo, signature: dict, keep: int, fault
+) -> None:
     pt, marker = _paths(ckpt_dir, step)
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -151,13 +202,18 @@ def _write(state: dict, ckpt_dir: Path, step: int, info: DistInfo, signature: di
         if fault:
             f.write(payload[: len(payload) // 2])
             fault("mid-write", f, payload)
-        f.write(payload[len(payload) // 2:] if fault else payload)
+        f.write(payload[len(payload) // 2 :] if fault else payload)
         if fault:
             fault("before-rename", f, payload)
 
     atomic_write(pt, write)
-    meta = {"step": step, "sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload),
-            "world_size": info.world_size, "model": signature}
+    meta = {
+        "step": step,
+        "sha256": hashlib.sha256(payload).hexdigest(),
+        "bytes": len(payload),
+        "world_size": info.world_size,
+        "model": signature,
+    }
     atomic_write(marker, lambda f: f.write(json.dumps(meta).encode()))  # the commit point
     for old in sorted(ckpt_dir.glob("step_*.json"))[:-keep]:
         old.unlink()
@@ -199,20 +255,30 @@ def check_same_run(meta: dict, signature: dict, world_size: int, path: Path) -> 
     """Refuse a checkpoint of another model, or one written by another world size (exact resume needs the same
     per-rank RNG streams and per-rank sample lists). Raises LessonError with one line."""
     if meta["model"] != signature:
-        k = sorted(set(meta["model"]) ^ set(signature)) or [k for k in signature if meta["model"][k] != signature[k]]
-        raise LessonError(f"{path} is a checkpoint of another model: {k[0]} is {meta['model'].get(k[0], 'absent')} "
-                          f"there, {signature.get(k[0], 'absent')} here (--width must match the saving run)")
+        k = sorted(set(meta["model"]) ^ set(signature)) or [
+            k for k in signature if meta["model"][k] != signature[k]
+        ]
+        raise LessonError(
+            f"{path} is a checkpoint of another model: {k[0]} is {meta['model'].get(k[0], 'absent')} "
+            f"there, {signature.get(k[0], 'absent')} here (--width must match the saving run)"
+        )
     if meta["world_size"] != world_size:
-        raise LessonError(f"{path} was written by {meta['world_size']} ranks and exact resume needs the same "
-                          f"world size (one RNG stream and one sample list per rank), not {world_size}; "
-                          "continue on another world size from a sharded checkpoint (--resume-sharded)")
+        raise LessonError(
+            f"{path} was written by {meta['world_size']} ranks and exact resume needs the same "
+            f"world size (one RNG stream and one sample list per rank), not {world_size}; "
+            "continue on another world size from a sharded checkpoint (--resume-sharded)"
+        )
 
 
-def resume_point(ckpt_dir: str | Path, required: bool, signature: dict, world_size: int) -> tuple[Path, dict] | None:
+def resume_point(
+    ckpt_dir: str | Path, required: bool, signature: dict, world_size: int
+) -> tuple[Path, dict] | None:
     """`find_latest`, checked with `check_same_run`; LessonError when `required` (--resume) and there is none."""
     found = find_latest(ckpt_dir)
     if found is None and required:
-        raise LessonError(f"--resume: no complete checkpoint in {ckpt_dir} (set --ckpt-dir to the saving run's)")
+        raise LessonError(
+            f"--resume: no complete checkpoint in {ckpt_dir} (set --ckpt-dir to the saving run's)"
+        )
     if found:
         check_same_run(found[1], signature, world_size, found[0])
     return found
@@ -239,4 +305,6 @@ def roundtrip(state: dict) -> dict:
 
 def max_diff_over_ranks(model: nn.Module, params, info: DistInfo) -> float:
     """max |p - q| over the model's parameters and `params` (same order), maximised over ranks; NaN if any is."""
-    return max_over_ranks(max_abs_diff_all(model.parameters(), params))  # no process group: this rank's
+    return max_over_ranks(
+        max_abs_diff_all(model.parameters(), params)
+    )  # no process group: this rank's

@@ -22,16 +22,26 @@ DDP does not call this function: it hands gradient buckets to the backend's all_
 tree algorithms by message size and topology (GPU-only, not checked here; NCCL_ALGO in
 https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html). The ring is the model for the bandwidth cost.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["chunk_bounds", "ring_schedule", "LinkStats", "ring_all_reduce", "simulate_ring_all_reduce",
-           "simulation_equals_sum", "parameter_server_all_reduce", "ring_link_bytes", "server_link_bytes"]
+__all__ = [
+    "chunk_bounds",
+    "ring_schedule",
+    "LinkStats",
+    "ring_all_reduce",
+    "simulate_ring_all_reduce",
+    "simulation_equals_sum",
+    "parameter_server_all_reduce",
+    "ring_link_bytes",
+    "server_link_bytes",
+]
 
 
 def chunk_bounds(length: int, world_size: int) -> list[tuple[int, int]]:
@@ -95,7 +105,9 @@ class LinkStats:
         return self.bytes_sent + self.bytes_received
 
 
-def ring_all_reduce(tensor: torch.Tensor, group=None, stats: LinkStats | None = None) -> torch.Tensor:
+def ring_all_reduce(
+    tensor: torch.Tensor, group=None, stats: LinkStats | None = None
+) -> torch.Tensor:
     """Sum `tensor` over all ranks of `group` in place with a ring of isend/irecv; returns `tensor`.
 
     Works for any 1-D or N-D contiguous tensor (it is viewed as 1-D), any length (chunks need not be equal,
@@ -153,8 +165,9 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, stats: LinkStats | None = 
     return tensor
 
 
-def simulate_ring_all_reduce(tensors: Sequence[torch.Tensor],
-                             snapshots: list | None = None) -> tuple[list[torch.Tensor], list[dict]]:
+def simulate_ring_all_reduce(
+    tensors: Sequence[torch.Tensor], snapshots: list | None = None
+) -> tuple[list[torch.Tensor], list[dict]]:
     """Run the ring all-reduce for len(tensors) simulated ranks in one process (no process group).
 
     Uses the same `ring_schedule` and `chunk_bounds` as `ring_all_reduce`. All sends of a step read the
@@ -180,8 +193,18 @@ def simulate_ring_all_reduce(tensors: Sequence[torch.Tensor],
                 c, _ = ring_schedule(r, n, phase, step)
                 s0, s1 = bounds[c]
                 sent.append((c, bufs[r][s0:s1].clone()))
-                log.append({"phase": phase, "step": step, "src": r, "dst": (r + 1) % n, "chunk": c,
-                            "start": s0, "end": s1, "bytes": (s1 - s0) * bufs[r].element_size()})
+                log.append(
+                    {
+                        "phase": phase,
+                        "step": step,
+                        "src": r,
+                        "dst": (r + 1) % n,
+                        "chunk": c,
+                        "start": s0,
+                        "end": s1,
+                        "bytes": (s1 - s0) * bufs[r].element_size(),
+                    }
+                )
             for r in range(n):
                 c, payload = sent[(r - 1) % n]  # what rank r-1 sent to rank r
                 assert c == ring_schedule(r, n, phase, step)[1]
@@ -195,7 +218,9 @@ def simulate_ring_all_reduce(tensors: Sequence[torch.Tensor],
     return [b.reshape(tensors[0].shape) for b in bufs], log
 
 
-def simulation_equals_sum(world_sizes: Sequence[int], lengths: Sequence[int], seed: int = 0) -> bool:
+def simulation_equals_sum(
+    world_sizes: Sequence[int], lengths: Sequence[int], seed: int = 0
+) -> bool:
     """True when, for every world size and length, every simulated rank ends with the plain sum of random
     integer-valued float32 inputs (exact) and the log holds 2(n-1) steps x n messages."""
     g = torch.Generator().manual_seed(seed)
@@ -204,18 +229,27 @@ def simulation_equals_sum(world_sizes: Sequence[int], lengths: Sequence[int], se
         for length in lengths:
             inputs = [torch.randint(-1000, 1000, (length,), generator=g).float() for _ in range(n)]
             results, log = simulate_ring_all_reduce(inputs)
-            ok &= all(torch.equal(res, sum(inputs)) for res in results) and len(log) == 2 * (n - 1) * n
+            ok &= (
+                all(torch.equal(res, sum(inputs)) for res in results)
+                and len(log) == 2 * (n - 1) * n
+            )
     return bool(ok)
 
 
-def parameter_server_all_reduce(tensor: torch.Tensor, group=None, stats: LinkStats | None = None) -> torch.Tensor:
+def parameter_server_all_reduce(
+    tensor: torch.Tensor, group=None, stats: LinkStats | None = None
+) -> torch.Tensor:
     """The design DDP does NOT use, for comparison: the group's first rank acts as the server, receives every
     rank's tensor, sums, and sends the sum back; returns `tensor`, overwritten with the sum on every rank.
 
     The server's link carries 2(n-1) * tensor bytes (`server_link_bytes`); every other link carries 2x the tensor.
     `stats` counts what this rank sent and received.
     """
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    ranks = (
+        dist.get_process_group_ranks(group)
+        if group is not None
+        else list(range(dist.get_world_size()))
+    )
     nbytes, others = tensor.numel() * tensor.element_size(), len(ranks) - 1
     stats = stats if stats is not None else LinkStats()
     if dist.get_rank() == ranks[0]:

@@ -1,1 +1,1 @@
-"""Context parallelism: ring attention and Ulysses (lesson 16)."""
+"""Context parallelism: ring attention and Ulysses (lesson 19)."""

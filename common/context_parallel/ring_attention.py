@@ -1,4 +1,4 @@
-"""Ring attention by hand (lesson 16): causal attention over a sequence split across the cp ranks.
+"""Ring attention by hand (lesson 19): causal attention over a sequence split across the cp ranks.
 
 Each cp rank holds the queries, keys and values of S/cp tokens. Keys and values travel around the ring (rank r
 sends to r + 1 and receives from r - 1, posted together with batched isend/irecv) while every rank attends its
@@ -10,6 +10,7 @@ Sources: Liu et al. 2023, Ring Attention (https://arxiv.org/abs/2310.01889); Mil
 online softmax (https://arxiv.org/abs/1805.02867); the zig-zag split of zhuzilin/ring-flash-attention.
 Ulysses (the heads split instead) is in common/context_parallel/ulysses.py.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-__all__ = ["Split", "RingStats", "owners", "block_attention", "merge", "ring_attention", "RingAttention",
-           "causal_pairs"]
+__all__ = [
+    "Split",
+    "RingStats",
+    "owners",
+    "block_attention",
+    "merge",
+    "ring_attention",
+    "RingAttention",
+    "causal_pairs",
+]
 
 
 @dataclass(frozen=True)
@@ -33,8 +42,10 @@ class Split:
 
     def __post_init__(self):
         if self.kind not in ("contiguous", "zigzag") or self.cp < 1:
-            raise ValueError("Split needs kind 'contiguous' or 'zigzag' and cp >= 1, "
-                             f"got {self.kind!r}, {self.cp}")
+            raise ValueError(
+                "Split needs kind 'contiguous' or 'zigzag' and cp >= 1, "
+                f"got {self.kind!r}, {self.cp}"
+            )
 
     @property
     def n_chunks(self) -> int:
@@ -51,8 +62,10 @@ class Split:
 
     def chunk_len(self, seq_len: int) -> int:
         if seq_len % self.n_chunks:
-            raise ValueError(f"sequence length {seq_len} is not divisible into "
-                             f"{self.n_chunks} {self.kind} chunks")
+            raise ValueError(
+                f"sequence length {seq_len} is not divisible into "
+                f"{self.n_chunks} {self.kind} chunks"
+            )
         return seq_len // self.n_chunks
 
     def take(self, x: torch.Tensor, rank: int, dim: int) -> torch.Tensor:
@@ -77,7 +90,9 @@ def owners(blocks: list[torch.Tensor], whole_k: torch.Tensor, split: Split) -> l
     none. Identified from the values that arrived, so a ring that runs the other way shows it (at cp >= 3:
     at cp 2 the next rank is also the previous one)."""
     ranks = range(split.cp)
-    return [next((r for r in ranks if torch.equal(b, split.take(whole_k, r, 2))), -1) for b in blocks]
+    return [
+        next((r for r in ranks if torch.equal(b, split.take(whole_k, r, 2))), -1) for b in blocks
+    ]
 
 
 def causal_pairs(seq_len: int) -> int:
@@ -106,7 +121,9 @@ def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: 
     exp(lse_a - lse) and exp(lse_b - lse), with lse = log(exp(lse_a) + exp(lse_b)). A NaN in either stays NaN.
     """
     lse = torch.logaddexp(lse_a, lse_b)
-    out = torch.exp(lse_a - lse).unsqueeze(-1) * out_a + torch.exp(lse_b - lse).unsqueeze(-1) * out_b
+    out = (
+        torch.exp(lse_a - lse).unsqueeze(-1) * out_a + torch.exp(lse_b - lse).unsqueeze(-1) * out_b
+    )
     return out, lse
 
 
@@ -117,8 +134,12 @@ def _pass_along(tensors: list[torch.Tensor], group, stats: RingStats, phase: str
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     right = dist.get_global_rank(group, (rank + 1) % cp)
     left = dist.get_global_rank(group, (rank - 1) % cp)
-    tensors = [t.contiguous() for t in tensors]  # (a model's k, v are strided views of one projection)
-    incoming = [torch.empty_like(t) for t in tensors]  # contiguous like them: gloo receives into flat memory
+    tensors = [
+        t.contiguous() for t in tensors
+    ]  # (a model's k, v are strided views of one projection)
+    incoming = [
+        torch.empty_like(t) for t in tensors
+    ]  # contiguous like them: gloo receives into flat memory
     ops = []
     for t, buf in zip(tensors, incoming):
         stats.sent[phase] += t.numel() * t.element_size()
@@ -141,7 +162,9 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, split: Split, group, stats: RingStats):
-        rank, cp = (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
+        rank, cp = (
+            (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
+        )
         mine, n = split.chunks(rank), len(split.chunks(rank))
         outs, lses = [None] * n, [None] * n
         kv = (k, v)
@@ -163,7 +186,10 @@ class RingAttention(torch.autograd.Function):
                 for w in works:
                     w.wait()
                 kv = tuple(incoming)
-        out, lse = torch.cat(outs, 2), torch.cat(lses, 2)  # every query chunk saw at least its diagonal
+        out, lse = (
+            torch.cat(outs, 2),
+            torch.cat(lses, 2),
+        )  # every query chunk saw at least its diagonal
         ctx.save_for_backward(q, k, v, out, lse)  # O(S/cp) per rank: no S x S matrix is kept
         ctx.split, ctx.group, ctx.stats = split, group, stats
         return out
@@ -172,12 +198,19 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         split, group, stats = ctx.split, ctx.group, ctx.stats
-        rank, cp = (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
+        rank, cp = (
+            (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
+        )
         mine, n = split.chunks(rank), len(split.chunks(rank))
         scale = 1 / math.sqrt(q.shape[-1])
-        delta = (dout * out).sum(-1, keepdim=True)  # (B, H, S/cp, 1): rowsum(dO * O) of softmax's backward
+        delta = (dout * out).sum(
+            -1, keepdim=True
+        )  # (B, H, S/cp, 1): rowsum(dO * O) of softmax's backward
         dq = torch.zeros_like(q)
-        kv, dkv = (k, v), (torch.zeros_like(k), torch.zeros_like(v))  # dk, dv of the block held, travelling
+        kv, dkv = (
+            (k, v),
+            (torch.zeros_like(k), torch.zeros_like(v)),
+        )  # dk, dv of the block held, travelling
         for step in range(cp):
             owner = (rank - step) % cp
             if step < cp - 1:
@@ -193,7 +226,9 @@ class RingAttention(torch.autograd.Function):
                 dscore = p * (dos[i] @ vs[j].transpose(-2, -1) - ds[i]) * scale
                 dqs[i].add_(dscore @ ks[j])
                 dks[j].add_(dscore.transpose(-2, -1) @ qs[i])
-            if cp > 1:  # hand the block's dk, dv on; after cp steps each is home, with every rank's share
+            if (
+                cp > 1
+            ):  # hand the block's dk, dv on; after cp steps each is home, with every rank's share
                 dworks, dkv_in = _pass_along(list(dkv), group, stats, "backward")
                 for w in (*dworks, *(works if step < cp - 1 else ())):
                     w.wait()
@@ -203,7 +238,9 @@ class RingAttention(torch.autograd.Function):
         return dq, dkv[0], dkv[1], None, None, None
 
 
-def ring_attention(q, k, v, split: Split, group=None, stats: RingStats | None = None) -> torch.Tensor:
+def ring_attention(
+    q, k, v, split: Split, group=None, stats: RingStats | None = None
+) -> torch.Tensor:
     """Causal attention of this rank's q, k, v (B, H, S/cp, D; tokens laid out by `split`) over the whole
     sequence held by the cp `group` (None: one process, cp = 1). Returns this rank's output
     (B, H, S/cp, D)."""

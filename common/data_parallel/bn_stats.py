@@ -7,22 +7,30 @@ ranks' copies are apart, `local_accuracy` scores one rank's copy, and `global_ba
 the running statistics a BatchNorm over the global batch would have kept along the same run (the reference that
 rank 0's statistics are compared with).
 """
+
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from common.measure.differences import nan_max
-from common.harness.env import DistInfo
 from common.data_parallel.sync_batchnorm import convert_sync_batchnorm
+from common.harness.env import DistInfo
+from common.measure.differences import nan_max
 
-__all__ = ["batchnorm_modules", "running_stats", "gather_stats", "spread", "global_batch_tracker", "local_accuracy"]
+__all__ = [
+    "batchnorm_modules",
+    "running_stats",
+    "gather_stats",
+    "spread",
+    "global_batch_tracker",
+    "local_accuracy",
+]
 
 
 def batchnorm_modules(model: nn.Module) -> list[tuple[str, _BatchNorm]]:
@@ -61,7 +69,9 @@ def spread(stats: torch.Tensor, channels: list[int]) -> tuple[float, float]:
     0.0 means the R copies are bit-identical.
     """
     parts = (stats.max(0).values - stats.min(0).values).split([n for c in channels for n in (c, c)])
-    return nan_max(p.max().item() for p in parts[0::2]), nan_max(p.max().item() for p in parts[1::2])
+    return nan_max(p.max().item() for p in parts[0::2]), nan_max(
+        p.max().item() for p in parts[1::2]
+    )
 
 
 @contextmanager
@@ -80,7 +90,10 @@ def global_batch_tracker(model: nn.Module, process_group=None) -> Iterator[nn.Mo
         def feed(module, inputs, shadow=shadow):
             if module.training:
                 with torch.no_grad():
-                    shadow(inputs[0])  # updates the shadow's running statistics; returns None: input unchanged
+                    shadow(
+                        inputs[0]
+                    )  # updates the shadow's running statistics; returns None: input unchanged
+
         handles.append(layer.register_forward_pre_hook(feed))
     try:
         yield copies
@@ -99,7 +112,9 @@ def local_accuracy(model: nn.Module, dataset, batch_size: int = 128) -> float:
     was_training, device = model.training, next(model.parameters()).device
     model.eval()
     x, y = dataset.tensors
-    correct = sum((model(xb.to(device)).argmax(1).cpu() == yb).sum().item()
-                  for xb, yb in zip(x.split(batch_size), y.split(batch_size)))
+    correct = sum(
+        (model(xb.to(device)).argmax(1).cpu() == yb).sum().item()
+        for xb, yb in zip(x.split(batch_size), y.split(batch_size))
+    )
     model.train(was_training)
     return correct / len(y)

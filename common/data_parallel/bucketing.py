@@ -5,17 +5,23 @@ the padded-token fraction (lesson 04: from 0.75 to 0.07 on log-normal lengths). 
 `common.data_parallel.samplers`: len = this rank's batches, the same on every rank; set_epoch reshuffles; bad input raises
 ValueError with one line.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
 from common.data_parallel.samplers import EpochSampler, pad_or_cut
 
-__all__ = ["LengthGroupedDistributedBatchSampler", "padded_tokens", "padded_token_fraction", "synthetic_lengths"]
+__all__ = [
+    "LengthGroupedDistributedBatchSampler",
+    "padded_tokens",
+    "padded_token_fraction",
+    "synthetic_lengths",
+]
 
 
 class LengthGroupedDistributedBatchSampler(EpochSampler):
@@ -41,8 +47,16 @@ class LengthGroupedDistributedBatchSampler(EpochSampler):
         ValueError: bad (num_replicas, rank), batch_size < 1, pool_batches < 1, lengths not 1-D or negative.
     """
 
-    def __init__(self, lengths: Sequence[int] | torch.Tensor, batch_size: int, num_replicas: int | None = None,
-                 rank: int | None = None, seed: int = 0, pool_batches: int = 50, drop_last: bool = False):
+    def __init__(
+        self,
+        lengths: Sequence[int] | torch.Tensor,
+        batch_size: int,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+        pool_batches: int = 50,
+        drop_last: bool = False,
+    ):
         super().__init__(num_replicas, rank, seed)
         if int(batch_size) != batch_size or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
@@ -81,7 +95,7 @@ class LengthGroupedDistributedBatchSampler(EpochSampler):
         sorted_indices = perm[positions]
         batch_order = torch.randperm(self.num_batches_total, generator=g)
         total = len(self) * self.num_replicas
-        return sorted_indices, pad_or_cut(batch_order, total)[self.rank:total:self.num_replicas]
+        return sorted_indices, pad_or_cut(batch_order, total)[self.rank : total : self.num_replicas]
 
     def __iter__(self) -> Iterator[list[int]]:
         sorted_indices, batch_ids = self.grouped_order()
@@ -91,14 +105,18 @@ class LengthGroupedDistributedBatchSampler(EpochSampler):
         # rank converts n / W indices to Python ints, not n.
         b = self.batch_size
         table = torch.full((self.num_batches_total * b,), -1, dtype=torch.int64)
-        table[:len(sorted_indices)] = sorted_indices
+        table[: len(sorted_indices)] = sorted_indices
         rows = table.view(-1, b)[batch_ids].tolist()
-        short = len(sorted_indices) % b  # > 0: batch num_batches_total - 1 holds only `short` samples
+        short = (
+            len(sorted_indices) % b
+        )  # > 0: batch num_batches_total - 1 holds only `short` samples
         for i, row in zip(batch_ids.tolist(), rows):
             yield row[:short] if short and i == self.num_batches_total - 1 else row
 
 
-def padded_tokens(batches: Sequence[Sequence[int]], lengths: Sequence[int] | torch.Tensor) -> tuple[int, int]:
+def padded_tokens(
+    batches: Sequence[Sequence[int]], lengths: Sequence[int] | torch.Tensor
+) -> tuple[int, int]:
     """(real tokens, tokens in the padded tensors) over these batches; each batch pads to (B, its max length).
 
     For one batch of lengths [3, 5, 8] the padded tensor is 3 x 8 = 24 tokens of which 16 are real.
@@ -114,7 +132,9 @@ def padded_tokens(batches: Sequence[Sequence[int]], lengths: Sequence[int] | tor
     return real, padded
 
 
-def padded_token_fraction(batches: Sequence[Sequence[int]], lengths: Sequence[int] | torch.Tensor) -> float:
+def padded_token_fraction(
+    batches: Sequence[Sequence[int]], lengths: Sequence[int] | torch.Tensor
+) -> float:
     """Fraction of padding tokens, 1 - real / padded (1/3 for the batch [3, 5, 8]); 0.0 when there are none."""
     real, padded = padded_tokens(batches, lengths)
     return 1.0 - real / padded if padded else 0.0

@@ -11,10 +11,11 @@ Both that broadcast and DDP's construction-time broadcast of parameters and buff
 `forward_sync_buffers=False` does not turn off) end in `torch.distributed._broadcast_coalesced`;
 `count_buffer_broadcasts` counts its calls.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch.distributed as dist
 

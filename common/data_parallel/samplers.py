@@ -15,17 +15,25 @@ The contract (property-tested in tests/unit/test_samplers.py with hypothesis):
 Source: https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler.
 Length-grouped batches are in `common.data_parallel.bucketing`, per-rank random streams in `common.data_parallel.seeding`.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Iterator, Sequence, Sized
+from collections.abc import Iterator, Sequence, Sized
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-__all__ = ["check_replicas", "pad_or_cut", "EpochSampler", "distributed_indices", "DistributedSamplerByHand",
-           "UnpaddedDistributedSampler", "WeightedDistributedSampler"]
+__all__ = [
+    "check_replicas",
+    "pad_or_cut",
+    "EpochSampler",
+    "distributed_indices",
+    "DistributedSamplerByHand",
+    "UnpaddedDistributedSampler",
+    "WeightedDistributedSampler",
+]
 
 
 def check_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
@@ -36,13 +44,19 @@ def check_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, int
     """
     if num_replicas is None or rank is None:
         if not (dist.is_available() and dist.is_initialized()):
-            raise ValueError("num_replicas and rank are needed when no process group is initialized")
+            raise ValueError(
+                "num_replicas and rank are needed when no process group is initialized"
+            )
         num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
         rank = dist.get_rank() if rank is None else rank
     if int(num_replicas) != num_replicas or num_replicas < 1:
-        raise ValueError(f"num_replicas (the world size) must be an integer >= 1, got {num_replicas}")
+        raise ValueError(
+            f"num_replicas (the world size) must be an integer >= 1, got {num_replicas}"
+        )
     if int(rank) != rank or not 0 <= rank < num_replicas:
-        raise ValueError(f"rank must be in [0, {num_replicas}) for num_replicas={num_replicas}, got {rank}")
+        raise ValueError(
+            f"rank must be in [0, {num_replicas}) for num_replicas={num_replicas}, got {rank}"
+        )
     return int(num_replicas), int(rank)
 
 
@@ -64,8 +78,15 @@ def pad_or_cut(order: torch.Tensor, total_size: int) -> torch.Tensor:
     return order.repeat(math.ceil(total_size / len(order)))[:total_size]
 
 
-def distributed_indices(dataset_len: int, num_replicas: int, rank: int, shuffle: bool = True, seed: int = 0,
-                        epoch: int = 0, drop_last: bool = False) -> torch.Tensor:
+def distributed_indices(
+    dataset_len: int,
+    num_replicas: int,
+    rank: int,
+    shuffle: bool = True,
+    seed: int = 0,
+    epoch: int = 0,
+    drop_last: bool = False,
+) -> torch.Tensor:
     """The indices `DistributedSampler` gives `rank` in `epoch`, computed by hand (int64 tensor).
 
     Step by step, exactly as torch.utils.data.DistributedSampler (torch 2.x) does it:
@@ -85,7 +106,9 @@ def distributed_indices(dataset_len: int, num_replicas: int, rank: int, shuffle:
     num_replicas, rank = check_replicas(num_replicas, rank)
     n = _length(dataset_len)
     if drop_last and n % num_replicas:
-        num_samples = math.ceil((n - num_replicas) / num_replicas)  # torch's formula: floor(n / W) here
+        num_samples = math.ceil(
+            (n - num_replicas) / num_replicas
+        )  # torch's formula: floor(n / W) here
     else:
         num_samples = math.ceil(n / num_replicas)
     total_size = num_samples * num_replicas
@@ -114,7 +137,9 @@ class EpochSampler(Sampler):
 
     def _generator(self) -> torch.Generator:
         g = torch.Generator()
-        g.manual_seed(self.seed + self.epoch)  # the same on every rank: ranks agree without communicating
+        g.manual_seed(
+            self.seed + self.epoch
+        )  # the same on every rank: ranks agree without communicating
         return g
 
 
@@ -130,16 +155,30 @@ class DistributedSamplerByHand(EpochSampler):
     yields, the same on every rank. Raises ValueError on bad (num_replicas, rank).
     """
 
-    def __init__(self, data: int | Sized, num_replicas: int | None = None, rank: int | None = None,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False):
+    def __init__(
+        self,
+        data: int | Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ):
         super().__init__(num_replicas, rank, seed)
         self.n = _length(data)
         self.shuffle, self.drop_last = shuffle, drop_last
 
     def indices(self) -> torch.Tensor:
         """This rank's indices for the current epoch, int64 (len(self),)."""
-        return distributed_indices(self.n, self.num_replicas, self.rank, self.shuffle, self.seed, self.epoch,
-                                   self.drop_last)
+        return distributed_indices(
+            self.n,
+            self.num_replicas,
+            self.rank,
+            self.shuffle,
+            self.seed,
+            self.epoch,
+            self.drop_last,
+        )
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices().tolist())
@@ -164,15 +203,25 @@ class UnpaddedDistributedSampler(EpochSampler):
       (lesson 05: `torch.distributed.algorithms.join.Join`, or agree on a step count).
     """
 
-    def __init__(self, data: int | Sized, num_replicas: int | None = None, rank: int | None = None,
-                 shuffle: bool = False, seed: int = 0):
+    def __init__(
+        self,
+        data: int | Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+    ):
         super().__init__(num_replicas, rank, seed)
         self.n = _length(data)
         self.shuffle = shuffle
 
     def indices(self) -> torch.Tensor:
-        order = torch.randperm(self.n, generator=self._generator()) if self.shuffle else torch.arange(self.n)
-        return order[self.rank::self.num_replicas]
+        order = (
+            torch.randperm(self.n, generator=self._generator())
+            if self.shuffle
+            else torch.arange(self.n)
+        )
+        return order[self.rank :: self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices().tolist())
@@ -205,16 +254,27 @@ class WeightedDistributedSampler(EpochSampler):
             or more draws without replacement than positive weights.
     """
 
-    def __init__(self, weights: Sequence[float] | torch.Tensor, num_replicas: int | None = None,
-                 rank: int | None = None, num_samples: int | None = None, replacement: bool = True, seed: int = 0):
+    def __init__(
+        self,
+        weights: Sequence[float] | torch.Tensor,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        num_samples: int | None = None,
+        replacement: bool = True,
+        seed: int = 0,
+    ):
         super().__init__(num_replicas, rank, seed)
         w = torch.as_tensor(weights, dtype=torch.double)  # the dtype WeightedRandomSampler uses
         if w.dim() != 1 or len(w) == 0:
-            raise ValueError(f"weights must be a non-empty 1-D sequence, got shape {tuple(w.shape)}")
+            raise ValueError(
+                f"weights must be a non-empty 1-D sequence, got shape {tuple(w.shape)}"
+            )
         if not torch.isfinite(w).all():
             raise ValueError("weights must be finite (found inf or nan)")
         if (w < 0).any():
-            raise ValueError(f"weights must be >= 0, found {w.min().item():g} at index {int(w.argmin())}")
+            raise ValueError(
+                f"weights must be >= 0, found {w.min().item():g} at index {int(w.argmin())}"
+            )
         if w.sum() <= 0:
             raise ValueError("weights are all zero: there is nothing to sample")
         self.weights = w
@@ -223,8 +283,10 @@ class WeightedDistributedSampler(EpochSampler):
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         self.replacement = replacement
         if not replacement and self.num_total > int((w > 0).sum()):
-            raise ValueError(f"cannot draw {self.num_total} samples without replacement from "
-                             f"{int((w > 0).sum())} positive weights")
+            raise ValueError(
+                f"cannot draw {self.num_total} samples without replacement from "
+                f"{int((w > 0).sum())} positive weights"
+            )
         self.num_samples = math.ceil(self.num_total / self.num_replicas)
         self.total_size = self.num_samples * self.num_replicas
 
@@ -237,7 +299,7 @@ class WeightedDistributedSampler(EpochSampler):
         return pad_or_cut(drawn, self.total_size)
 
     def indices(self) -> torch.Tensor:
-        return self.global_draw()[self.rank::self.num_replicas]
+        return self.global_draw()[self.rank :: self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices().tolist())

@@ -20,6 +20,7 @@ later epochs continue the workers' streams and draw nothing from the generator, 
 between epochs changes nothing (lesson 05 counts the draws).
 See https://pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading.
 """
+
 from __future__ import annotations
 
 import random
@@ -28,8 +29,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-__all__ = ["rank_seed", "loader_generator", "seed_data_rngs", "RandomAugmentStream", "augmentation_streams",
-           "generator_draws", "stream_summary"]
+__all__ = [
+    "rank_seed",
+    "loader_generator",
+    "seed_data_rngs",
+    "RandomAugmentStream",
+    "augmentation_streams",
+    "generator_draws",
+    "stream_summary",
+]
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -40,7 +48,9 @@ def rank_seed(seed: int, rank: int) -> int:
     """
     if seed < 0 or rank < 0:
         raise ValueError(f"seed and rank must be >= 0, got seed={seed}, rank={rank}")
-    return int(np.random.SeedSequence([int(seed), int(rank)]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    return int(
+        np.random.SeedSequence([int(seed), int(rank)]).generate_state(1, dtype=np.uint64)[0] >> 1
+    )
 
 
 def loader_generator(seed: int, rank: int) -> torch.Generator:
@@ -79,13 +89,26 @@ class RandomAugmentStream(Dataset):
 
     def __getitem__(self, i: int):
         info = get_worker_info()
-        return (info.id if info else -1, torch.rand(()).item(), float(np.random.rand()), random.random())
+        return (
+            info.id if info else -1,
+            torch.rand(()).item(),
+            float(np.random.rand()),
+            random.random(),
+        )
 
 
-def augmentation_streams(n: int, workers: int, generator, epochs: int = 1, persistent: bool = False) -> dict:
+def augmentation_streams(
+    n: int, workers: int, generator, epochs: int = 1, persistent: bool = False
+) -> dict:
     """{worker id (-1: main process): [[torch, numpy, random] draws, 9 decimals], in the order it drew them}."""
-    loader = DataLoader(RandomAugmentStream(n), batch_size=1, num_workers=workers, generator=generator,
-                        persistent_workers=persistent, collate_fn=lambda batch: batch[0])
+    loader = DataLoader(
+        RandomAugmentStream(n),
+        batch_size=1,
+        num_workers=workers,
+        generator=generator,
+        persistent_workers=persistent,
+        collate_fn=lambda batch: batch[0],
+    )
     streams: dict[int, list] = {}
     for _ in range(epochs):
         for wid, *draws in loader:
@@ -107,19 +130,30 @@ def stream_summary(per_rank: list[dict]) -> dict:
     """Distinctness of the (rank, worker) streams of one configuration, together and per library."""
     streams = {f"r{r}w{w}": s for r, d in enumerate(per_rank) for w, s in sorted(d.items())}
     names = sorted(streams)
-    identical = [f"{a}={b}" for i, a in enumerate(names) for b in names[i + 1:] if streams[a] == streams[b]]
-    libs = {lib: len({tuple(d[j] for d in v) for v in streams.values()})
-            for j, lib in enumerate(("torch", "numpy", "random"))}
-    return {"streams": streams, "num_streams": len(names), "num_distinct": len({str(v) for v in streams.values()}),
-            "identical_pairs": identical, "distinct_per_library": libs}
+    identical = [
+        f"{a}={b}" for i, a in enumerate(names) for b in names[i + 1 :] if streams[a] == streams[b]
+    ]
+    libs = {
+        lib: len({tuple(d[j] for d in v) for v in streams.values()})
+        for j, lib in enumerate(("torch", "numpy", "random"))
+    }
+    return {
+        "streams": streams,
+        "num_streams": len(names),
+        "num_distinct": len({str(v) for v in streams.values()}),
+        "identical_pairs": identical,
+        "distinct_per_library": libs,
+    }
 
 
 def describe_pairs(summary: dict) -> str:
     """A `stream_summary`'s identical pairs in words: "r0w-1=r1w-1" -> "rank 0 main process = rank 1 main
     process" (worker id -1 is the main process, the only one with 0 workers), "r0w1=r1w1" -> "rank 0 worker 1
     = rank 1 worker 1"."""
+
     def name(key: str) -> str:
         rank, worker = key[1:].split("w")
         return f"rank {rank} " + ("main process" if worker == "-1" else f"worker {worker}")
+
     pairs = [" = ".join(name(k) for k in pair.split("=")) for pair in summary["identical_pairs"]]
     return "; ".join(pairs) or "none"

@@ -28,6 +28,7 @@ https://pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html (torch/nn/
 same with an all-gather of per-rank mean/invstd/count in forward and one all-reduce in backward);
 https://pytorch.org/docs/stable/notes/extending.html (custom autograd.Function).
 """
+
 from __future__ import annotations
 
 import torch
@@ -74,16 +75,25 @@ class SyncBatchNormFunction(torch.autograd.Function):
         # One buffer, one all-reduce: [sum_x (C) | sum_x2 (C) | count (1)] in float64. The squares too are taken
         # in float64: x^2 rounded to float32 (x ~ 5: error ~1e-6) would swamp a variance of 1e-6.
         x64 = x.detach().double()
-        stats = torch.cat([x64.sum(dims), (x64 * x64).sum(dims),
-                           torch.full((1,), float(local_count), dtype=torch.float64, device=x.device)])
+        stats = torch.cat(
+            [
+                x64.sum(dims),
+                (x64 * x64).sum(dims),
+                torch.full((1,), float(local_count), dtype=torch.float64, device=x.device),
+            ]
+        )
         world = _group_size(process_group)
         if world > 1:
             dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=process_group)
-        sum_x, sum_x2, count = stats[:C], stats[C:2 * C], stats[2 * C]
-        n = int(count.item())  # global values per channel (exact: float64 holds integers up to 2**53)
+        sum_x, sum_x2, count = stats[:C], stats[C : 2 * C], stats[2 * C]
+        n = int(
+            count.item()
+        )  # global values per channel (exact: float64 holds integers up to 2**53)
         if n <= 1:
             # Same check and text as F.batch_norm; the size shown is this rank's (BatchNorm sees only its own).
-            raise ValueError(f"Expected more than 1 value per channel when training, got input size {x.size()}")
+            raise ValueError(
+                f"Expected more than 1 value per channel when training, got input size {x.size()}"
+            )
         mean = sum_x / n
         var = (sum_x2 / n - mean * mean).clamp_min(0.0)  # biased variance: what normalises
         invstd = torch.rsqrt(var + eps)
@@ -112,10 +122,14 @@ class SyncBatchNormFunction(torch.autograd.Function):
         x, weight, mean_b, invstd_b = ctx.saved_tensors
         C = x.size(1)
         dims = [0, *range(2, x.dim())]
-        xhat = (x - mean_b) * invstd_b  # recomputed: saving it would keep a second (B, C, *) tensor alive
+        xhat = (
+            x - mean_b
+        ) * invstd_b  # recomputed: saving it would keep a second (B, C, *) tensor alive
         sum_dy = dy.sum(dims)  # (C,) this rank's share
         sum_dy_xhat = (dy * xhat).sum(dims)  # (C,)
-        grad_weight = sum_dy_xhat.clone() if weight is not None and ctx.needs_input_grad[1] else None
+        grad_weight = (
+            sum_dy_xhat.clone() if weight is not None and ctx.needs_input_grad[1] else None
+        )
         grad_bias = sum_dy.clone() if ctx.has_bias and ctx.needs_input_grad[2] else None
         dx = None
         if ctx.needs_input_grad[0]:
@@ -159,12 +173,25 @@ class SyncBatchNorm(_BatchNorm):
             per channel (raised after the forward all-reduce, on every rank).
     """
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, process_group=None, device=None, dtype=None, *,
-                 bias: bool = True, expected_dims: tuple[int, ...] | None = None):
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        process_group=None,
+        device=None,
+        dtype=None,
+        *,
+        bias: bool = True,
+        expected_dims: tuple[int, ...] | None = None,
+    ):
         # `bias=` exists on BatchNorm since torch 2.13; older releases always have a bias (common.harness.compat)
         extra = {"bias": bias} if batchnorm_has_bias_flag() else {}
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, **extra)
+        super().__init__(
+            num_features, eps, momentum, affine, track_running_stats, device, dtype, **extra
+        )
         self.process_group = process_group
         self.expected_dims = expected_dims
 
@@ -175,23 +202,41 @@ class SyncBatchNorm(_BatchNorm):
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
         if input.size(1) != self.num_features:
-            raise RuntimeError(f"running_mean should contain {input.size(1)} elements not {self.num_features}")
+            raise RuntimeError(
+                f"running_mean should contain {input.size(1)} elements not {self.num_features}"
+            )
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
         if not self.training:
             # Eval: the running statistics (or, without them, this rank's batch); nothing to communicate.
-            return nn.functional.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias,
-                                            self.running_mean is None, 0.0, self.eps)
+            return nn.functional.batch_norm(
+                input,
+                self.running_mean,
+                self.running_var,
+                self.weight,
+                self.bias,
+                self.running_mean is None,
+                0.0,
+                self.eps,
+            )
         factor = 0.0
         if self.track_running_stats:
             self.num_batches_tracked.add_(1)
-            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+            factor = (
+                1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+            )
         track = self.track_running_stats
-        return SyncBatchNormFunction.apply(input, self.weight, self.bias,
-                                           self.running_mean if track else None,
-                                           self.running_var if track else None,
-                                           self.eps, factor, self.process_group)
+        return SyncBatchNormFunction.apply(
+            input,
+            self.weight,
+            self.bias,
+            self.running_mean if track else None,
+            self.running_var if track else None,
+            self.eps,
+            factor,
+            self.process_group,
+        )
 
 
 def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
@@ -207,9 +252,16 @@ def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
     """
     out = module
     if isinstance(module, _BatchNorm) and not isinstance(module, (SyncBatchNorm, nn.SyncBatchNorm)):
-        out = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
-                            module.track_running_stats, process_group, bias=module.bias is not None,
-                            expected_dims=_EXPECTED_DIMS.get(type(module)))
+        out = SyncBatchNorm(
+            module.num_features,
+            module.eps,
+            module.momentum,
+            module.affine,
+            module.track_running_stats,
+            process_group,
+            bias=module.bias is not None,
+            expected_dims=_EXPECTED_DIMS.get(type(module)),
+        )
         if module.weight is not None:
             out.weight = module.weight
         if module.bias is not None:

@@ -3,6 +3,7 @@ Each broken collective runs in a fresh gloo group bounded by --timeout-s (`Ctx.g
 real job would hang; the mismatch that kills a gloo process runs as its own launch. See `common.exhibits.frame`.
 Rank 0 (or rank 1) plays the odd one out; every other rank behaves alike, so each count follows world_size.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,8 +24,11 @@ TIMEOUT_TEXT = "Timed out waiting"  # gloo's words when a collective's peer neve
 
 def _fingerprint(message: str) -> str:
     """'Rank R is running collective: OpType=..., TensorShape=[...]' from a DETAIL mismatch message."""
-    m = re.search(r"(Rank \d+ is running collective): "
-                  r"CollectiveFingerPrint\(.*?(OpType=\w+), (TensorShape=\[[^\]]*\])", message)
+    m = re.search(
+        r"(Rank \d+ is running collective): "
+        r"CollectiveFingerPrint\(.*?(OpType=\w+), (TensorShape=\[[^\]]*\])",
+        message,
+    )
     return ", ".join(m.groups()).replace("collective,", "collective:") if m else message[:120]
 
 
@@ -49,62 +53,123 @@ def _steps(model: DDP, n: int, skip: set[int] = frozenset(), seed: int = 1) -> i
     return taken
 
 
-@exhibit("mismatched_collectives", "collectives", min_world=2, lesson="02",
-         symptom="terminate called after throwing an instance of "
-                 "'gloo::EnforceNotMet' ... Received data size doesn't match expected "
-                 "size. Is there a distributed collective mismatch in your code?",
-         cause="ranks call all_reduce with different shapes (or a different collective)")
+@exhibit(
+    "mismatched_collectives",
+    "collectives",
+    min_world=2,
+    lesson="02",
+    symptom="terminate called after throwing an instance of "
+    "'gloo::EnforceNotMet' ... Received data size doesn't match expected "
+    "size. Is there a distributed collective mismatch in your code?",
+    cause="ranks call all_reduce with different shapes (or a different collective)",
+)
 def mismatched_collectives(ctx: Ctx) -> None:
-    rank = ctx.info.rank
     with ctx.rank0("launch the mismatch") as mine:  # gloo aborts the process: a launch of its own
         if mine:
-            code, out = ctx.launch([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                    "--nproc_per_node=2", "-m", "common.exhibits.worker", "shapes", "10"], 60)
-            lines = [first_line(out, "terminate called"), first_line(out, "Received data size", limit=220)]
-            ctx.step("symptom", "rank 0 all_reduces 4 floats, rank 1 8 "
-                                "floats (a launch of its own); gloo says")
+            code, out = ctx.launch(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    "--nproc_per_node=2",
+                    "-m",
+                    "common.exhibits.worker",
+                    "shapes",
+                    "10",
+                ],
+                60,
+            )
+            lines = [
+                first_line(out, "terminate called"),
+                first_line(out, "Received data size", limit=220),
+            ]
+            ctx.step(
+                "symptom",
+                "rank 0 all_reduces 4 floats, rank 1 8 floats (a launch of its own); gloo says",
+            )
             for line in lines:
                 ctx.say(f"    {line}")
             ctx.record("symptom", lines)
-            ctx.claim("broken_aborts", int(code != 0 and "collective mismatch" in out), "==", 1,
-                      "the launch fails with gloo's size-mismatch abort: {value}")
+            ctx.claim(
+                "broken_aborts",
+                int(code != 0 and "collective mismatch" in out),
+                "==",
+                1,
+                "the launch fails with gloo's size-mismatch abort: {value}",
+            )
     _op_and_shape_mismatch(ctx)
     _fixed_by_agreeing_on_the_shape(ctx)
 
 
 def _op_and_shape_mismatch(ctx: Ctx) -> None:
     rank, world = ctx.info.rank, ctx.info.world_size
-    g = ctx.group()  # a different collective on rank 0: no abort, every rank waits until --timeout-s
+    g = (
+        ctx.group()
+    )  # a different collective on rank 0: no abort, every rank waits until --timeout-s
     t = torch.ones(4)
-    o = ctx.attempt(lambda: dist.all_reduce(t, group=g) if rank == 0 else dist.broadcast(t, 0, group=g))
-    lines = ctx.outcomes(o, "symptom_op", "  symptom: all_reduce on rank 0, broadcast on the others:",
-                         example=TIMEOUT_TEXT)
-    ctx.claim("op_mismatch_raises", sum(not l.startswith("finished") for l in lines), "==", world,
-              "ranks that raise (a timeout, or the pair their peer closed) instead of hanging: {value}")
+    o = ctx.attempt(
+        lambda: dist.all_reduce(t, group=g) if rank == 0 else dist.broadcast(t, 0, group=g)
+    )
+    lines = ctx.outcomes(
+        o,
+        "symptom_op",
+        "  symptom: all_reduce on rank 0, broadcast on the others:",
+        example=TIMEOUT_TEXT,
+    )
+    ctx.claim(
+        "op_mismatch_raises",
+        sum(not line.startswith("finished") for line in lines),
+        "==",
+        world,
+        "ranks that raise (a timeout, or the pair their peer closed) instead of hanging: {value}",
+    )
     gd = ctx.group(detail=True)
     t = torch.ones(4 if rank == 0 else 8)
     o = ctx.attempt(lambda: dist.all_reduce(t, group=gd))
-    ctx.say("  diagnosis: the same all_reduce with "
-            "TORCH_DISTRIBUTED_DEBUG=DETAIL names each rank's op and shape:")
+    ctx.say(
+        "  diagnosis: the same all_reduce with "
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL names each rank's op and shape:"
+    )
     fingerprints = [_fingerprint(full) for full in ctx.gather(o.full)]
     for r, f in enumerate(fingerprints):
         ctx.say(f"    [rank {r}] Detected mismatch between collectives on ranks. {f}")
     ctx.record("diagnosis_detail", fingerprints)
-    expected = [f"Rank {r} is running collective: OpType=ALLREDUCE, TensorShape=[{4 if r == 0 else 8}]"
-                for r in range(world)]
-    ctx.claim("detail_names_shapes", int(ctx.info.master_process and fingerprints == expected), "==",
-              int(ctx.info.master_process), "DETAIL names rank 0's shape [4] and the others' [8]: {value}")
+    expected = [
+        f"Rank {r} is running collective: OpType=ALLREDUCE, TensorShape=[{4 if r == 0 else 8}]"
+        for r in range(world)
+    ]
+    ctx.claim(
+        "detail_names_shapes",
+        int(ctx.info.master_process and fingerprints == expected),
+        "==",
+        int(ctx.info.master_process),
+        "DETAIL names rank 0's shape [4] and the others' [8]: {value}",
+    )
     gm = ctx.group()
-    o = ctx.attempt(lambda: dist.monitored_barrier(
-        group=gm, timeout=timedelta(seconds=ctx.timeout_s), wait_all_ranks=True) if rank == 0
-                    else time.sleep(ctx.timeout_s + 0.5))  # the other ranks are stuck elsewhere
-    lines = ctx.outcomes(o, "diagnosis_monitored", "  diagnosis: dist.monitored_barrier "
-                                                   "on rank 0 names the ranks "
-                         "that did not arrive:", ranks=[0])
+    o = ctx.attempt(
+        lambda: (
+            dist.monitored_barrier(
+                group=gm, timeout=timedelta(seconds=ctx.timeout_s), wait_all_ranks=True
+            )
+            if rank == 0
+            else time.sleep(ctx.timeout_s + 0.5)
+        )
+    )  # the other ranks are stuck elsewhere
+    lines = ctx.outcomes(
+        o,
+        "diagnosis_monitored",
+        "  diagnosis: dist.monitored_barrier on rank 0 names the ranks that did not arrive:",
+        ranks=[0],
+    )
     missing = ", ".join(str(r) for r in range(1, world))
-    ctx.claim("monitored_barrier_names_the_others", int(f"Ranks {missing} failed to pass monitoredBarrier"
-                                                        in lines[0]) if lines else 0,
-              "==", int(ctx.info.master_process), f"monitored_barrier names ranks {missing}: {{value}}")
+    ctx.claim(
+        "monitored_barrier_names_the_others",
+        int(f"Ranks {missing} failed to pass monitoredBarrier" in lines[0]) if lines else 0,
+        "==",
+        int(ctx.info.master_process),
+        f"monitored_barrier names ranks {missing}: {{value}}",
+    )
 
 
 def _fixed_by_agreeing_on_the_shape(ctx: Ctx) -> None:
@@ -113,38 +178,72 @@ def _fixed_by_agreeing_on_the_shape(ctx: Ctx) -> None:
     n = torch.tensor([mine.numel()])
     dist.all_reduce(n, op=dist.ReduceOp.MAX, group=gf)  # agree on one shape first ...
     padded = torch.zeros(int(n))
-    padded[:mine.numel()] = mine
-    dist.all_reduce(padded, group=gf)                     # ... then every rank calls the same collective
-    ctx.step("fix", "agree on the shape first (all_reduce of the length with MAX), pad, then all_reduce")
+    padded[: mine.numel()] = mine
+    dist.all_reduce(padded, group=gf)  # ... then every rank calls the same collective
+    ctx.step(
+        "fix", "agree on the shape first (all_reduce of the length with MAX), pad, then all_reduce"
+    )
     expected = sum(range(4)) + (ctx.info.world_size - 1) * sum(range(8))
-    ctx.claim("fixed_sum", padded.sum().item(), "==", float(expected),
-              "sum over the ranks of arange(4) (rank 0) and arange(8) (the others): {value:g}")
+    ctx.claim(
+        "fixed_sum",
+        padded.sum().item(),
+        "==",
+        float(expected),
+        "sum over the ranks of arange(4) (rank 0) and arange(8) (the others): {value:g}",
+    )
 
 
-@exhibit("rank_skips_step", "collectives", min_world=2, lesson="05",
-         symptom="Timed out waiting ...ms for recv operation to complete "
-                 "(one rank), while another rank finishes without error",
-         cause="one rank `continue`s past a bad batch alone; its "
-               "next backward pairs with the others' current one")
+@exhibit(
+    "rank_skips_step",
+    "collectives",
+    min_world=2,
+    lesson="05",
+    symptom="Timed out waiting ...ms for recv operation to complete "
+    "(one rank), while another rank finishes without error",
+    cause="one rank `continue`s past a bad batch alone; its "
+    "next backward pairs with the others' current one",
+)
 def rank_skips_step(ctx: Ctx) -> None:
     bad = {1} if ctx.info.rank == 1 else set()  # rank 1 finds step 1's batch unusable
     model = _ddp(ctx.group())
     o = ctx.attempt(_steps, model, 3, bad)
     lines = ctx.outcomes(o, "symptom", "  symptom: rank 1 skips step 1 on its own, 3 DDP steps:")
-    ctx.claim("broken_times_out", sum(TIMEOUT_TEXT in l for l in lines), ">=", 1,
-              "ranks that time out in backward: {value}")
-    ctx.step("diagnosis", "rank 1 'finished' 2 steps: its step-2 all-reduce was paired with rank 0's step 1")
+    ctx.claim(
+        "broken_times_out",
+        sum(TIMEOUT_TEXT in line for line in lines),
+        ">=",
+        1,
+        "ranks that time out in backward: {value}",
+    )
+    ctx.step(
+        "diagnosis",
+        "rank 1 'finished' 2 steps: its step-2 all-reduce was paired with rank 0's step 1",
+    )
     model = _ddp(ctx.group())
     skip = torch.tensor([1.0 if bad else 0.0])
-    dist.all_reduce(skip, op=dist.ReduceOp.MAX, group=model.process_group)  # one flag, agreed by every rank
+    dist.all_reduce(
+        skip, op=dist.ReduceOp.MAX, group=model.process_group
+    )  # one flag, agreed by every rank
     agreed = {1} if skip.item() > 0 else set()
     taken = _steps(model, 3, agreed)
-    ctx.step("fix", "all_reduce a skip flag with MAX before the step: every rank skips step 1 together")
+    ctx.step(
+        "fix", "all_reduce a skip flag with MAX before the step: every rank skips step 1 together"
+    )
     counts = ctx.gather(taken)  # every rank calls it; rank 0 gets [2, 2]
-    ctx.claim("fixed_steps_equal", len(set(counts)) if counts else 1, "==", 1,
-              "distinct numbers of steps taken over the ranks (every rank took 2): {value}")
-    ctx.claim("fixed_replicas_identical", max_param_diff_across_ranks(model, ctx.info), "==", 0.0,
-              "max |parameter difference| across ranks after the agreed skip: {value}")
+    ctx.claim(
+        "fixed_steps_equal",
+        len(set(counts)) if counts else 1,
+        "==",
+        1,
+        "distinct numbers of steps taken over the ranks (every rank took 2): {value}",
+    )
+    ctx.claim(
+        "fixed_replicas_identical",
+        max_param_diff_across_ranks(model, ctx.info),
+        "==",
+        0.0,
+        "max |parameter difference| across ranks after the agreed skip: {value}",
+    )
 
 
 class _TwoHeads(nn.Module):
@@ -181,36 +280,64 @@ def _named_in_error(full: str) -> str:
     return m.group(1).strip() if m else ""
 
 
-@exhibit("unused_parameter", "collectives", min_world=2, lesson="03",
-         symptom="RuntimeError: Expected to have finished reduction in the prior "
-                 "iteration before starting a new one. This error indicates that "
-                 "your module has parameters that were not used in producing loss.",
-         cause="a parameter gets no gradient, so DDP's reducer never finishes its bucket")
+@exhibit(
+    "unused_parameter",
+    "collectives",
+    min_world=2,
+    lesson="03",
+    symptom="RuntimeError: Expected to have finished reduction in the prior "
+    "iteration before starting a new one. This error indicates that "
+    "your module has parameters that were not used in producing loss.",
+    cause="a parameter gets no gradient, so DDP's reducer never finishes its bucket",
+)
 def unused_parameter(ctx: Ctx) -> None:
     o = ctx.attempt(_unused_run, ctx.group())
     lines = ctx.outcomes(o, "symptom", "  symptom: a module with an unused head, second iteration:")
-    ctx.claim("broken_raises", sum("Expected to have finished reduction" in l for l in lines), "==",
-              ctx.info.world_size, "ranks raising 'Expected to have finished reduction': {value}")
+    ctx.claim(
+        "broken_raises",
+        sum("Expected to have finished reduction" in line for line in lines),
+        "==",
+        ctx.info.world_size,
+        "ranks raising 'Expected to have finished reduction': {value}",
+    )
     o = ctx.attempt(_unused_run, ctx.group(), debug=True)
     named = ctx.gather(_named_in_error(o.full))
-    ctx.step("diagnosis", "the error lists parameter indices (2 3); with "
-                          "TORCH_DISTRIBUTED_DEBUG=INFO (or DETAIL) "
-             f"it names them: {named[0] if named else ''}")
+    ctx.step(
+        "diagnosis",
+        "the error lists parameter indices (2 3); with "
+        "TORCH_DISTRIBUTED_DEBUG=INFO (or DETAIL) "
+        f"it names them: {named[0] if named else ''}",
+    )
     ctx.record("unused", named)
-    ctx.claim("info_names_aux", sum(n == "aux.bias, aux.weight" for n in named), "==",
-              ctx.info.world_size if named else 0, "ranks whose INFO error names "
-                                                   "aux.bias, aux.weight: {value}")
+    ctx.claim(
+        "info_names_aux",
+        sum(n == "aux.bias, aux.weight" for n in named),
+        "==",
+        ctx.info.world_size if named else 0,
+        "ranks whose INFO error names aux.bias, aux.weight: {value}",
+    )
     finished = 0
     for kw in ({"find_unused_parameters": True}, {"static_graph": True}):
         name = next(iter(kw))
         o = ctx.attempt(_unused_run, ctx.group(), 20, **kw)
         finished += int(not o.failed)
         if not o.failed:
-            ctx.report.perf(f"unused_parameter_{name}_ms", o.value * 1e3, f"{name}=True: "
-                                                                          f"{{value:.2f}} ms per step")
-    ctx.step("fix", "find_unused_parameters=True (walks the graph "
-                    "every step) or static_graph=True (learns it "
-             "once); best: delete the unused module")
+            ctx.report.perf(
+                f"unused_parameter_{name}_ms",
+                o.value * 1e3,
+                f"{name}=True: {{value:.2f}} ms per step",
+            )
+    ctx.step(
+        "fix",
+        "find_unused_parameters=True (walks the graph "
+        "every step) or static_graph=True (learns it "
+        "once); best: delete the unused module",
+    )
     counts = ctx.gather(finished)
-    ctx.claim("fixed_trains", sum(counts), "==", 2 * ctx.info.world_size if counts else 0,
-              "(setting, rank) pairs that trained 20 steps without error: {value}")
+    ctx.claim(
+        "fixed_trains",
+        sum(counts),
+        "==",
+        2 * ctx.info.world_size if counts else 0,
+        "(setting, rank) pairs that trained 20 steps without error: {value}",
+    )

@@ -14,26 +14,36 @@ with `@exhibit(...)`. Two ways to keep one exhibit's failure from poisoning the 
 - a failure that kills the process (gloo aborts on a size mismatch), a launcher mistake or a second job runs
   as a bounded subprocess on rank 0 (`ctx.launch`, `common.run.launch.run_command` with a timeout).
 """
+
 from __future__ import annotations
 
 import importlib
 import re
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, Iterator, Sequence
 
 import torch.distributed as dist
 
 from common.harness.env import DistInfo
-from common.run.launch import LessonTimeout, run_command
 from common.harness.ranks import gather_to_rank0
 from common.harness.results import Report
 from common.harness.session import rank0_only
+from common.run.launch import LessonTimeout, run_command
 
-__all__ = ["Exhibit", "EXHIBITS", "GROUPS", "exhibit", "load_exhibits", "Outcome", "Ctx", "normalise",
-           "first_line"]
+__all__ = [
+    "Exhibit",
+    "EXHIBITS",
+    "GROUPS",
+    "exhibit",
+    "load_exhibits",
+    "Outcome",
+    "Ctx",
+    "normalise",
+    "first_line",
+]
 
 GROUPS = ("collectives", "training", "launch")
 # common.exhibits.<module>, in --list order
@@ -69,11 +79,13 @@ EXHIBITS: dict[str, Exhibit] = {}
 
 def exhibit(name: str, group: str, symptom: str, cause: str, lesson: str, min_world: int = 1):
     """Decorator: register `fn(ctx)` as the exhibit `name`."""
+
     def register(fn: Callable) -> Callable:
         if name in EXHIBITS:
             raise ValueError(f"exhibit {name!r} registered twice")
         EXHIBITS[name] = Exhibit(name, group, symptom, cause, lesson, fn, min_world)
         return fn
+
     return register
 
 
@@ -108,7 +120,7 @@ def first_line(text: str, containing: str = "", limit: int = 160) -> str:
     for line in text.splitlines():
         if containing in line and line.strip():
             line = normalise(line.strip())
-            return line if len(line) <= limit else line[:limit - 3] + "..."
+            return line if len(line) <= limit else line[: limit - 3] + "..."
     return ""
 
 
@@ -149,7 +161,9 @@ class Ctx:
         if detail:
             dist.set_debug_level(dist.DebugLevel.DETAIL)
         try:
-            return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s or self.timeout_s))
+            return dist.new_group(
+                backend="gloo", timeout=timedelta(seconds=timeout_s or self.timeout_s)
+            )
         finally:
             if detail:
                 dist.set_debug_level(dist.DebugLevel.OFF)
@@ -159,15 +173,23 @@ class Ctx:
         try:
             return Outcome(value=fn(*args, **kwargs))
         except Exception as e:  # the symptom is the exception: keep its class and first line
-            return Outcome(error=f"{type(e).__name__}: {first_line(str(e)) or type(e).__name__}",
-                           full=normalise(str(e)))
+            return Outcome(
+                error=f"{type(e).__name__}: {first_line(str(e)) or type(e).__name__}",
+                full=normalise(str(e)),
+            )
 
     def gather(self, obj) -> list:
         """`obj` from every rank, in rank order, on rank 0 (through the default group); [] elsewhere."""
         return gather_to_rank0(obj, self.info) or []
 
-    def outcomes(self, outcome: Outcome, key: str, label: str, ranks: Sequence[int] | None = None,
-                 example: str | None = None) -> list[str]:
+    def outcomes(
+        self,
+        outcome: Outcome,
+        key: str,
+        label: str,
+        ranks: Sequence[int] | None = None,
+        example: str | None = None,
+    ) -> list[str]:
         """Print `label` and each rank's outcome line (`ranks`: those to print); record them under `key`.
 
         example="Timed out": when both ranks time out, which one's peer closes the pair first is a race; print

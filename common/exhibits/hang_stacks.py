@@ -10,6 +10,7 @@
 `faulthandler.dump_traceback_later` (https://docs.python.org/3/library/faulthandler.html) makes each process
 print its own stack after a delay, which also works where ptrace is not allowed (some containers, clusters).
 """
+
 from __future__ import annotations
 
 import os
@@ -42,7 +43,8 @@ class Hang:
         files = {r: self.log.parent / f"faulthandler_rank{r}.txt" for r in (0, 1)}
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and not all(
-                f.exists() and "most recent call first" in f.read_text() for f in files.values()):
+            f.exists() and "most recent call first" in f.read_text() for f in files.values()
+        ):
             time.sleep(0.1)
         time.sleep(0.2)  # the rest of the frames
         return {r: f.read_text() if f.exists() else "" for r, f in files.items()}
@@ -68,10 +70,27 @@ def start_hang(dump_after_s: float = 3.0, timeout_s: float = 120.0, wait_s: floa
     """Launch `common.exhibits.worker hang` on 2 ranks and return once both have printed their PIDs."""
     log = Path(tempfile.mkdtemp()) / "hang.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "common.exhibits.worker", "hang", str(dump_after_s), str(timeout_s), str(log.parent)]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "common.exhibits.worker",
+        "hang",
+        str(dump_after_s),
+        str(timeout_s),
+        str(log.parent),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT,
+        env=env,
+        start_new_session=True,
+    )
     hang = Hang(proc, log)
     deadline = time.monotonic() + wait_s
     while len(hang.pids) < 2 and time.monotonic() < deadline:

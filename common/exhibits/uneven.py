@@ -3,6 +3,7 @@
 Split from `common.exhibits.collectives` (whose helpers they use): each broken collective runs in a fresh
 gloo group bounded by --timeout-s. See `common.exhibits.frame` for the frame.
 """
+
 from __future__ import annotations
 
 import time
@@ -13,17 +14,23 @@ import torch.nn as nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.exhibits.frame import Ctx, exhibit
 from common.exhibits.collectives import TIMEOUT_TEXT, _ddp, _steps
+from common.exhibits.frame import Ctx, exhibit
 from common.harness.ranks import max_param_diff_across_ranks
 
 
-@exhibit("rank0_work_past_timeout", "collectives", min_world=2, lesson="03",
-         symptom="Timed out waiting ...ms for recv operation to complete, "
-                 "on every rank but 0, while rank 0 evaluates or saves",
-         cause="rank-0-only work longer than the collective timeout while the others wait in dist.barrier()")
+@exhibit(
+    "rank0_work_past_timeout",
+    "collectives",
+    min_world=2,
+    lesson="03",
+    symptom="Timed out waiting ...ms for recv operation to complete, "
+    "on every rank but 0, while rank 0 evaluates or saves",
+    cause="rank-0-only work longer than the collective timeout while the others wait in dist.barrier()",
+)
 def rank0_work_past_timeout(ctx: Ctx) -> None:
     from common.harness.session import rank0_only
+
     work_s = ctx.timeout_s + 1.0  # rank 0's evaluation outlasts the timeout by 1 s
     g = ctx.group()
 
@@ -31,62 +38,119 @@ def rank0_work_past_timeout(ctx: Ctx) -> None:
         if ctx.info.master_process:
             time.sleep(work_s)
         dist.barrier(group=g)
+
     o = ctx.attempt(broken)
-    lines = ctx.outcomes(o, "symptom", f"  symptom: rank 0 works {work_s:g} "
-                                       f"s, the others wait in dist.barrier():",
-                         ranks=[1])
-    ctx.claim("broken_rank1_times_out", int(TIMEOUT_TEXT in lines[1]) if lines else 1, "==", 1,
-              "rank 1 raises a timeout: {value}")
+    lines = ctx.outcomes(
+        o,
+        "symptom",
+        f"  symptom: rank 0 works {work_s:g} s, the others wait in dist.barrier():",
+        ranks=[1],
+    )
+    ctx.claim(
+        "broken_rank1_times_out",
+        int(TIMEOUT_TEXT in lines[1]) if lines else 1,
+        "==",
+        1,
+        "rank 1 raises a timeout: {value}",
+    )
     ctx.step("diagnosis", "the failing rank is not the slow one: look at what rank 0 was doing")
 
     def fixed() -> float:
         t0 = time.perf_counter()
-        with rank0_only(ctx.info, "the exhibit's rank-0 work") as mine:  # the others wait without the timeout
+        with rank0_only(
+            ctx.info, "the exhibit's rank-0 work"
+        ) as mine:  # the others wait without the timeout
             if mine:
                 time.sleep(work_s)
         return time.perf_counter() - t0
+
     o = ctx.attempt(fixed)
     waited = ctx.gather(o.value if not o.failed else float("nan"))
-    ctx.step("fix", "common.harness.session.rank0_only: the others wait in a barrier of a group with a long timeout")
-    ctx.claim("fixed_finishes", sum(w == w for w in waited), "==", ctx.info.world_size if waited else 0,
-              "ranks that passed the rank-0-only phase without error: {value}")
-    shortest = ctx.record("fixed_wait_s", torch.tensor(waited or [work_s]).min().item())  # NaN stays NaN
-    ctx.report.perf("rank0_work_past_timeout_fixed_wait_s", shortest, "the shortest wait: {value:.1f} s")
-    ctx.claim("fixed_wait_past_timeout", int(shortest >= ctx.timeout_s), "==", 1,
-              "every rank waited longer than --timeout-s in that phase, without error: {value}")
+    ctx.step(
+        "fix",
+        "common.harness.session.rank0_only: the others wait in a barrier of a group with a long timeout",
+    )
+    ctx.claim(
+        "fixed_finishes",
+        sum(w == w for w in waited),
+        "==",
+        ctx.info.world_size if waited else 0,
+        "ranks that passed the rank-0-only phase without error: {value}",
+    )
+    shortest = ctx.record(
+        "fixed_wait_s", torch.tensor(waited or [work_s]).min().item()
+    )  # NaN stays NaN
+    ctx.report.perf(
+        "rank0_work_past_timeout_fixed_wait_s", shortest, "the shortest wait: {value:.1f} s"
+    )
+    ctx.claim(
+        "fixed_wait_past_timeout",
+        int(shortest >= ctx.timeout_s),
+        "==",
+        1,
+        "every rank waited longer than --timeout-s in that phase, without error: {value}",
+    )
 
 
-@exhibit("uneven_batches_without_join", "collectives", min_world=2, lesson="05",
-         symptom="Timed out waiting ...ms for recv operation to complete "
-                 "on the rank with more batches (or a hang without timeout)",
-         cause="ranks have different numbers of batches; the last all-reduce has no partner")
+@exhibit(
+    "uneven_batches_without_join",
+    "collectives",
+    min_world=2,
+    lesson="05",
+    symptom="Timed out waiting ...ms for recv operation to complete "
+    "on the rank with more batches (or a hang without timeout)",
+    cause="ranks have different numbers of batches; the last all-reduce has no partner",
+)
 def uneven_batches_without_join(ctx: Ctx) -> None:
     n = 3 if ctx.info.rank == 0 else 2  # an unpadded sampler: 3 batches on rank 0, 2 on the others
     o = ctx.attempt(_steps, _ddp(ctx.group()), n)
     lines = ctx.outcomes(o, "symptom", "  symptom: 3 batches on rank 0, 2 on the others:")
-    ctx.claim("broken_rank0_times_out", int(TIMEOUT_TEXT in lines[0]) if lines else 1, "==", 1,
-              "rank 0 times out in its third backward: {value}")
-    ctx.step("diagnosis", "len(loader) differs between ranks: gather it and compare before training")
+    ctx.claim(
+        "broken_rank0_times_out",
+        int(TIMEOUT_TEXT in lines[0]) if lines else 1,
+        "==",
+        1,
+        "rank 0 times out in its third backward: {value}",
+    )
+    ctx.step(
+        "diagnosis", "len(loader) differs between ranks: gather it and compare before training"
+    )
     model = _ddp(ctx.group())
     with Join([model]):  # finished ranks shadow DDP's all-reduce for the others
         taken = _steps(model, n)
-    ctx.step("fix", "with Join([ddp_model]): (lesson 05), or pad "
-                    "so every rank has the same number of batches")
-    ctx.claim("fixed_replicas_identical", max_param_diff_across_ranks(model, ctx.info), "==", 0.0,
-              "max |parameter difference| after Join: {value}")
+    ctx.step(
+        "fix",
+        "with Join([ddp_model]): (lesson 05), or pad so every rank has the same number of batches",
+    )
+    ctx.claim(
+        "fixed_replicas_identical",
+        max_param_diff_across_ranks(model, ctx.info),
+        "==",
+        0.0,
+        "max |parameter difference| after Join: {value}",
+    )
     ctx.record("fixed_steps", taken)  # 3 on rank 0, 2 on the others
 
 
-@exhibit("eval_through_ddp_on_empty_rank", "collectives", min_world=2, lesson="05",
-         symptom="evaluation hangs until the timeout (Timed out waiting ...ms for "
-                 "send operation to complete) when a rank's evaluation shard is empty",
-         cause="the DDP forward broadcasts buffers; the rank with no batch never joins it")
+@exhibit(
+    "eval_through_ddp_on_empty_rank",
+    "collectives",
+    min_world=2,
+    lesson="05",
+    symptom="evaluation hangs until the timeout (Timed out waiting ...ms for "
+    "send operation to complete) when a rank's evaluation shard is empty",
+    cause="the DDP forward broadcasts buffers; the rank with no batch never joins it",
+)
 def eval_through_ddp_on_empty_rank(ctx: Ctx) -> None:
     torch.manual_seed(0)
     g = ctx.group()
     model = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), process_group=g)  # has buffers
-    model(torch.randn(3, 4)).sum().backward()  # one training step: the next forward re-sends buffers
-    batches = [torch.ones(1, 4)] if ctx.info.rank == 0 else []  # 1 sample: the other ranks' shards are empty
+    model(
+        torch.randn(3, 4)
+    ).sum().backward()  # one training step: the next forward re-sends buffers
+    batches = (
+        [torch.ones(1, 4)] if ctx.info.rank == 0 else []
+    )  # 1 sample: the other ranks' shards are empty
 
     def evaluate(net):
         net.eval()
@@ -96,13 +160,25 @@ def eval_through_ddp_on_empty_rank(ctx: Ctx) -> None:
                 s += torch.tensor([net(x).sum().item(), float(len(x))])
         dist.all_reduce(s, group=g if net is model else gf)
         return s.tolist()
+
     o = ctx.attempt(evaluate, model)
-    lines = ctx.outcomes(o, "symptom", "  symptom: evaluate through the DDP wrapper, 1 sample in all:",
-                         example=TIMEOUT_TEXT)
-    ctx.claim("broken_raises", sum(not l.startswith("finished") for l in lines), "==", ctx.info.world_size,
-              "ranks that raise in evaluation (a timeout, or the pair their peer closed): {value}")
-    ctx.step("diagnosis", "rank 0 is in DDP's buffer broadcast, the "
-                          "others in the metric all_reduce (py-spy dump)")
+    lines = ctx.outcomes(
+        o,
+        "symptom",
+        "  symptom: evaluate through the DDP wrapper, 1 sample in all:",
+        example=TIMEOUT_TEXT,
+    )
+    ctx.claim(
+        "broken_raises",
+        sum(not line.startswith("finished") for line in lines),
+        "==",
+        ctx.info.world_size,
+        "ranks that raise in evaluation (a timeout, or the pair their peer closed): {value}",
+    )
+    ctx.step(
+        "diagnosis",
+        "rank 0 is in DDP's buffer broadcast, the others in the metric all_reduce (py-spy dump)",
+    )
     gf = ctx.group()
     total = evaluate(model.module)  # the unwrapped module: no collective in forward
     ctx.step("fix", "evaluate ddp_model.module and all_reduce (sum, count) once")

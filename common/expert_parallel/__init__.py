@@ -1,1 +1,1 @@
-"""Expert parallelism: a mixture-of-experts layer over ranks and its model (lesson 17)."""
+"""Expert parallelism: a mixture-of-experts layer over ranks and its model (lesson 20)."""

@@ -1,10 +1,11 @@
-"""Lesson 17's model: lessons 16-18's small causal transformer (common/models.py) with a mixture of experts in
+"""Lesson 20's model: lessons 19-21's small causal transformer (common/models.py) with a mixture of experts in
 its MLP slot, on the digits read as 64 pixel tokens (0-16), predicting the next pixel.
 
     model = moe_transformer(hidden=32, heads=4, moe=MoE(32, experts=4, k=2))   # one block
     moe_of(model).stats                        # the routing of the last forward
     set_moe(model, ExpertParallelMoE(...))     # the same model with its experts spread over ranks
 """
+
 from __future__ import annotations
 
 import torch
@@ -14,7 +15,15 @@ import torch.nn.functional as F
 from common.data import PIXEL_VOCAB, digit_sequences
 from common.models import CausalTransformer
 
-__all__ = ["TokenMoE", "moe_transformer", "moe_of", "set_moe", "digit_tokens", "next_token_loss", "EXPERTS"]
+__all__ = [
+    "TokenMoE",
+    "moe_transformer",
+    "moe_of",
+    "set_moe",
+    "digit_tokens",
+    "next_token_loss",
+    "EXPERTS",
+]
 
 EXPERTS = ".moe.experts."  # in a parameter's name: an expert's (sharded over ep), else replicated
 
@@ -28,12 +37,16 @@ class TokenMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, S, H = x.shape
-        return self.moe(x.reshape(B * S, H)).view(B, S, H)  # a dropped token: 0, the residual carries it
+        return self.moe(x.reshape(B * S, H)).view(
+            B, S, H
+        )  # a dropped token: 0, the residual carries it
 
 
 def moe_transformer(hidden: int, heads: int, moe: nn.Module) -> CausalTransformer:
     """One pre-norm block (attention, then the MoE in the MLP slot) of common.models.CausalTransformer."""
-    return CausalTransformer(PIXEL_VOCAB, hidden, heads, n_layers=1, mlp_factory=lambda: TokenMoE(moe))
+    return CausalTransformer(
+        PIXEL_VOCAB, hidden, heads, n_layers=1, mlp_factory=lambda: TokenMoE(moe)
+    )
 
 
 def moe_of(model: CausalTransformer) -> nn.Module:

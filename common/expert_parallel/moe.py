@@ -19,19 +19,32 @@ so the one-process reference of an EP run is this MoE applied to each rank's tok
 chunk). Not every system caps experts: MegaBlocks (dropless, block-sparse), Megatron-Core by default (no
 capacity factor) and DeepSeek-V3 drop no token at all, and pay with uneven expert loads instead.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["Expert", "MoE", "ExpertParallelMoE", "AllToAll", "route", "capacity", "keep_mask", "histogram",
-           "balance_loss", "dispatch_plan", "all_to_all_traffic", "check_moe_options"]
+__all__ = [
+    "Expert",
+    "MoE",
+    "ExpertParallelMoE",
+    "AllToAll",
+    "route",
+    "capacity",
+    "keep_mask",
+    "histogram",
+    "balance_loss",
+    "dispatch_plan",
+    "all_to_all_traffic",
+    "check_moe_options",
+]
 
 
 class Expert(nn.Module):
@@ -52,7 +65,9 @@ def check_moe_options(experts: int, k: int, capacity_factor: float, ep: int = 1)
     if not 0 < capacity_factor <= 1000:  # from E / k on, nothing is ever dropped (C >= N)
         raise ValueError(f"--capacity-factor must be in (0, 1000], got {capacity_factor}")
     if experts % ep:
-        raise ValueError(f"--experts {experts} must be divisible by ep = {ep} (each rank holds E/ep experts)")
+        raise ValueError(
+            f"--experts {experts} must be divisible by ep = {ep} (each rank holds E/ep experts)"
+        )
 
 
 def route(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -72,9 +87,11 @@ def capacity(tokens: int, experts: int, k: int, factor: float) -> int:
 def keep_mask(idx: torch.Tensor, experts: int, cap: int) -> torch.Tensor:
     """idx (N, k) -> bool (N, k): which assignments fit in their expert's capacity. Order: all first choices
     (tokens in order), then all second choices, ..."""
-    flat = idx.t().reshape(-1)                                   # (k*N,) slot-major
-    onehot = F.one_hot(flat, experts)                            # (k*N, E)
-    position = (onehot.cumsum(0) * onehot).sum(-1) - 1           # this assignment's place in its expert's queue
+    flat = idx.t().reshape(-1)  # (k*N,) slot-major
+    onehot = F.one_hot(flat, experts)  # (k*N, E)
+    position = (onehot.cumsum(0) * onehot).sum(
+        -1
+    ) - 1  # this assignment's place in its expert's queue
     return (position < cap).view(idx.shape[1], idx.shape[0]).t()
 
 
@@ -94,7 +111,9 @@ class MoE(nn.Module):
     """E experts and a top-k router, all in this process. After each forward, `self.stats` holds the routing:
     counts (E,) assignments per expert before capacity, kept (E,) after, cap, dropped, aux (the balance loss)."""
 
-    def __init__(self, hidden: int, experts: int, k: int = 2, capacity_factor: float = 1.25, ffn: int = 0):
+    def __init__(
+        self, hidden: int, experts: int, k: int = 2, capacity_factor: float = 1.25, ffn: int = 0
+    ):
         super().__init__()
         check_moe_options(experts, k, capacity_factor)
         self.num_experts, self.k, self.capacity_factor = experts, k, capacity_factor
@@ -103,12 +122,19 @@ class MoE(nn.Module):
         self.stats: dict = {}
 
     def _route(self, x: torch.Tensor):
-        probs, weights, idx = route(self.router(x), self.k)   # (N, E), (N, k), (N, k)
+        probs, weights, idx = route(self.router(x), self.k)  # (N, E), (N, k), (N, k)
         cap = capacity(x.shape[0], self.num_experts, self.k, self.capacity_factor)
         keep = keep_mask(idx, self.num_experts, cap)
         kept = histogram(idx[keep], self.num_experts)
-        self.stats = {"counts": histogram(idx, self.num_experts), "kept": kept, "cap": cap, "idx": idx,
-                      "keep": keep, "dropped": idx.numel() - int(kept.sum()), "aux": balance_loss(probs, idx)}
+        self.stats = {
+            "counts": histogram(idx, self.num_experts),
+            "kept": kept,
+            "cap": cap,
+            "idx": idx,
+            "keep": keep,
+            "dropped": idx.numel() - int(kept.sum()),
+            "aux": balance_loss(probs, idx),
+        }
         return weights, idx, keep
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -121,7 +147,9 @@ class MoE(nn.Module):
         return y  # a token whose every choice was dropped: exactly 0 here
 
 
-_TRAFFIC: list | None = None  # (what, rows sent, bytes sent to other ranks, bytes sent in all) per call
+_TRAFFIC: list | None = (
+    None  # (what, rows sent, bytes sent to other ranks, bytes sent in all) per call
+)
 
 
 @contextmanager
@@ -135,13 +163,17 @@ def all_to_all_traffic() -> Iterator[list]:
         _TRAFFIC = None
 
 
-def _all_to_all(x: torch.Tensor, out_splits: list, in_splits: list, group, what: str) -> torch.Tensor:
+def _all_to_all(
+    x: torch.Tensor, out_splits: list, in_splits: list, group, what: str
+) -> torch.Tensor:
     """dist.all_to_all_single: rows in_splits[d] of x go to rank d; out_splits[s] rows arrive from rank s."""
     out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
     if _TRAFFIC is not None:
         me, row = dist.get_rank(group), math.prod(x.shape[1:]) * x.element_size()  # bytes per row
-        _TRAFFIC.append((what, sum(in_splits), (sum(in_splits) - in_splits[me]) * row, sum(in_splits) * row))
+        _TRAFFIC.append(
+            (what, sum(in_splits), (sum(in_splits) - in_splits[me]) * row, sum(in_splits) * row)
+        )
     return out
 
 
@@ -157,14 +189,20 @@ class AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         out_splits, in_splits = ctx.splits
-        return _all_to_all(grad, in_splits, out_splits, ctx.group, ctx.what + " backward"), None, None, None, None
+        return (
+            _all_to_all(grad, in_splits, out_splits, ctx.group, ctx.what + " backward"),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def dispatch_plan(idx: torch.Tensor, keep: torch.Tensor, experts_per_rank: int, ep: int):
     """Which kept assignments go where. Returns tok, slot (the assignments, sorted by expert: grouped by
     destination rank) and send (ep,) the rows for each rank: send[d] = kept assignments to experts on rank d."""
     tok, slot = keep.nonzero(as_tuple=True)
-    order = torch.argsort(idx[tok, slot], stable=True)      # group by expert, hence by rank
+    order = torch.argsort(idx[tok, slot], stable=True)  # group by expert, hence by rank
     tok, slot = tok[order], slot[order]
     send = torch.bincount(idx[tok, slot] // experts_per_rank, minlength=ep)
     return tok, slot, send
@@ -178,7 +216,11 @@ class ExpertParallelMoE(MoE):
     def __init__(self, full: MoE, ep_rank: int, ep: int, group):
         nn.Module.__init__(self)
         check_moe_options(full.num_experts, full.k, full.capacity_factor, ep)
-        self.num_experts, self.k, self.capacity_factor = full.num_experts, full.k, full.capacity_factor
+        self.num_experts, self.k, self.capacity_factor = (
+            full.num_experts,
+            full.k,
+            full.capacity_factor,
+        )
         self.ep_rank, self.ep, self.group, self.local = ep_rank, ep, group, full.num_experts // ep
         self.router = nn.Linear(full.router.in_features, full.num_experts, bias=False)
         self.router.load_state_dict(full.router.state_dict())
@@ -199,20 +241,22 @@ class ExpertParallelMoE(MoE):
         weights, idx, keep = self._route(x)
         tok, slot, send = dispatch_plan(idx, keep, self.local, self.ep)
         recv = send.clone()
-        if self.group is not None:  # 1. the split sizes first: how many rows each rank will receive from me
+        if (
+            self.group is not None
+        ):  # 1. the split sizes first: how many rows each rank will receive from me
             dist.all_to_all_single(recv, send, group=self.group)
             if _TRAFFIC is not None:
                 _TRAFFIC.append(("split sizes", self.ep, (self.ep - 1) * 8, self.ep * 8))
         self.stats.update(send=send, recv=recv)
         send_l, recv_l = send.tolist(), recv.tolist()
-        rows = self._exchange(x[tok], recv_l, send_l, "dispatch")             # 2. (sum(recv), H)
+        rows = self._exchange(x[tok], recv_l, send_l, "dispatch")  # 2. (sum(recv), H)
         local_e = self._exchange(idx[tok, slot] % self.local, recv_l, send_l, "expert ids")
         # zeros that stay in the graph: every rank must run the backward all-to-alls, also one that received
         # no row (zeros_like would cut the graph there and leave the other ranks waiting for its call)
         out = rows * 0
-        for e, expert in enumerate(self.experts):                          # 3. the local experts
+        for e, expert in enumerate(self.experts):  # 3. the local experts
             where = (local_e == e).nonzero(as_tuple=True)[0]
             if len(where):
                 out = out.index_copy(0, where, expert(rows[where]))
-        back = self._exchange(out, send_l, recv_l, "combine")               # 4. (sum(send), H), my order
+        back = self._exchange(out, send_l, recv_l, "combine")  # 4. (sum(send), H), my order
         return torch.zeros_like(x).index_add(0, tok, weights[tok, slot, None] * back)

@@ -1,1 +1,1 @@
-"""Injected faults and a run that survives them (lesson 14)."""
+"""Injected faults and a run that survives them (lesson 16)."""

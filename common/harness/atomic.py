@@ -3,17 +3,19 @@
 A checkpoint is written to a temporary file in the same folder and renamed over the target with `os.replace`,
 which is atomic on POSIX: a crash mid-write leaves the previous checkpoint intact, never half a file.
 """
+
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from common.harness.session import rank0_only
 from common.harness.env import DistInfo, LessonError
+from common.harness.session import rank0_only
 
 __all__ = ["atomic_write", "save_checkpoint", "load_checkpoint"]
 

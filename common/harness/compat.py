@@ -4,6 +4,7 @@ The repository pins torch 2.13.0 (requirements.txt), but a GPU machine often com
 ships (benchmarks/gpu_check.sh ran on 2.11). Only what a lesson needs is here, each with the version that
 changed it.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -23,7 +24,11 @@ def ddp_buffer_sync(sync: bool) -> dict:
     (torch/nn/parallel/distributed.py). Use: `DDP(model, **ddp_buffer_sync(False))`.
     """
     params = inspect.signature(DistributedDataParallel.__init__).parameters
-    return {"forward_sync_buffers": sync} if "forward_sync_buffers" in params else {"broadcast_buffers": sync}
+    return (
+        {"forward_sync_buffers": sync}
+        if "forward_sync_buffers" in params
+        else {"broadcast_buffers": sync}
+    )
 
 
 def batchnorm_has_bias_flag() -> bool:

@@ -12,6 +12,7 @@ https://pytorch.org/docs/stable/elastic/run.html#environment-variables):
 while the GPUs are still cuda:0 and cuda:1. So the device comes from LOCAL_RANK and "am I the process that
 writes files" comes from RANK == 0 (`master_process`).
 """
+
 from __future__ import annotations
 
 import os
@@ -77,13 +78,16 @@ def read_torchrun_env(env: dict | None = None) -> tuple[int, int, int, int]:
     except (KeyError, ValueError) as e:
         raise LessonError(f"incomplete torchrun environment ({e}); launch with torchrun") from None
     if not (0 <= rank < world_size and 0 <= local_rank < local_world_size <= world_size):
-        raise LessonError(f"inconsistent torchrun environment: RANK={rank} LOCAL_RANK={local_rank} "
-                          f"WORLD_SIZE={world_size} LOCAL_WORLD_SIZE={local_world_size}")
+        raise LessonError(
+            f"inconsistent torchrun environment: RANK={rank} LOCAL_RANK={local_rank} "
+            f"WORLD_SIZE={world_size} LOCAL_WORLD_SIZE={local_world_size}"
+        )
     return rank, local_rank, world_size, local_world_size
 
 
-def choose_backend_and_device(backend: str = "auto", device: str = "auto", local_rank: int = 0,
-                              local_world_size: int = 1) -> tuple[str, torch.device]:
+def choose_backend_and_device(
+    backend: str = "auto", device: str = "auto", local_rank: int = 0, local_world_size: int = 1
+) -> tuple[str, torch.device]:
     """Pick the backend and device for this process.
 
     NCCL only moves CUDA tensors and wants one GPU per process; gloo moves CPU tensors (and a few CUDA ops).
@@ -103,21 +107,31 @@ def choose_backend_and_device(backend: str = "auto", device: str = "auto", local
         device = "cuda" if n_gpus > 0 and wants_cuda else "cpu"
     if device == "cuda":
         if n_gpus == 0:
-            raise LessonError("--device cuda: no CUDA GPU is visible (torch.cuda.is_available() is False)")
+            raise LessonError(
+                "--device cuda: no CUDA GPU is visible (torch.cuda.is_available() is False)"
+            )
         if local_rank >= n_gpus:
-            raise LessonError(f"--device cuda: LOCAL_RANK {local_rank} needs GPU {local_rank}, "
-                              f"but this node has {n_gpus}; start at most {n_gpus} processes per node")
+            raise LessonError(
+                f"--device cuda: LOCAL_RANK {local_rank} needs GPU {local_rank}, "
+                f"but this node has {n_gpus}; start at most {n_gpus} processes per node"
+            )
     if backend == "auto":
         backend = "nccl" if device == "cuda" and dist.is_nccl_available() else "gloo"
     if backend == "gloo" and device == "cuda":
-        raise LessonError("--backend gloo with --device cuda: gloo's send/recv cannot move CUDA tensors "
-                          "(https://pytorch.org/docs/stable/distributed.html#backends); use nccl on GPUs "
-                          "or --device cpu")
+        raise LessonError(
+            "--backend gloo with --device cuda: gloo's send/recv cannot move CUDA tensors "
+            "(https://pytorch.org/docs/stable/distributed.html#backends); use nccl on GPUs "
+            "or --device cpu"
+        )
     if backend == "nccl":
         if n_gpus == 0 or not dist.is_nccl_available():
-            raise LessonError("--backend nccl: NCCL needs CUDA GPUs and a CUDA build of PyTorch; "
-                              "use --backend gloo on CPU")
+            raise LessonError(
+                "--backend nccl: NCCL needs CUDA GPUs and a CUDA build of PyTorch; "
+                "use --backend gloo on CPU"
+            )
         if device != "cuda":
-            raise LessonError("--backend nccl communicates CUDA tensors only; it cannot run with --device cpu")
+            raise LessonError(
+                "--backend nccl communicates CUDA tensors only; it cannot run with --device cpu"
+            )
     torch_device = torch.device(f"cuda:{local_rank}") if device == "cuda" else torch.device("cpu")
     return backend, torch_device

@@ -20,6 +20,7 @@ one process group per mesh dimension and hands out the `DeviceMesh` that DTensor
 `fully_shard` take. A plain `python` run (no process group) gets a grid whose every size is 1 and whose groups
 are None. used by lessons 06 (SyncBatchNorm groups) and 09 (pipeline stages) on.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,10 @@ def _check_sizes(sizes: dict[str, int], world_size: int) -> None:
         raise LessonError(f"grid sizes must be positive integers, got {bad}")
     if math.prod(sizes.values()) != world_size:
         product = " x ".join(f"{k}={v}" for k, v in sizes.items())
-        raise LessonError(f"grid {product} = {math.prod(sizes.values())} ranks, but the world has {world_size}: "
-                          f"the sizes must multiply to the world size")
+        raise LessonError(
+            f"grid {product} = {math.prod(sizes.values())} ranks, but the world has {world_size}: "
+            f"the sizes must multiply to the world size"
+        )
 
 
 class Grid:
@@ -76,13 +79,16 @@ class Grid:
         self.info = info
         self.sizes = dict(sizes)
         layout = grid_layout(self.sizes)
-        where = (layout == info.rank).nonzero()[0].tolist()  # this rank's index along each dimension
+        where = (
+            (layout == info.rank).nonzero()[0].tolist()
+        )  # this rank's index along each dimension
         self.coords = dict(zip(self.sizes, where))
         self._layout = layout
         self.mesh = None
         if info.distributed:
-            self.mesh = init_device_mesh(info.device.type, tuple(self.sizes.values()),
-                                                          mesh_dim_names=tuple(self.sizes))
+            self.mesh = init_device_mesh(
+                info.device.type, tuple(self.sizes.values()), mesh_dim_names=tuple(self.sizes)
+            )
 
     def size(self, name: str) -> int:
         """How many ranks share this rank's group along `name` (`dp_size`, `tp_size`, ...)."""
@@ -113,7 +119,10 @@ class Grid:
 
     def describe(self) -> list[str]:
         """Lines that draw the grid: every group along every dimension as its list of global ranks."""
-        lines = [" x ".join(f"{k}={v}" for k, v in self.sizes.items()) + f" = {self._layout.numel()} ranks"]
+        lines = [
+            " x ".join(f"{k}={v}" for k, v in self.sizes.items())
+            + f" = {self._layout.numel()} ranks"
+        ]
         for axis, name in enumerate(self.sizes):
             moved = self._layout.movedim(axis, -1).reshape(-1, self.sizes[name])
             lines.append(f"{name} groups: " + " ".join(str(row.tolist()) for row in moved))

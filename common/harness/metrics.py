@@ -5,6 +5,7 @@ world_size: 10 samples over 3 ranks become 12 positions, positions 10 and 11 rep
 reads positions r, r + W, r + 2W, ...; a position >= len(dataset) is padding and must not be counted.
 (https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler)
 """
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from common.harness.ranks import all_reduce_sum
 from common.harness.env import DistInfo, LessonError
+from common.harness.ranks import all_reduce_sum
 
 __all__ = ["is_padding", "evaluate"]
 
@@ -56,7 +57,9 @@ def evaluate(model: nn.Module, dataset: Dataset, info: DistInfo, batch_size: int
         raise LessonError("evaluate: the dataset is empty; there is nothing to average over")
     was_training = model.training
     model.eval()
-    sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank, shuffle=False)
+    sampler = DistributedSampler(
+        dataset, num_replicas=info.world_size, rank=info.rank, shuffle=False
+    )
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
     padding = is_padding(len(dataset), info.world_size, info.rank)
     loss_sum = correct = count = 0.0
@@ -64,7 +67,7 @@ def evaluate(model: nn.Module, dataset: Dataset, info: DistInfo, batch_size: int
     for x, y in loader:
         x, y = x.to(info.device), y.to(info.device)
         logits = model(x)
-        real = ~padding[seen: seen + len(y)].to(info.device)  # (B,) False on padded repeats
+        real = ~padding[seen : seen + len(y)].to(info.device)  # (B,) False on padded repeats
         seen += len(y)
         loss_sum += F.cross_entropy(logits, y, reduction="none")[real].sum().item()
         correct += (logits.argmax(dim=1) == y)[real].sum().item()

@@ -5,21 +5,30 @@ Introduced in lesson 03 and used by every lesson after it. Rules these helpers e
 - metrics are reduced as (sum, count) pairs and divided once, never averaged as per-rank means;
 - per-rank facts travel to rank 0 (`gather_to_rank0`) and are printed there in rank order.
 """
+
 from __future__ import annotations
 
 import os
 import sys
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
 from common.harness.env import DistInfo
+from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
 
-__all__ = ["print0", "all_reduce_sum", "global_mean", "gather_to_rank0", "all_gather_objects",
-           "max_param_diff_across_ranks", "rank0_progress", "peak_rss_mb"]
+__all__ = [
+    "print0",
+    "all_reduce_sum",
+    "global_mean",
+    "gather_to_rank0",
+    "all_gather_objects",
+    "max_param_diff_across_ranks",
+    "rank0_progress",
+    "peak_rss_mb",
+]
 
 
 def _current_rank() -> int:
@@ -112,6 +121,7 @@ def rank0_progress(iterable: Iterable, info: DistInfo, **tqdm_kwargs) -> Iterabl
     """
     if info.master_process and sys.stderr.isatty():
         from tqdm.auto import tqdm
+
         return tqdm(iterable, leave=False, **tqdm_kwargs)
     return iterable
 
@@ -119,4 +129,5 @@ def rank0_progress(iterable: Iterable, info: DistInfo, **tqdm_kwargs) -> Iterabl
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far, in MB (Linux `ru_maxrss` is in KiB)."""
     import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

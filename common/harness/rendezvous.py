@@ -1,4 +1,4 @@
-"""Which restart attempt this is, agreed by every node, and the store its process group meets in (lessons 03-15).
+"""Which restart attempt this is, agreed by every node, and the store its process group meets in (lessons 03-17).
 
 torchrun --max-restarts=N stops and restarts EVERY worker of the job when one fails, on every node, and all
 attempts share one key-value store (torchrun's, TORCHELASTIC_USE_AGENT_STORE=True). A restarted process group
@@ -22,6 +22,7 @@ store and hands that count to the other ranks with a handshake that a dead attem
 With TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 every attempt gets a fresh store (rank 0 hosts it): no leftovers to
 hide from, and no memory of earlier attempts either, so the attempt falls back to TORCHELASTIC_RESTART_COUNT.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,9 @@ from common.harness.env import LessonError
 
 __all__ = ["job_store", "agree_attempt", "attempt", "attempt_if_known", "rendezvous_store"]
 
-_AGREED: list[int] = []  # this process's attempt, once agreed (a process belongs to exactly one attempt)
+_AGREED: list[
+    int
+] = []  # this process's attempt, once agreed (a process belongs to exactly one attempt)
 
 
 def _shared() -> bool:
@@ -48,13 +51,19 @@ def job_store(wait_s: float = 300.0) -> dist.Store:
     `wait_s`, not --timeout-s (which bounds collectives, and may be 1 s in a lesson's failure demo).
     """
     env = os.environ
-    return dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]),
-                         is_master=not _shared() and env["RANK"] == "0", timeout=timedelta(seconds=wait_s),
-                         multi_tenant=not _shared())
+    return dist.TCPStore(
+        env["MASTER_ADDR"],
+        int(env["MASTER_PORT"]),
+        int(env["WORLD_SIZE"]),
+        is_master=not _shared() and env["RANK"] == "0",
+        timeout=timedelta(seconds=wait_s),
+        multi_tenant=not _shared(),
+    )
 
 
-def agree_attempt(store: dist.Store, rank: int, world_size: int, wait_s: float = 300.0,
-                  poll_s: float = 0.5) -> int:
+def agree_attempt(
+    store: dist.Store, rank: int, world_size: int, wait_s: float = 300.0, poll_s: float = 0.5
+) -> int:
     """0 for the job's first attempt, then 1, 2, ...: the same number on every rank of an attempt.
 
     1. Every process counts itself under its rank: `mine` = how many processes of this rank have started in
@@ -76,15 +85,18 @@ def agree_attempt(store: dist.Store, rank: int, world_size: int, wait_s: float =
         return mine - 1
     deadline = time.monotonic() + wait_s
     while True:
-        proposal = store.get("lessons/proposal").decode()  # waits for a first rank 0, maybe a dead one
+        proposal = store.get(
+            "lessons/proposal"
+        ).decode()  # waits for a first rank 0, maybe a dead one
         store.set(f"lessons/ack/{proposal}/{rank}", str(mine))
         try:
             store.wait([f"lessons/confirm/{proposal}/{rank}/{mine}"], timedelta(seconds=poll_s))
             return int(proposal) - 1
         except dist.DistStoreError:
             if time.monotonic() > deadline:
-                raise LessonError(f"rank {rank}: no rank 0 confirmed this restart attempt in {wait_s:.0f} s") \
-                    from None
+                raise LessonError(
+                    f"rank {rank}: no rank 0 confirmed this restart attempt in {wait_s:.0f} s"
+                ) from None
 
 
 def attempt(wait_s: float = 300.0) -> int:
@@ -96,7 +108,9 @@ def attempt(wait_s: float = 300.0) -> int:
         elif not _shared():
             _AGREED.append(int(env.get("TORCHELASTIC_RESTART_COUNT", "0")))
         else:
-            _AGREED.append(agree_attempt(job_store(wait_s), int(env["RANK"]), int(env["WORLD_SIZE"]), wait_s))
+            _AGREED.append(
+                agree_attempt(job_store(wait_s), int(env["RANK"]), int(env["WORLD_SIZE"]), wait_s)
+            )
     return _AGREED[0]
 
 

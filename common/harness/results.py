@@ -17,6 +17,7 @@ Output discipline: the line of a claim or a value is deterministic (nbval compar
 run to run (times, throughput, memory of a process) go through `perf`, whose lines start with `[perf]` and
 are left out of a notebook's compared output (`common.run.launch.LessonRun.show`).
 """
+
 from __future__ import annotations
 
 import json
@@ -89,17 +90,37 @@ class Report:
         self.results[name] = _plain(value)
         return value
 
-    def value(self, name: str, value: Any, text: str) -> Any:
-        """Print `text.format(value=value)` and record `value` under `name`; returns `value`."""
-        self._say(text.format(value=value))
+    def value(self, name: str, value: Any, text: str, **fields: Any) -> Any:
+        """Print `text.format(value=value, **fields)` and record `value` under `name`; returns `value`.
+
+        `text` is a plain string (not an f-string): "{value:.3f} s per step at {ranks} ranks", ranks=4."""
+        self._say(text.format(value=value, **fields))
         return self.record(name, value)
 
-    def perf(self, name: str, value: Any, text: str) -> Any:
+    def perf(self, name: str, value: Any, text: str, **fields: Any) -> Any:
         """Like `value`, for a run-dependent number: printed as a `[perf]` line that notebooks do not compare."""
-        self._say(f"{PERF_PREFIX} {text.format(value=value)}")
+        self._say(f"{PERF_PREFIX} {text.format(value=value, **fields)}")
         return self.record(name, value)
 
-    def claim(self, name: str, value: float, relation: str, bound: float, text: str, perf: bool = False) -> bool:
+    def append(self, name: str, row: Any) -> Any:
+        """Append `row` to the list recorded under `name` (a table a lesson builds row by row); returns it."""
+        self.results.setdefault(name, []).append(_plain(row))
+        return row
+
+    def recorded(self, name: str) -> Any:
+        """The value recorded under `name` (a KeyError names it when nothing was)."""
+        return self.results[name]
+
+    def claim(
+        self,
+        name: str,
+        value: float,
+        relation: str,
+        bound: float,
+        text: str,
+        perf: bool = False,
+        **fields: Any,
+    ) -> bool:
         """State a claim, measured: print the sentence with its value and bound, record it, return whether it holds.
 
         Args:
@@ -107,8 +128,10 @@ class Report:
             value: the measured number (int, float or bool; a 0-d tensor is converted).
             relation: "<=", ">=" or "==": the claim is `value relation bound`.
             bound: the number the lesson holds itself to, written next to the sentence that states it.
-            text: the sentence, with `{value}` (and optionally `{bound}`) placeholders, e.g. "... = {value:.1e}".
+            text: the sentence, a plain string (not an f-string) with `{value}`, optionally `{bound}`, and any
+                of `fields` as placeholders: "{ranks} ranks agree to {value:.1e}", ranks=4.
             perf: the value depends on timing: print the line as `[perf]` (a notebook does not compare it).
+            fields: the other numbers and names the sentence shows, formatted into it.
 
         Raises:
             ValueError: an unknown relation, or a name already claimed (a claim is recorded once).
@@ -117,9 +140,14 @@ class Report:
         if name in self.results["claims"]:
             raise ValueError(f"claim {name!r} is recorded twice")
         ok = holds(value, relation, bound)
-        sentence = text.format(value=value, bound=bound)
-        self.results["claims"][name] = {"value": value, "bound": bound, "relation": relation, "holds": ok,
-                                        "text": sentence}
+        sentence = text.format(value=value, bound=bound, **fields)
+        self.results["claims"][name] = {
+            "value": value,
+            "bound": bound,
+            "relation": relation,
+            "holds": ok,
+            "text": sentence,
+        }
         line = f"{sentence}  [claim {relation} {_bound_text(bound)}: {'holds' if ok else 'DOES NOT HOLD'}]"
         self._say(f"{PERF_PREFIX} {line}" if perf else line)
         return ok
@@ -152,7 +180,12 @@ class Report:
         else:
             self._say(f"{total} checks hold")
         status = 1 if failing else 0
-        if self.info is not None and self.info.distributed and dist.is_available() and dist.is_initialized():
+        if (
+            self.info is not None
+            and self.info.distributed
+            and dist.is_available()
+            and dist.is_initialized()
+        ):
             t = torch.tensor([status], dtype=torch.int64, device=self.info.device)
             dist.broadcast(t, src=0)  # rank 0's verdict, on every rank
             status = int(t.item())

@@ -9,6 +9,7 @@ Every lesson runs unchanged in three ways:
 
 `common.harness.env` reads who this process is; this module turns that into a process group and ends it cleanly.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,9 +17,9 @@ import os
 import random
 import sys
 import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -28,12 +29,25 @@ from common.harness.env import DistInfo, LessonError, choose_backend_and_device,
 from common.harness.rendezvous import attempt_if_known, rendezvous_store
 
 __all__ = [
-    "add_distributed_args", "add_legacy_launcher_args", "setup", "cleanup", "distributed_session",
-    "legacy_launcher_note", "run_main", "exit_process", "set_exit_status", "rank0_only", "barrier", "set_seed",
-    "deterministic_cuda", "one_thread_unless_told",
+    "add_distributed_args",
+    "add_legacy_launcher_args",
+    "setup",
+    "cleanup",
+    "distributed_session",
+    "legacy_launcher_note",
+    "run_main",
+    "exit_process",
+    "set_exit_status",
+    "rank0_only",
+    "barrier",
+    "set_seed",
+    "deterministic_cuda",
+    "one_thread_unless_told",
 ]
 
-_exit_status = 0  # what run_main ends the process with when main returns: 1 after a claim that does not hold
+_exit_status = (
+    0  # what run_main ends the process with when main returns: 1 after a claim that does not hold
+)
 
 
 def add_legacy_launcher_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -43,21 +57,41 @@ def add_legacy_launcher_args(parser: argparse.ArgumentParser) -> argparse.Argume
     environment too, and that is what `setup` reads, so the value is ignored; `legacy_launcher_note` says once that torchrun
     replaces the launcher (https://pytorch.org/docs/stable/distributed.html#launch-utility).
     """
-    parser.add_argument("--local-rank", "--local_rank", dest="legacy_local_rank", type=int, default=None,
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--local-rank",
+        "--local_rank",
+        dest="legacy_local_rank",
+        type=int,
+        default=None,
+        help=argparse.SUPPRESS,
+    )
     return parser
 
 
-def add_distributed_args(parser: argparse.ArgumentParser, timeout_s: float = 60.0) -> argparse.ArgumentParser:
+def add_distributed_args(
+    parser: argparse.ArgumentParser, timeout_s: float = 60.0
+) -> argparse.ArgumentParser:
     """Add --backend, --device and --timeout-s, the options every lesson shares (and the legacy --local-rank)."""
     add_legacy_launcher_args(parser)
     g = parser.add_argument_group("distributed")
-    g.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
-                   help="process-group backend (auto: nccl when every local rank has a GPU, else gloo)")
-    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="compute device (auto: cuda:LOCAL_RANK when there are enough GPUs, else cpu)")
-    g.add_argument("--timeout-s", type=float, default=timeout_s,
-                   help="seconds any collective may wait before the process group raises (default %(default)s)")
+    g.add_argument(
+        "--backend",
+        choices=["auto", "gloo", "nccl"],
+        default="auto",
+        help="process-group backend (auto: nccl when every local rank has a GPU, else gloo)",
+    )
+    g.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="compute device (auto: cuda:LOCAL_RANK when there are enough GPUs, else cpu)",
+    )
+    g.add_argument(
+        "--timeout-s",
+        type=float,
+        default=timeout_s,
+        help="seconds any collective may wait before the process group raises (default %(default)s)",
+    )
     return parser
 
 
@@ -86,8 +120,14 @@ def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 60.0) 
     timeout = timedelta(seconds=timeout_s)
     device_id = dev if dev.type == "cuda" else None
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:  # torchrun may restart this job
-        dist.init_process_group(backend=backend_name, store=rendezvous_store(), rank=rank,
-                                world_size=world_size, timeout=timeout, device_id=device_id)
+        dist.init_process_group(
+            backend=backend_name,
+            store=rendezvous_store(),
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+            device_id=device_id,
+        )
     else:  # the plain call a reader copies: env:// reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE
         dist.init_process_group(backend=backend_name, timeout=timeout, device_id=device_id)
     return DistInfo(rank, local_rank, world_size, local_world_size, backend_name, dev)
@@ -115,10 +155,15 @@ def cleanup() -> None:
 
 def legacy_launcher_note(args: argparse.Namespace) -> None:
     """Rank 0 says once that `torch.distributed.launch` (which passed --local-rank) is replaced by torchrun."""
-    if getattr(args, "legacy_local_rank", None) is not None and int(os.environ.get("RANK", "0")) == 0:
-        print("note: --local-rank came from the deprecated `python -m torch.distributed.launch`; it is ignored "
-              "(LOCAL_RANK is read from the environment). Use torchrun: same options, no --local-rank.",
-              flush=True)
+    if (
+        getattr(args, "legacy_local_rank", None) is not None
+        and int(os.environ.get("RANK", "0")) == 0
+    ):
+        print(
+            "note: --local-rank came from the deprecated `python -m torch.distributed.launch`; it is ignored "
+            "(LOCAL_RANK is read from the environment). Use torchrun: same options, no --local-rank.",
+            flush=True,
+        )
 
 
 @contextmanager
@@ -148,7 +193,9 @@ def rank0_only(info: DistInfo, phase: str) -> Iterator[bool]:
     if not info.distributed:  # nobody to wait for
         yield info.master_process
         return
-    waiting_room = dist.new_group(backend="gloo", timeout=timedelta(days=1))  # every rank creates it
+    waiting_room = dist.new_group(
+        backend="gloo", timeout=timedelta(days=1)
+    )  # every rank creates it
     try:
         yield info.master_process
     finally:
@@ -194,7 +241,9 @@ def run_main(main: Callable[[], object]) -> None:
         os.write(2, f"{prefix}error: {e}\n".encode())
         _wait_for_failing_peers()
         code = 2
-    except Exception:  # after `@record` (lesson 14) wrote it to this rank's error file: the traceback, exit 1
+    except (
+        Exception
+    ):  # after `@record` (lesson 16) wrote it to this rank's error file: the traceback, exit 1
         traceback.print_exc()
         code = 1
     exit_process(code)
@@ -214,8 +263,11 @@ def one_thread_unless_told() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     if os.environ.get("RANK", "0") == "0":
-        print("note: OMP_NUM_THREADS is unset: 1 compute thread per process, as torchrun and the notebooks use "
-              "(set it to choose)", flush=True)
+        print(
+            "note: OMP_NUM_THREADS is unset: 1 compute thread per process, as torchrun and the notebooks use "
+            "(set it to choose)",
+            flush=True,
+        )
 
 
 def exit_process(code: int = 0) -> None:
@@ -238,8 +290,13 @@ def _wait_for_failing_peers(timeout_s: float = 10.0) -> None:
         return
     try:
         import time
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=timedelta(seconds=timeout_s))
+
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=timeout_s),
+        )
         key = f"lessons/failed_ranks/{attempt_if_known()}"
         store.add(key, 1)
         deadline = time.monotonic() + timeout_s
@@ -260,5 +317,3 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-

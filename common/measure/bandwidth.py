@@ -7,11 +7,12 @@ For all-reduce the factor is 2(n-1)/n, the share of the tensor a ring rank sends
 `time_calls` times each call on its own (after warm-up calls), so that a reader gets a median and a spread rather
 than one mean that a single slow call can dominate.
 """
+
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -30,14 +31,21 @@ def bus_bandwidth_factor(op: str, world_size: int) -> float:
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     n = world_size
-    factors = {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n,
-               "broadcast": 1.0, "reduce": 1.0}
+    factors = {
+        "all_reduce": 2 * (n - 1) / n,
+        "reduce_scatter": (n - 1) / n,
+        "all_gather": (n - 1) / n,
+        "broadcast": 1.0,
+        "reduce": 1.0,
+    }
     if op not in factors:
         raise ValueError(f"unknown op {op!r}; one of {sorted(factors)}")
     return factors[op] if n > 1 else 0.0
 
 
-def bandwidths(size_bytes: int, seconds: float, world_size: int, op: str = "all_reduce") -> tuple[float, float]:
+def bandwidths(
+    size_bytes: int, seconds: float, world_size: int, op: str = "all_reduce"
+) -> tuple[float, float]:
     """(algbw, busbw) in GB/s (1e9 bytes/s) for one call moving `size_bytes` per rank in `seconds`.
 
     Raises:
@@ -49,8 +57,9 @@ def bandwidths(size_bytes: int, seconds: float, world_size: int, op: str = "all_
     return algbw, algbw * bus_bandwidth_factor(op, world_size)
 
 
-def time_calls(fn: Callable[[], object], iters: int, warmup: int, device: torch.device,
-               distributed: bool) -> list[float]:
+def time_calls(
+    fn: Callable[[], object], iters: int, warmup: int, device: torch.device, distributed: bool
+) -> list[float]:
     """Seconds of each of `iters` calls of `fn` after `warmup` untimed calls; per call, the max over ranks.
 
     Before each call a barrier lines the ranks up (so one call's stragglers do not spill into the next) and on
@@ -84,4 +93,10 @@ def five_number_summary(seconds: list[float]) -> dict[str, float]:
     if not seconds:
         raise ValueError("no times to summarise")
     q1, _, q3 = statistics.quantiles(seconds, n=4) if len(seconds) > 1 else (seconds[0],) * 3
-    return {"median": statistics.median(seconds), "q1": q1, "q3": q3, "min": min(seconds), "max": max(seconds)}
+    return {
+        "median": statistics.median(seconds),
+        "q1": q1,
+        "q3": q3,
+        "min": min(seconds),
+        "max": max(seconds),
+    }

@@ -9,14 +9,22 @@
 - `count_collectives`: counts the Python-level calls to `torch.distributed` collectives in a block, with their
   bytes and the ranks of the group each travelled in.
 """
+
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["CommCounter", "SavedBytes", "saved_tensor_bytes", "CollectiveCount", "count_collectives", "local_shard"]
+__all__ = [
+    "CommCounter",
+    "SavedBytes",
+    "saved_tensor_bytes",
+    "CollectiveCount",
+    "count_collectives",
+    "local_shard",
+]
 
 
 @dataclass
@@ -53,7 +61,9 @@ class CommCounter:
         state.calls += 1
         state.bytes += buf.numel() * buf.element_size()
         buf.div_(dist.get_world_size(state.group))
-        fut = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=state.group, async_op=True).get_future()
+        fut = dist.all_reduce(
+            buf, op=dist.ReduceOp.SUM, group=state.group, async_op=True
+        ).get_future()
         return fut.then(lambda f: f.value()[0])
 
 
@@ -124,15 +134,27 @@ class CollectiveCount:
 
 
 _P2P = ("send", "recv", "isend", "irecv")
-_COUNTED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast", "reduce_scatter",
-            "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single", "gather", "scatter",
-            "reduce")
+_COUNTED = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "broadcast",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "reduce",
+)
 
 
 def _nbytes(args, kwargs) -> int:
     sizes = [0]
     for a in [*args, *kwargs.values()]:
-        for t in (a if isinstance(a, (list, tuple)) else [a]):
+        for t in a if isinstance(a, (list, tuple)) else [a]:
             if isinstance(t, torch.Tensor):
                 sizes.append(t.numel() * t.element_size())
     return max(sizes)

@@ -13,10 +13,11 @@ fails it. Three everyday ways to compute "the largest difference" swallow a NaN,
 the numbers with `nan_max`, and cross ranks with `max_over_ranks`. `common.harness.results.holds` is False for NaN and
 inf against a "<=" bound, so the claim fails and the lesson exits non-zero.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -65,14 +66,18 @@ def max_over_ranks(value: float, group=None) -> float:
         return value
     on_gpu = dist.get_backend(group) == "nccl"  # NCCL reduces CUDA tensors only
     is_nan = math.isnan(value)
-    t = torch.tensor([math.inf if is_nan else value, float(is_nan)], dtype=torch.float64,
-                     device="cuda" if on_gpu else "cpu")
+    t = torch.tensor(
+        [math.inf if is_nan else value, float(is_nan)],
+        dtype=torch.float64,
+        device="cuda" if on_gpu else "cpu",
+    )
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return math.nan if t[1].item() > 0 else t[0].item()
 
 
-def relative_difference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor],
-                        start: Sequence[torch.Tensor]) -> float:
+def relative_difference(
+    a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], start: Sequence[torch.Tensor]
+) -> float:
     """||a - b|| / ||b - start||, L2 over all elements: how far apart two runs ended, as a fraction of how far
     training moved the parameters from `start`. NaN or inf anywhere makes it NaN or inf (a claim fails).
 
@@ -82,8 +87,10 @@ def relative_difference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor],
     4.3e-6 of the movement (N = 2, 4, 8; 5 steps at lr 1e-3 and 50 at 1e-2), while an error in the algorithm
     (a wrong slice, a stale shard) is of the order of the movement itself.
     """
+
     def flat(ts):
         return torch.cat([t.detach().float().reshape(-1).cpu() for t in ts])
+
     a, b, start = flat(a), flat(b), flat(start)
     apart, moved = (a - b).norm().item(), (b - start).norm().item()
     if moved == 0.0:  # nothing moved (a tiny lr): equal or not at all

@@ -8,11 +8,12 @@ them reach the dispatcher as ops, where `torch.distributed.tensor.debug.CommDebu
 bytes and group, into the same `CollectiveCount` that `count_collectives` fills, so a lesson compares the two.
 `saved_local_bytes` is `common.measure.counters.saved_tensor_bytes` for DTensors: it counts the local shard a rank keeps.
 """
+
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -24,10 +25,19 @@ from common.measure.counters import CollectiveCount, SavedBytes
 
 __all__ = ["count_dtensor_collectives", "saved_local_bytes"]
 
-_NAMES = {"all_reduce": "all_reduce", "allreduce_": "all_reduce", "all_gather_into_tensor": "all_gather",
-          "_allgather_base_": "all_gather", "allgather_": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-          "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
-          "broadcast_": "broadcast", "all_to_all_single": "all_to_all", "alltoall_base_": "all_to_all"}
+_NAMES = {
+    "all_reduce": "all_reduce",
+    "allreduce_": "all_reduce",
+    "all_gather_into_tensor": "all_gather",
+    "_allgather_base_": "all_gather",
+    "allgather_": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_": "reduce_scatter",
+    "broadcast_": "broadcast",
+    "all_to_all_single": "all_to_all",
+    "alltoall_base_": "all_to_all",
+}
 
 
 class _Counted(CommDebugMode):
@@ -42,13 +52,26 @@ class _Counted(CommDebugMode):
         name = getattr(getattr(func, "_overloadpacket", None), "__name__", "")
         if name in _NAMES and not any(issubclass(t, DTensor) for t in types):
             op, c = _NAMES[name], self.counter
-            boxed = [a for a in args if isinstance(a, torch.ScriptObject)]  # c10d ops: the group comes first
-            group = (dist.ProcessGroup.unbox(boxed[0]) if boxed  # functional ops: the group name comes last
-                     else dist.distributed_c10d._resolve_process_group([a for a in args if isinstance(a, str)][-1]))
-            tensors = [t for a in args for t in (a if isinstance(a, (list, tuple)) else [a])
-                       if isinstance(t, torch.Tensor)]
+            boxed = [
+                a for a in args if isinstance(a, torch.ScriptObject)
+            ]  # c10d ops: the group comes first
+            group = (
+                dist.ProcessGroup.unbox(boxed[0])
+                if boxed  # functional ops: the group name comes last
+                else dist.distributed_c10d._resolve_process_group(
+                    [a for a in args if isinstance(a, str)][-1]
+                )
+            )
+            tensors = [
+                t
+                for a in args
+                for t in (a if isinstance(a, (list, tuple)) else [a])
+                if isinstance(t, torch.Tensor)
+            ]
             nbytes = max(t.numel() * t.element_size() for t in tensors)
-            if op == "all_gather" and name == "all_gather_into_tensor":  # functional: args are (shard, n, group)
+            if (
+                op == "all_gather" and name == "all_gather_into_tensor"
+            ):  # functional: args are (shard, n, group)
                 nbytes *= dist.get_world_size(group)
             key = (op, tuple(dist.get_process_group_ranks(group)))
             c.calls[op], c.bytes[op] = c.calls.get(op, 0) + 1, c.bytes.get(op, 0) + nbytes
@@ -75,11 +98,15 @@ def saved_local_bytes(exclude=()) -> Iterator[SavedBytes]:
 
     def key(t: torch.Tensor) -> tuple:
         t = t._local_tensor if isinstance(t, DTensor) else t
-        if isinstance(t, AsyncCollectiveTensor):  # a functional collective's result, not yet waited for
+        if isinstance(
+            t, AsyncCollectiveTensor
+        ):  # a functional collective's result, not yet waited for
             t = t.elem
         try:
             return t.untyped_storage().data_ptr(), str(t.device), t.untyped_storage().nbytes()
-        except RuntimeError:  # no real storage behind it (seen at batch size 1): count the tensor itself
+        except (
+            RuntimeError
+        ):  # no real storage behind it (seen at batch size 1): count the tensor itself
             return id(t), str(t.device), t.numel() * t.element_size()
 
     skip = {key(t) for t in exclude}

@@ -9,10 +9,11 @@
 - Gradient accumulation, the first memory saving (k micro-batches hold about 1/k of the activations):
   `no_sync_unless(model, last)` and `micro_batch_stream(...)`, the pieces of lesson 07's loop that lesson 08 reuses.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
-from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn as nn
@@ -23,8 +24,14 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from common.measure.counters import saved_tensor_bytes
 from common.models import mlp
 
-__all__ = ["ResidualMLP", "storage_bytes", "saved_activation_bytes", "residual_mlp_activation_bytes",
-           "no_sync_unless", "micro_batch_stream"]
+__all__ = [
+    "ResidualMLP",
+    "storage_bytes",
+    "saved_activation_bytes",
+    "residual_mlp_activation_bytes",
+    "no_sync_unless",
+    "micro_batch_stream",
+]
 
 
 class ResidualMLP(nn.Module):
@@ -46,10 +53,14 @@ class ResidualMLP(nn.Module):
     Linear's input, the GELU's input and the second Linear's input).
     """
 
-    def __init__(self, width: int = 256, depth: int = 4, in_features: int = 64, num_classes: int = 10):
+    def __init__(
+        self, width: int = 256, depth: int = 4, in_features: int = 64, num_classes: int = 10
+    ):
         super().__init__()
         self.stem = nn.Linear(in_features, width)
-        self.blocks = nn.ModuleList(mlp([width, width, width], activation=nn.GELU) for _ in range(depth))
+        self.blocks = nn.ModuleList(
+            mlp([width, width, width], activation=nn.GELU) for _ in range(depth)
+        )
         self.head = nn.Sequential(nn.GELU(), nn.Linear(width, num_classes))
         self.checkpointing = False
 
@@ -95,8 +106,14 @@ def saved_activation_bytes(model: nn.Module, run: Callable[[], object]) -> int:
     return saved.bytes
 
 
-def residual_mlp_activation_bytes(batch: int, width: int, depth: int, checkpointing: bool = False,
-                                  in_features: int = 64, element_size: int = 4) -> int:
+def residual_mlp_activation_bytes(
+    batch: int,
+    width: int,
+    depth: int,
+    checkpointing: bool = False,
+    in_features: int = 64,
+    element_size: int = 4,
+) -> int:
     """What `saved_activation_bytes` must measure for one fp32 forward of `ResidualMLP`, from the shapes.
 
     Plain: the stem saves its input (B, 64); each block saves 3 tensors of (B, w) (the first Linear's input, the
@@ -117,12 +134,15 @@ def no_sync_unless(model: nn.Module, last: bool):
     return model.no_sync() if isinstance(model, DDP) and not last else nullcontext()
 
 
-def micro_batch_stream(dataset: Dataset, micro_batch: int, world_size: int, rank: int,
-                       seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def micro_batch_stream(
+    dataset: Dataset, micro_batch: int, world_size: int, rank: int, seed: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Rank `rank`'s micro-batches of `micro_batch` samples, forever: its `DistributedSampler` shard, reshuffled
     at each pass by `set_epoch(epoch)`, the last incomplete micro-batch dropped (so every micro-batch has the
     same size and k of them average to the mean over k x micro_batch samples)."""
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    sampler = DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed
+    )
     loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True)
     epoch = 0
     while True:

@@ -7,14 +7,17 @@
 - `worst_over_ranks(values, info)`: each number's maximum over ranks, so that one claim covers every replica
   (NaN if any rank's is NaN: see `common.measure.differences`).
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
 from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
+
 if TYPE_CHECKING:  # a type only: the instruments import nothing from the harness
     from common.harness.env import DistInfo
 
@@ -33,7 +36,9 @@ def autocast_context(device: torch.device, precision: str):
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "fp32":
         return nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    return torch.autocast(
+        device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16
+    )
 
 
 def max_diff(a: Iterable[torch.Tensor], b: Iterable[torch.Tensor]) -> float:

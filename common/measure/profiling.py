@@ -1,4 +1,4 @@
-"""Where a DDP step's time goes, read from a `torch.profiler` chrome trace (lesson 15, benchmarks/ddp_knobs.py).
+"""Where a DDP step's time goes, read from a `torch.profiler` chrome trace (lesson 17, benchmarks/ddp_knobs.py).
 
 The lesson profiles a few steps with each phase inside `record_function("forward" | "backward" | "optimizer")`
 and exports the trace (`prof.export_chrome_trace(path)`, open it in https://ui.perfetto.dev or chrome://tracing).
@@ -17,18 +17,31 @@ This module turns one rank's trace into intervals, in ms from the step's start:
 Times are as the profiler saw them on a loaded machine: report them as `[perf]`, never assert on them. The
 number of all-reduces per step, however, is a count: one per bucket, whatever the timing.
 """
+
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
-__all__ = ["PHASES", "StepProfile", "load_trace", "union_length", "intersect_length", "step_profiles",
-           "summarize", "is_allreduce"]
+__all__ = [
+    "PHASES",
+    "StepProfile",
+    "load_trace",
+    "union_length",
+    "intersect_length",
+    "step_profiles",
+    "summarize",
+    "is_allreduce",
+]
 
-PHASES = ("forward", "backward", "optimizer")  # the record_function labels the lesson puts around each phase
+PHASES = (
+    "forward",
+    "backward",
+    "optimizer",
+)  # the record_function labels the lesson puts around each phase
 _ALLREDUCE = re.compile(r"^(gloo|nccl|c10d):all_?reduce$|nccl\w*kernel_?allreduce", re.IGNORECASE)
 _ENQUEUE = "c10d::allreduce_"  # the caller enqueuing an all-reduce: not the communication itself
 
@@ -72,7 +85,11 @@ class StepProfile:
         return self.allreduce_ms - self.hidden_ms
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "hidden_fraction": self.hidden_fraction, "exposed_ms": self.exposed_ms}
+        return {
+            **asdict(self),
+            "hidden_fraction": self.hidden_fraction,
+            "exposed_ms": self.exposed_ms,
+        }
 
 
 def load_trace(path: str | Path) -> list[dict]:
@@ -112,14 +129,20 @@ def step_profiles(events: list[dict]) -> list[StepProfile]:
     Raises:
         ValueError: the trace has no `forward` / `backward` ranges (profile with the PHASES labels).
     """
-    marks = {p: sorted((_span(e) for e in events if e["name"] == p and e.get("cat") == "user_annotation"))
-             for p in PHASES}
+    marks = {
+        p: sorted(_span(e) for e in events if e["name"] == p and e.get("cat") == "user_annotation")
+        for p in PHASES
+    }
     if not marks["forward"] or len(marks["backward"]) != len(marks["forward"]):
-        raise ValueError(f"trace needs one record_function range per phase {PHASES} per step; found "
-                         f"{ {p: len(v) for p, v in marks.items()} }")
+        raise ValueError(
+            f"trace needs one record_function range per phase {PHASES} per step; found "
+            f"{ {p: len(v) for p, v in marks.items()} }"
+        )
     kernels = [e for e in events if e.get("cat") == "kernel"]  # GPU kernels (CUDA traces only)
     issued = sorted(_span(e)[0] for e in events if e["name"] == _ENQUEUE)
-    nodes = [_span(e) for e in events if e["name"].startswith("autograd::engine::evaluate_function")]
+    nodes = [
+        _span(e) for e in events if e["name"].startswith("autograd::engine::evaluate_function")
+    ]
     if kernels:
         compute = [_span(e) for e in kernels if not is_allreduce(e["name"])]
     else:  # a node that issues a bucket (DDP's hook runs inside the gradient's AccumulateGrad node) computes
@@ -145,11 +168,17 @@ def step_profiles(events: list[dict]) -> list[StepProfile]:
         phases = {"forward": marks["forward"][i], "backward": marks["backward"][i]}
         if opt:
             phases["optimizer"] = opt[0]
-        steps.append(StepProfile(
-            phases={p: (ms(s), ms(e)) for p, (s, e) in phases.items()},
-            backward_window=(ms(window[0]), ms(window[1])), backward_ops=len(ops), ops_after_first_issue=after,
-            allreduce=[(ms(s), ms(e)) for s, e in ars],
-            allreduce_ms=union_length(ars) / 1000.0, hidden_ms=intersect_length(ars, window) / 1000.0))
+        steps.append(
+            StepProfile(
+                phases={p: (ms(s), ms(e)) for p, (s, e) in phases.items()},
+                backward_window=(ms(window[0]), ms(window[1])),
+                backward_ops=len(ops),
+                ops_after_first_issue=after,
+                allreduce=[(ms(s), ms(e)) for s, e in ars],
+                allreduce_ms=union_length(ars) / 1000.0,
+                hidden_ms=intersect_length(ars, window) / 1000.0,
+            )
+        )
     return steps
 
 
@@ -164,6 +193,8 @@ def summarize(steps: list[StepProfile]) -> dict:
         "ops_after_first_issue": [s.ops_after_first_issue for s in steps],
         "step_ms": sum(max(e for _, e in s.phases.values()) for s in steps) / n,
         "backward_ms": sum(s.phases["backward"][1] - s.phases["backward"][0] for s in steps) / n,
-        "allreduce_ms": total / n, "hidden_ms": hidden / n, "exposed_ms": (total - hidden) / n,
+        "allreduce_ms": total / n,
+        "hidden_ms": hidden / n,
+        "exposed_ms": (total - hidden) / n,
         "hidden_fraction": hidden / total if total > 0 else 0.0,
     }

@@ -1,1 +1,1 @@
-"""DDP's communication hooks and torch.compile's graphs, counted (lesson 15)."""
+"""DDP's communication hooks and torch.compile's graphs, counted (lesson 17)."""

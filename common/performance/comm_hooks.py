@@ -1,4 +1,4 @@
-"""DDP's communication, counted: PyTorch's own comm hooks by name, ready for CPU/gloo as for CUDA/NCCL (lesson 15).
+"""DDP's communication, counted: PyTorch's own comm hooks by name, ready for CPU/gloo as for CUDA/NCCL (lesson 17).
 
     hook, state = comm_hook("bf16")          # "allreduce", "fp16", "bf16", "powersgd1", "powersgd2", ...
     ddp_model.register_comm_hook(state, hook)
@@ -14,7 +14,7 @@
   next step; vectors (biases) and matrices that would not shrink by min_compression_rate (2) travel as they are.
   The first `start_powerSGD_iter` (2) steps all-reduce plainly (DDP rebuilds its buckets after step 1, unless
   find_unused_parameters=True without static_graph: then the first buckets are capped and never rebuilt).
-- `allreduces_per_backward`, `gradient_storage_bytes`, `predicted_buckets`: the counts lesson 15 claims.
+- `allreduces_per_backward`, `gradient_storage_bytes`, `predicted_buckets`: the counts lesson 17 claims.
 
 Two facts measured here (torch 2.13, gloo, CPU):
 1. DDP refuses a hook whose `__name__` is "bf16_compress_hook" unless CUDA with NCCL >= 2.10 is present; gloo
@@ -23,10 +23,11 @@ Two facts measured here (torch 2.13, gloo, CPU):
    threads, and with two or more buckets in flight the step never finished here (3 buckets hung; 1 bucket
    trains). Under gloo, give PowerSGD one bucket: `bucket_cap_mb` >= the gradient's MB. The hook is written
    for NCCL; we have not run it there.
-3. A PowerSGD state is training state (error feedback per rank, warm-start P and Q, its RNG, iter): lesson 15's
+3. A PowerSGD state is training state (error feedback per rank, warm-start P and Q, its RNG, iter): lesson 17's
    `resume_powersgd` restores it exactly, with `plain_until_switched` for the one backward that rebuilds buckets.
 Docs: https://pytorch.org/docs/stable/ddp_comm_hooks.html
 """
+
 # No `from __future__ import annotations`: DDP checks that a hook's annotations are the real GradBucket and
 # Future classes (common/measure/counters.py says the same).
 import torch
@@ -37,21 +38,31 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from common.measure.counters import count_collectives
 from common.measure.memory import storage_bytes
 
-__all__ = ["HOOKS", "comm_hook", "powersgd_rank", "plain_until_switched", "keeping_buffers", "allreduces_per_backward",
-           "gradient_storage_bytes", "predicted_buckets"]
+__all__ = [
+    "HOOKS",
+    "comm_hook",
+    "powersgd_rank",
+    "plain_until_switched",
+    "keeping_buffers",
+    "allreduces_per_backward",
+    "gradient_storage_bytes",
+    "predicted_buckets",
+]
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd1", "powersgd2", "powersgd4")
 
 
 def powersgd_rank(name: str) -> int:
-    """"powersgd4" -> 4; 0 for a hook that is not PowerSGD."""
-    return int(name[len("powersgd"):]) if name.startswith("powersgd") else 0
+    """ "powersgd4" -> 4; 0 for a hook that is not PowerSGD."""
+    return int(name[len("powersgd") :]) if name.startswith("powersgd") else 0
 
 
 def _wrap(hook):
     """`hook` under the name "compressed_hook" (DDP's bf16 check looks at the name only; see the docstring)."""
+
     def compressed_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         return hook(state, bucket)
+
     return compressed_hook
 
 
@@ -64,18 +75,26 @@ def comm_hook(name: str, process_group=None, seed: int = 0):
     if name == "allreduce":
         return default_hooks.allreduce_hook, process_group
     if name in ("fp16", "bf16"):
-        hook = default_hooks.fp16_compress_hook if name == "fp16" else default_hooks.bf16_compress_hook
+        hook = (
+            default_hooks.fp16_compress_hook if name == "fp16" else default_hooks.bf16_compress_hook
+        )
         return _wrap(hook), process_group
-    rank = powersgd_rank(name) if name[len("powersgd"):].isdigit() else 0
+    rank = powersgd_rank(name) if name[len("powersgd") :].isdigit() else 0
     if rank < 1:
-        raise ValueError(f"unknown comm hook {name!r}: expected one of {HOOKS} (powersgdR for any rank R >= 1)")
-    state = powerSGD_hook.PowerSGDState(process_group=process_group, matrix_approximation_rank=rank,
-                                        start_powerSGD_iter=2, random_seed=seed)
+        raise ValueError(
+            f"unknown comm hook {name!r}: expected one of {HOOKS} (powersgdR for any rank R >= 1)"
+        )
+    state = powerSGD_hook.PowerSGDState(
+        process_group=process_group,
+        matrix_approximation_rank=rank,
+        start_powerSGD_iter=2,
+        random_seed=seed,
+    )
     return _wrap(powerSGD_hook.powerSGD_hook), state
 
 
 def plain_until_switched(hook):
-    """(a hook that all-reduces plainly until `switch()` is called, then runs `hook`; switch). Lesson 15's
+    """(a hook that all-reduces plainly until `switch()` is called, then runs `hook`; switch). Lesson 17's
     exact PowerSGD resume runs one backward through the plain path so that DDP rebuilds its buckets before
     the hook and its restored state see a bucket (DDP without find_unused_parameters: with it, no rebuild)."""
     plain = [True]
@@ -85,15 +104,20 @@ def plain_until_switched(hook):
 
     def switch() -> None:
         plain[0] = False
+
     return resumed_hook, switch
 
 
 def keeping_buffers(buffers: list):
     """The "allreduce" hook that also appends each bucket's flat buffer to `buffers` (to count storages:
     with gradient_as_bucket_view=True every .grad is a view into one of them)."""
-    def allreduce_keeping_buffer(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+
+    def allreduce_keeping_buffer(
+        state, bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:
         buffers.append(bucket.buffer())
         return default_hooks.allreduce_hook(state, bucket)
+
     return allreduce_keeping_buffer
 
 
@@ -104,7 +128,9 @@ def allreduces_per_backward(model, batch, steps: int = 4, hook: str = "allreduce
     model.register_comm_hook(state, hook_fn)
     calls, nbytes = [], 0
     for _ in range(steps):
-        with count_collectives() as c:  # a PowerSGD hook's later all-reduces run before backward returns
+        with (
+            count_collectives() as c
+        ):  # a PowerSGD hook's later all-reduces run before backward returns
             F.cross_entropy(model(batch[0]), batch[1]).backward()
         calls.append(c.calls.get("all_reduce", 0))
         nbytes = c.bytes.get("all_reduce", 0)
@@ -117,7 +143,9 @@ def gradient_storage_bytes(model, batch) -> int:
     after 2 backward passes on batch = (x, y): 2 x the gradient without gradient_as_bucket_view, 1 x with it."""
     buffers = []  # the flat bucket tensors DDP all-reduces, kept by the hook
     model.register_comm_hook(None, keeping_buffers(buffers))
-    for _ in range(2):  # pass 1 runs with one bucket; buckets are rebuilt for pass 2 (no find_unused_parameters)
+    for _ in range(
+        2
+    ):  # pass 1 runs with one bucket; buckets are rebuilt for pass 2 (no find_unused_parameters)
         buffers.clear()
         F.cross_entropy(model(batch[0]), batch[1]).backward()
     return storage_bytes([p.grad for p in model.module.parameters()] + buffers)

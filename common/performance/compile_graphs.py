@@ -1,4 +1,4 @@
-"""torch.compile of a DDP model, counted: how many graphs DDPOptimizer cuts, and its rule (lesson 15, section 3).
+"""torch.compile of a DDP model, counted: how many graphs DDPOptimizer cuts, and its rule (lesson 17, section 3).
 
 DDPOptimizer (torch/_dynamo/backends/distributed.py) cuts the compiled forward where DDP's buckets end, so that
 with an AOTAutograd backend (inductor) each bucket's backward ends, and its all-reduce can start, before the
@@ -8,6 +8,7 @@ it refuses a cap below 1 MiB: AssertionError("First bucket should be smaller/equ
 comms warmed up ASAP"). So graphs equal DDP's buckets where DDP's first bucket is 1 MiB too: bucket_cap_mb=None
 (DDP's default) or 1.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,8 +31,10 @@ def compiled_graphs(model, batch, optimize_ddp: bool, backend: str) -> tuple[int
         graphs.append(gm)
         if backend == "inductor":
             from torch._inductor.compile_fx import compile_fx
+
             return compile_fx(gm, example_inputs)
         return gm.forward  # eager: run the captured graph as it is
+
     torch._dynamo.reset()
     with torch._dynamo.config.patch(optimize_ddp=optimize_ddp):
         compiled = torch.compile(model, backend=counting_backend)
@@ -48,8 +51,11 @@ def graphs_by_cap(make_ddp, batch, caps=(None, 1.0, 25.0)) -> dict:
     rows = {}
     for cap in caps:
         model = make_ddp(cap)
-        rows[str(cap)] = [compiled_graphs(model, batch, True, "eager")[0], predicted_buckets(model),
-                          predicted_buckets(model, first_bucket_bytes=dist._DEFAULT_FIRST_BUCKET_BYTES)]
+        rows[str(cap)] = [
+            compiled_graphs(model, batch, True, "eager")[0],
+            predicted_buckets(model),
+            predicted_buckets(model, first_bucket_bytes=dist._DEFAULT_FIRST_BUCKET_BYTES),
+        ]
     return rows
 
 

@@ -6,16 +6,19 @@ It runs the orders of `common.pipeline.schedules` (GPipe, 1F1B) on this rank's s
 https://pytorch.org/docs/stable/distributed.pipelining.html), which lesson 09 runs beside it. Unlike torch 2.13's,
 this one takes unequal micro-batches (3, 3, 3, 1) and weights each micro-batch's mean loss by n_i/N.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from common.pipeline.stage_timers import held_activation_bytes
+
+CPU = torch.device("cpu")
 
 __all__ = ["StepResult", "check_order", "run_pipeline_step"]
 
@@ -41,7 +44,9 @@ def check_order(order: Sequence[tuple[str, int]], num_microbatches: int) -> None
     """Raise ValueError unless `order` holds ('F', i) and ('B', i) once each for i < m, every F before its B."""
     m = num_microbatches
     if sorted(order) != sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)]):
-        raise ValueError(f"order must hold F and B of micro-batches 0..{m - 1} once each, got {order}")
+        raise ValueError(
+            f"order must hold F and B of micro-batches 0..{m - 1} once each, got {order}"
+        )
     forwarded: set[int] = set()
     for kind, i in order:
         if kind == "B" and i not in forwarded:
@@ -49,11 +54,21 @@ def check_order(order: Sequence[tuple[str, int]], num_microbatches: int) -> None
         forwarded.add(i)
 
 
-def run_pipeline_step(stage: nn.Module, order: Sequence[tuple[str, int]], *, pp_rank: int, pp_world_size: int,
-                      sizes: Sequence[int], recv_shape: tuple[int, ...], inputs: Sequence[torch.Tensor] = (),
-                      targets: Sequence[torch.Tensor] = (), loss_fn: Callable | None = None,
-                      device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
-                      stage_ranks: Sequence[int] | None = None) -> StepResult:
+def run_pipeline_step(
+    stage: nn.Module,
+    order: Sequence[tuple[str, int]],
+    *,
+    pp_rank: int,
+    pp_world_size: int,
+    sizes: Sequence[int],
+    recv_shape: tuple[int, ...],
+    inputs: Sequence[torch.Tensor] = (),
+    targets: Sequence[torch.Tensor] = (),
+    loss_fn: Callable | None = None,
+    device: torch.device = CPU,
+    dtype: torch.dtype = torch.float32,
+    stage_ranks: Sequence[int] | None = None,
+) -> StepResult:
     """Run forward and backward of one batch through this rank's stage in the given order; leaves .grad set.
 
     Activations go to the next stage and gradients to the previous one with `dist.isend` (non-blocking: with
@@ -146,4 +161,6 @@ def run_pipeline_step(stage: nn.Module, order: Sequence[tuple[str, int]], *, pp_
             live_bytes -= nbytes
     for s in sends:
         s.wait()
-    return StepResult(loss_sum if last else None, list(getattr(stage, "events", [])), peak_live, peak_bytes)
+    return StepResult(
+        loss_sum if last else None, list(getattr(stage, "events", [])), peak_live, peak_bytes
+    )

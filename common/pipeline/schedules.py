@@ -25,17 +25,29 @@ Zero-bubble schedules (Qi et al. 2023, https://arxiv.org/abs/2401.10241; torch 2
 ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble) split each backward into the input gradient, which the
 previous stage waits for, and the weight gradient, which can wait, and fill the bubble with the latter.
 """
+
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch.nn as nn
 
-__all__ = ["split_model", "default_split_points", "microbatch_sizes", "gpipe_order", "one_f_one_b_order",
-           "interleaved_stage_indices", "interleaved_1f1b_order", "schedule_order", "schedule_limit",
-           "peak_live_in_order", "theory_bubble", "theory_speedup"]
+__all__ = [
+    "split_model",
+    "default_split_points",
+    "microbatch_sizes",
+    "gpipe_order",
+    "one_f_one_b_order",
+    "interleaved_stage_indices",
+    "interleaved_1f1b_order",
+    "schedule_order",
+    "schedule_limit",
+    "peak_live_in_order",
+    "theory_bubble",
+    "theory_speedup",
+]
 
 
 # ----------------------------------------------------------------------------------------------- splitting
@@ -51,7 +63,9 @@ def split_model(model: nn.Sequential, split_points: Sequence[int]) -> list[nn.Se
     pts = list(split_points)
     for s in pts:
         if not 0 < s < n:
-            raise ValueError(f"split point {s} is outside the model: a {n}-module model can be cut at 1..{n - 1}")
+            raise ValueError(
+                f"split point {s} is outside the model: a {n}-module model can be cut at 1..{n - 1}"
+            )
     if any(b <= a for a, b in zip(pts, pts[1:])):
         raise ValueError(f"split points must be strictly increasing, got {pts}")
     bounds = [0, *pts, n]
@@ -83,13 +97,17 @@ def microbatch_sizes(batch_size: int, num_microbatches: int) -> list[int]:
     if num_microbatches < 1:
         raise ValueError(f"the number of micro-batches must be >= 1, got {num_microbatches}")
     if num_microbatches > batch_size:
-        raise ValueError(f"{num_microbatches} micro-batches need at least {num_microbatches} samples, "
-                         f"the batch has {batch_size}")
+        raise ValueError(
+            f"{num_microbatches} micro-batches need at least {num_microbatches} samples, "
+            f"the batch has {batch_size}"
+        )
     c = math.ceil(batch_size / num_microbatches)
     sizes = [min(c, batch_size - i * c) for i in range(num_microbatches)]
     if min(sizes) < 1:
-        raise ValueError(f"a batch of {batch_size} cut in chunks of {c} makes fewer than {num_microbatches} "
-                         f"micro-batches; choose m dividing the batch more evenly")
+        raise ValueError(
+            f"a batch of {batch_size} cut in chunks of {c} makes fewer than {num_microbatches} "
+            f"micro-batches; choose m dividing the batch more evenly"
+        )
     return sizes
 
 
@@ -100,7 +118,9 @@ def gpipe_order(num_microbatches: int) -> list[tuple[str, int]]:
     return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
 
 
-def one_f_one_b_order(num_microbatches: int, pp_world_size: int, pp_rank: int) -> list[tuple[str, int]]:
+def one_f_one_b_order(
+    num_microbatches: int, pp_world_size: int, pp_rank: int
+) -> list[tuple[str, int]]:
     """1F1B (PipeDream-Flush) on stage `pp_rank` of `pp_world_size`: warm-up forwards, one-forward-one-backward,
     cool-down.
 
@@ -124,8 +144,9 @@ def interleaved_stage_indices(pp_world_size: int, stages_per_rank: int, pp_rank:
     return [pp_rank + k * pp_world_size for k in range(stages_per_rank)]
 
 
-def interleaved_1f1b_order(num_microbatches: int, pp_world_size: int, stages_per_rank: int,
-                           pp_rank: int) -> list[tuple[str, int, int]]:
+def interleaved_1f1b_order(
+    num_microbatches: int, pp_world_size: int, stages_per_rank: int, pp_rank: int
+) -> list[tuple[str, int, int]]:
     """Interleaved 1F1B on rank `pp_rank`: [(kind, microbatch, stage), ...] over its v stages.
 
     The order torch 2.13's `ScheduleInterleaved1F1B` computes (schedules.py, `_get_warmup_ops` and
@@ -140,11 +161,15 @@ def interleaved_1f1b_order(num_microbatches: int, pp_world_size: int, stages_per
     m, p, v = num_microbatches, pp_world_size, stages_per_rank
     rounds = max(1, m // p)
     if m % rounds:
-        raise ValueError(f"interleaved 1F1B needs m to be a multiple of its rounds ({rounds}), got m={m}")
+        raise ValueError(
+            f"interleaved 1F1B needs m to be a multiple of its rounds ({rounds}), got m={m}"
+        )
     per_round = m // rounds
     warmup = min((v - 1) * per_round + 2 * (p - 1 - pp_rank), m * v)
     local = interleaved_stage_indices(p, v, pp_rank)
-    done: dict[tuple[str, int], int] = defaultdict(int)  # (kind, stage) -> micro-batches already scheduled
+    done: dict[tuple[str, int], int] = defaultdict(
+        int
+    )  # (kind, stage) -> micro-batches already scheduled
 
     def action(kind: str, stage: int) -> tuple[str, int, int]:
         done[kind, stage] += 1
@@ -159,8 +184,9 @@ def interleaved_1f1b_order(num_microbatches: int, pp_world_size: int, stages_per
     return order
 
 
-def schedule_order(schedule: str, num_microbatches: int, pp_world_size: int, pp_rank: int,
-                   stages_per_rank: int = 1) -> list[tuple]:
+def schedule_order(
+    schedule: str, num_microbatches: int, pp_world_size: int, pp_rank: int, stages_per_rank: int = 1
+) -> list[tuple]:
     """The order of "gpipe", "1f1b" or "interleaved-1f1b" (a "torch-" prefix is ignored) on rank `pp_rank`."""
     name, m, p = schedule.removeprefix("torch-"), num_microbatches, pp_world_size
     if name == "interleaved-1f1b":
@@ -170,8 +196,15 @@ def schedule_order(schedule: str, num_microbatches: int, pp_world_size: int, pp_
     return gpipe_order(m) if name == "gpipe" else one_f_one_b_order(m, p, pp_rank)
 
 
-def schedule_limit(schedule: str, batch_size: int, num_microbatches: int, pp_world_size: int,
-                   stages_per_rank: int = 2, process_group: bool = True, max_stages: int | None = None) -> str | None:
+def schedule_limit(
+    schedule: str,
+    batch_size: int,
+    num_microbatches: int,
+    pp_world_size: int,
+    stages_per_rank: int = 2,
+    process_group: bool = True,
+    max_stages: int | None = None,
+) -> str | None:
     """Why a schedule cannot run m micro-batches of N samples on p ranks (None when it can).
 
     torch 2.13's ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B ("torch-..." names) need a process group,

@@ -8,17 +8,27 @@ neutral layer that keeps the stage busy for a fixed time per sample (a sleep, st
 host waits on): on a shared 2-core CPU it makes stage compute dominate communication and scheduler noise, so the
 measured bubble can be compared with theory.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.nn as nn
 
-__all__ = ["SimulatedKernel", "TimedStage", "record_step", "measured_bubble", "busy_overlap_s", "peak_live",
-           "held_activation_bytes", "plot_timeline"]
+__all__ = [
+    "SimulatedKernel",
+    "TimedStage",
+    "record_step",
+    "measured_bubble",
+    "busy_overlap_s",
+    "peak_live",
+    "held_activation_bytes",
+    "plot_timeline",
+]
 
 
 class _SleepFn(torch.autograd.Function):
@@ -132,7 +142,9 @@ class TimedStage(nn.Module):
         self._count[kind] += 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.is_grad_enabled():  # e.g. PipelineStage's shape inference: not part of the training step
+        if (
+            not torch.is_grad_enabled()
+        ):  # e.g. PipelineStage's shape inference: not part of the training step
             return self.module(x)
         if self._dummy.device != x.device:
             self._dummy = torch.zeros((), requires_grad=True, device=x.device)
@@ -142,8 +154,13 @@ class TimedStage(nn.Module):
 T = TypeVar("T")
 
 
-def record_step(step: Callable[[], T], stages: Sequence[TimedStage], barrier: Callable[[], None],
-                ms_per_sample: float = 0.0, warmup: bool = True) -> tuple[T, list]:
+def record_step(
+    step: Callable[[], T],
+    stages: Sequence[TimedStage],
+    barrier: Callable[[], None],
+    ms_per_sample: float = 0.0,
+    warmup: bool = True,
+) -> tuple[T, list]:
     """Record one training step of this rank's stages from a time zero shared by all ranks.
 
     With `warmup`, `step` first runs with every SimulatedKernel off, then the gradients are cleared: in torch 2.13
@@ -226,7 +243,9 @@ def held_activation_bytes(params: Sequence[torch.Tensor] = ()) -> Iterator[list]
         yield out
 
 
-def plot_timeline(events_per_rank: Sequence[Sequence[tuple]], title: str = "", ax=None, unit: float = 1e3):
+def plot_timeline(
+    events_per_rank: Sequence[Sequence[tuple]], title: str = "", ax=None, unit: float = 1e3
+):
     """Gantt chart of a recorded step: one row per rank, forward boxes light, backward boxes dark, labelled
     with the micro-batch (and the stage, `F0s2`, when a rank holds several). Times in ms. Returns the Axes."""
     import matplotlib.pyplot as plt
@@ -238,9 +257,17 @@ def plot_timeline(events_per_rank: Sequence[Sequence[tuple]], title: str = "", a
     cmap = plt.get_cmap("tab10")
     for k, evs in enumerate(events_per_rank):
         for kind, i, s, e, stage in evs:
-            ax.barh(k, (e - s) * unit, left=(s - t0) * unit, height=0.8, color=cmap(i % 10),
-                    alpha=0.45 if kind == "F" else 0.95, edgecolor="black", linewidth=0.5,
-                    hatch="//" if several and stage >= len(events_per_rank) else None)
+            ax.barh(
+                k,
+                (e - s) * unit,
+                left=(s - t0) * unit,
+                height=0.8,
+                color=cmap(i % 10),
+                alpha=0.45 if kind == "F" else 0.95,
+                edgecolor="black",
+                linewidth=0.5,
+                hatch="//" if several and stage >= len(events_per_rank) else None,
+            )
             label = f"{kind}{i}" + (f"s{stage}" if several else "")
             ax.text((s - t0 + (e - s) / 2) * unit, k, label, ha="center", va="center", fontsize=6)
     ax.set_yticks(range(len(events_per_rank)), [f"rank {k}" for k in range(len(events_per_rank))])

@@ -1,1 +1,1 @@
-"""Planning a run: a cost model of a training step and a planner over layouts (lesson 18)."""
+"""Planning a run: a cost model of a training step and a planner over layouts (lesson 21)."""

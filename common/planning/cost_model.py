@@ -1,6 +1,6 @@
-"""A cost model of a training step: the bytes a rank holds, the FLOPs it computes, the bytes it sends (lesson 18).
+"""A cost model of a training step: the bytes a rank holds, the FLOPs it computes, the bytes it sends (lesson 21).
 
-Every function is a formula of shapes and counts; none allocates a model. Lesson 18 checks them EXACTLY against
+Every function is a formula of shapes and counts; none allocates a model. Lesson 21 checks them EXACTLY against
 what lessons 08 and 13 measure from tensors (storage bytes, saved activations, collective buffers), then uses them
 for models too big to build (`common.planning.planner`).
 
@@ -23,39 +23,69 @@ Bytes one rank sends in the ring model (lesson 02): all-reduce 2 B (N-1)/N, all-
 Time of a ring collective in the alpha-beta model: steps x alpha + bytes sent x beta (alpha: latency per step,
 beta: seconds per byte = 1 / bandwidth).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-__all__ = ["ADAM_MIXED_K", "zero_mixed_bytes", "sharded_fp32_bytes", "tp_layer_params", "tp_all_reduces",
-           "ring_bytes_sent", "residual_mlp_activations",
-           "transformer_layer_activations", "zero_paper_activations", "GPT", "gpt_params", "gpt_flops",
-           "residual_mlp_flops", "ring_time", "fit_alpha_beta", "mfu", "in_flight_micro_batches"]
+__all__ = [
+    "ADAM_MIXED_K",
+    "zero_mixed_bytes",
+    "sharded_fp32_bytes",
+    "tp_layer_params",
+    "tp_all_reduces",
+    "ring_bytes_sent",
+    "residual_mlp_activations",
+    "transformer_layer_activations",
+    "zero_paper_activations",
+    "GPT",
+    "gpt_params",
+    "gpt_flops",
+    "residual_mlp_flops",
+    "ring_time",
+    "fit_alpha_beta",
+    "mfu",
+    "in_flight_micro_batches",
+]
 
 ADAM_MIXED_K = 12  # fp32 master parameters + momentum + variance: 4 + 4 + 4 bytes per parameter
 
 
-def zero_mixed_bytes(n_params: float, n_ranks: int, stage: int, k: int = ADAM_MIXED_K,
-                     grad_bytes: int = 2) -> dict[str, float]:
+def zero_mixed_bytes(
+    n_params: float, n_ranks: int, stage: int, k: int = ADAM_MIXED_K, grad_bytes: int = 2
+) -> dict[str, float]:
     """Bytes per rank of parameters, gradients and optimizer state, mixed-precision Adam, ZeRO stage 0 (DDP)..3.
 
     Stage s shards the first s of (optimizer state, gradients, parameters) over `n_ranks`. `grad_bytes`: 2 for
     bf16 gradients (the ZeRO paper's), 4 for fp32 main gradients (Megatron-Core's, with bf16 parameters).
     """
     if stage not in (0, 1, 2, 3) or n_ranks < 1 or n_params < 0 or grad_bytes not in (2, 4):
-        raise ValueError(f"stage in 0..3, n_ranks >= 1, n_params >= 0, grad_bytes 2 or 4; got {stage}, "
-                         f"{n_ranks}, {n_params}, {grad_bytes}")
-    div = [n_ranks if stage >= i else 1 for i in (3, 2, 1)]  # parameters, gradients, optimizer state
-    out = {"parameters": 2 * n_params / div[0], "gradients": grad_bytes * n_params / div[1],
-           "optimizer_state": k * n_params / div[2]}
+        raise ValueError(
+            f"stage in 0..3, n_ranks >= 1, n_params >= 0, grad_bytes 2 or 4; got {stage}, "
+            f"{n_ranks}, {n_params}, {grad_bytes}"
+        )
+    div = [
+        n_ranks if stage >= i else 1 for i in (3, 2, 1)
+    ]  # parameters, gradients, optimizer state
+    out = {
+        "parameters": 2 * n_params / div[0],
+        "gradients": grad_bytes * n_params / div[1],
+        "optimizer_state": k * n_params / div[2],
+    }
     out["total"] = sum(out.values())
     return out
 
 
-def sharded_fp32_bytes(unit_numels: Sequence[int], tensors: int, n_ranks: int, stage: int,
-                       element_size: int = 4, adam_slots: int = 2) -> dict[str, float]:
+def sharded_fp32_bytes(
+    unit_numels: Sequence[int],
+    tensors: int,
+    n_ranks: int,
+    stage: int,
+    element_size: int = 4,
+    adam_slots: int = 2,
+) -> dict[str, float]:
     """EXACT bytes per rank of fp32 training with Adam: DDP (stage 0) or lesson 13's ZeRO by hand (1..3).
 
     unit_numels: elements of each flat unit (lesson 13: the stem, each block, the head); `tensors`: the model's
@@ -73,15 +103,23 @@ def sharded_fp32_bytes(unit_numels: Sequence[int], tensors: int, n_ranks: int, s
     shard = sum(math.ceil(n / N) for n in unit_numels)
     padded = N * shard
     if stage == 0:
-        return {"parameters": e * numel, "gradients": e * numel, "ddp_buckets": e * numel if N > 1 else 0,
-                "optimizer_state": adam_slots * e * numel + 4 * tensors,
-                "sent": ring_bytes_sent("all_reduce", e * numel, N)}
+        return {
+            "parameters": e * numel,
+            "gradients": e * numel,
+            "ddp_buckets": e * numel if N > 1 else 0,
+            "optimizer_state": adam_slots * e * numel + 4 * tensors,
+            "sent": ring_bytes_sent("all_reduce", e * numel, N),
+        }
     gathers = 2 if stage == 3 else 1
-    return {"parameters": e * (shard if stage == 3 else padded),
-            "gradients": e * (numel if stage == 1 else shard),
-            "optimizer_state": adam_slots * e * shard + 4 * len(unit_numels),
-            "sent": (gathers * ring_bytes_sent("all_gather", e * padded, N)
-                     + ring_bytes_sent("reduce_scatter", e * padded, N))}
+    return {
+        "parameters": e * (shard if stage == 3 else padded),
+        "gradients": e * (numel if stage == 1 else shard),
+        "optimizer_state": adam_slots * e * shard + 4 * len(unit_numels),
+        "sent": (
+            gathers * ring_bytes_sent("all_gather", e * padded, N)
+            + ring_bytes_sent("reduce_scatter", e * padded, N)
+        ),
+    }
 
 
 def tp_layer_params(h: int, tp: int) -> int:
@@ -91,7 +129,9 @@ def tp_layer_params(h: int, tp: int) -> int:
     return (12 * h * h + 7 * h) // tp + 6 * h
 
 
-def tp_all_reduces(layers: int, tp: int, tokens: int, h: int, element_size: int = 4) -> dict[str, int]:
+def tp_all_reduces(
+    layers: int, tp: int, tokens: int, h: int, element_size: int = 4
+) -> dict[str, int]:
     """The all-reduces of one forward + backward of `layers` tensor-parallel layers (attention and MLP each: g
     forward, f backward), each on the (tokens, h) activations; none at tp = 1 (f and g are identities)."""
     calls = 4 * layers if tp > 1 else 0
@@ -104,19 +144,37 @@ def ring_bytes_sent(op: str, buffer_bytes: float, n_ranks: int) -> float:
     return factor * buffer_bytes * (n_ranks - 1) / n_ranks
 
 
-def residual_mlp_activations(batch: int, width: int, depth: int, checkpointing: bool = False,
-                             in_features: int = 64, element_size: int = 4) -> int:
+def residual_mlp_activations(
+    batch: int,
+    width: int,
+    depth: int,
+    checkpointing: bool = False,
+    in_features: int = 64,
+    element_size: int = 4,
+) -> int:
     """Saved-activation bytes of lesson 08's ResidualMLP: what each layer keeps for its backward.
 
     Linear keeps its input, GELU its input. stem Linear(64): (B, 64); a block Linear -> GELU -> Linear: 3 x (B, w);
     head GELU -> Linear: 2 x (B, w). Checkpointing a block keeps its input only: 1 x (B, w).
     """
-    kept = {"stem": in_features, "blocks": depth * width * (1 if checkpointing else 3), "head": 2 * width}
+    kept = {
+        "stem": in_features,
+        "blocks": depth * width * (1 if checkpointing else 3),
+        "head": 2 * width,
+    }
     return element_size * batch * sum(kept.values())
 
 
-def transformer_layer_activations(s: int, b: int, h: int, a: int, tp: int = 1, sequence_parallel: bool = False,
-                                  recompute: bool = False, flash_attention: bool = False) -> float:
+def transformer_layer_activations(
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: bool = False,
+    flash_attention: bool = False,
+) -> float:
     """Korthikanti et al. 2022: activation bytes of one transformer layer (16-bit, with dropout masks).
 
     flash_attention: the kernel keeps no s x s scores (it recomputes them in backward), so the 5 a s / h term
@@ -138,6 +196,7 @@ def zero_paper_activations(h: int, b: int, s: int, layers: int, element_size: in
 class GPT:
     """A GPT-style decoder: `layers` blocks of (LayerNorm, attention, LayerNorm, 4h MLP), learned positions,
     untied output head, every Linear with a bias (common.planning.transformer builds exactly this)."""
+
     layers: int
     hidden: int
     heads: int
@@ -149,8 +208,12 @@ def gpt_params(c: GPT) -> dict[str, int]:
     """Parameters by kind. Per layer: qkv 3h^2 + 3h, projection h^2 + h, MLP 8h^2 + 5h, two LayerNorms 4h."""
     h = c.hidden
     per_layer = 12 * h * h + 13 * h
-    out = {"embeddings": c.vocab * h + c.seq * h, "layers": c.layers * per_layer,
-           "final_norm": 2 * h, "head": h * c.vocab + c.vocab}
+    out = {
+        "embeddings": c.vocab * h + c.seq * h,
+        "layers": c.layers * per_layer,
+        "final_norm": 2 * h,
+        "head": h * c.vocab + c.vocab,
+    }
     out["total"] = sum(out.values())
     return out
 
@@ -163,13 +226,18 @@ def gpt_flops(c: GPT, batch: int) -> dict[str, int]:
     matmuls). Attention: Q K^T and A V, 2 x 2 x b s^2 h per layer forward, x 3 with backward.
     """
     tokens = batch * c.seq
-    weights = c.layers * 12 * c.hidden ** 2 + c.hidden * c.vocab
-    out = {"weights": 6 * weights * tokens, "attention": 12 * batch * c.seq ** 2 * c.hidden * c.layers}
+    weights = c.layers * 12 * c.hidden**2 + c.hidden * c.vocab
+    out = {
+        "weights": 6 * weights * tokens,
+        "attention": 12 * batch * c.seq**2 * c.hidden * c.layers,
+    }
     out["total"] = out["weights"] + out["attention"]
     return out
 
 
-def residual_mlp_flops(batch: int, width: int, depth: int, in_features: int = 64, classes: int = 10) -> int:
+def residual_mlp_flops(
+    batch: int, width: int, depth: int, in_features: int = 64, classes: int = 10
+) -> int:
     """Matmul FLOPs of a forward + backward of lesson 08's ResidualMLP: 6 x weights x samples, less the stem's
     input gradient (2 x 64 w per sample), which backward skips because the data needs no gradient."""
     weights = in_features * width + 2 * depth * width * width + width * classes
@@ -182,7 +250,9 @@ def ring_time(op: str, buffer_bytes: float, n_ranks: int, alpha: float, beta: fl
     return steps * alpha + ring_bytes_sent(op, buffer_bytes, n_ranks) * beta
 
 
-def fit_alpha_beta(steps: Sequence[float], sent: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
+def fit_alpha_beta(
+    steps: Sequence[float], sent: Sequence[float], seconds: Sequence[float]
+) -> tuple[float, float]:
     """Least squares of seconds = alpha x steps + beta x bytes sent, in RELATIVE error (each row divided by its
     time, so that 1 KiB counts as much as 4 MiB); returns (alpha, beta)."""
     rows = [(a / t, b / t) for a, b, t in zip(steps, sent, seconds)]  # target: 1 for every row
@@ -196,7 +266,9 @@ def fit_alpha_beta(steps: Sequence[float], sent: Sequence[float], seconds: Seque
     return (s_a * s_bb - s_b * s_ab) / det, (s_aa * s_b - s_ab * s_a) / det
 
 
-def mfu(model_flops_per_step: float, step_seconds: float, n_devices: int, peak_flops: float) -> float:
+def mfu(
+    model_flops_per_step: float, step_seconds: float, n_devices: int, peak_flops: float
+) -> float:
     """Model-FLOPs utilisation: the model's FLOPs per second over what the devices could do at peak."""
     return model_flops_per_step / (step_seconds * n_devices * peak_flops)
 

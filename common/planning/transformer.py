@@ -1,4 +1,4 @@
-"""Lesson 18's tools for the shared GPT (`common.models.CausalTransformer`) at any size: attention written as
+"""Lesson 21's tools for the shared GPT (`common.models.CausalTransformer`) at any size: attention written as
 matmuls (what FLOP formulas count), the saved activations counted from shapes alone (so they work on `meta`),
 and an initialisation that gives the same values whether the model was built eagerly or on `meta`.
 
@@ -8,8 +8,9 @@ and an initialisation that gives the same values whether the model was built eag
 
 Why `matmul_attention`: torch.utils.flop_counter has no formula for the CPU kernel behind
 `F.scaled_dot_product_attention` in torch 2.13 (`_scaled_dot_product_flash_attention_for_cpu`), so on CPU the
-counter misses the attention's 12 b s^2 h L FLOPs (lesson 18 measures the gap); written out, they are counted.
+counter misses the attention's 12 b s^2 h L FLOPs (lesson 21 measures the gap); written out, they are counted.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,6 +55,7 @@ def saved_bytes_from_shapes(model, run) -> int:
         if id(root) not in params:
             roots[id(root)] = root  # keeps it alive, so that no other tensor reuses its id
         return t
+
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         run()
     return sum(r.numel() * r.element_size() for r in roots.values())

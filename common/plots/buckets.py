@@ -11,6 +11,7 @@ size). In a world of one the all-reduce moves no bytes, but the buckets and the 
 the same as on n ranks: both depend only on the model, `bucket_cap_mb` and the order backward produces the
 gradients.
 """
+
 import time
 
 import matplotlib.pyplot as plt
@@ -35,8 +36,14 @@ def record_buckets(model: torch.nn.Module, batch, bucket_cap_mb: float, steps: i
         events["ready"].append(((time.perf_counter() - events["t0"]) * 1e3, names[param]))
 
     def on_bucket(state, bucket):
-        events["buckets"].append(((time.perf_counter() - events["t0"]) * 1e3, bucket.index(),
-                                  [names[p] for p in bucket.parameters()], bucket.buffer().numel() * 4))
+        events["buckets"].append(
+            (
+                (time.perf_counter() - events["t0"]) * 1e3,
+                bucket.index(),
+                [names[p] for p in bucket.parameters()],
+                bucket.buffer().numel() * 4,
+            )
+        )
         return default_hooks.allreduce_hook(state, bucket)
 
     handles = [p.register_post_accumulate_grad_hook(on_grad) for p in model.parameters()]
@@ -61,12 +68,16 @@ def bucket_lines(events: dict) -> list[str]:
     """The buckets in the order their all-reduces were launched, and how many were launched before the last
     gradient was ready (no times printed: the lines are the same on every run)."""
     buckets = sorted(events["buckets"])
-    lines = [f"all-reduce {i + 1}: bucket {index}, {size / 1024:.1f} KiB: " + ", ".join(params)
-             for i, (_, index, params, size) in enumerate(buckets)]
+    lines = [
+        f"all-reduce {i + 1}: bucket {index}, {size / 1024:.1f} KiB: " + ", ".join(params)
+        for i, (_, index, params, size) in enumerate(buckets)
+    ]
     last_ready = max(ms for ms, _ in events["ready"])
     early = sum(ms < last_ready for ms, *_ in buckets)
-    lines.append("all-reduces launched while backward was still computing gradients: "
-                 f"{early} of {len(buckets)}")
+    lines.append(
+        "all-reduces launched while backward was still computing gradients: "
+        f"{early} of {len(buckets)}"
+    )
     return lines
 
 
@@ -76,7 +87,9 @@ def plot_bucket_timeline(events: dict, ax=None):
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 0.32 * len(events["ready"]) + 1.2))
     cmap = plt.get_cmap("tab10")
-    bucket_of = {name: k for k, (_, _, params, _) in enumerate(sorted(events["buckets"])) for name in params}
+    bucket_of = {
+        name: k for k, (_, _, params, _) in enumerate(sorted(events["buckets"])) for name in params
+    }
     for row, (ms, name) in enumerate(events["ready"]):
         ax.plot([0, ms], [row, row], color="0.85", lw=1)
         ax.plot(ms, row, "o", color=cmap(bucket_of.get(name, 9) % 10))
@@ -84,14 +97,24 @@ def plot_bucket_timeline(events: dict, ax=None):
     row_of = {name: row for row, (_, name) in enumerate(events["ready"])}
     for k, (ms, index, params, size) in enumerate(sorted(events["buckets"])):
         ax.axvline(ms, color=cmap(k % 10), lw=2, alpha=0.7)
-        last = max(row_of.get(name, 0) for name in params)  # the label sits below the bucket's last gradient
-        ax.text(ms, last + 0.5, f" all-reduce {k + 1}: bucket {index}, {size / 1024:.1f} KiB",
-                color=cmap(k % 10), fontsize=7, va="center")
+        last = max(
+            row_of.get(name, 0) for name in params
+        )  # the label sits below the bucket's last gradient
+        ax.text(
+            ms,
+            last + 0.5,
+            f" all-reduce {k + 1}: bucket {index}, {size / 1024:.1f} KiB",
+            color=cmap(k % 10),
+            fontsize=7,
+            va="center",
+        )
     ax.axvline(events["backward_ms"], color="k", ls="--", lw=1)
     ax.text(events["backward_ms"], -0.45, " backward() returns", fontsize=7)
     ax.set_ylim(len(events["ready"]) + 0.2, -0.7)
     ax.set_yticks([])
     ax.set_xlabel("ms since backward() started (this run, this machine)")
-    ax.set_title("gradients ready (dots, coloured by bucket) and each bucket's all-reduce launched (lines)",
-                 fontsize=8)
+    ax.set_title(
+        "gradients ready (dots, coloured by bucket) and each bucket's all-reduce launched (lines)",
+        fontsize=8,
+    )
     return ax

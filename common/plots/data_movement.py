@@ -1,10 +1,11 @@
 """Pictures of data movement for notebooks 06-08, measured from real tensors, groups and hooks.
 
-    record_micro_steps(model, variant, micro_batches)  # 07: the micro-step each bucket all-reduce ran in
-    plot_micro_step_timeline(rows, k)                  # 07: F+B boxes per micro-step, a mark per all-reduce
-    saved_bytes_timeline(model, forward, loss_of)      # 08: live saved-activation bytes, tensor by tensor
-    plot_rank_contributions(per_rank, total, labels)   # 06: what each rank puts into an all-reduce, gets back
+record_micro_steps(model, variant, micro_batches)  # 07: the micro-step each bucket all-reduce ran in
+plot_micro_step_timeline(rows, k)                  # 07: F+B boxes per micro-step, a mark per all-reduce
+saved_bytes_timeline(model, forward, loss_of)      # 08: live saved-activation bytes, tensor by tensor
+plot_rank_contributions(per_rank, total, labels)   # 06: what each rank puts into an all-reduce, gets back
 """
+
 # No `from __future__ import annotations`: DDP rejects a comm hook whose annotations are strings.
 import contextlib
 import datetime
@@ -17,9 +18,15 @@ import torch.distributed as dist
 
 from common.measure.counters import CommCounter
 
-__all__ = ["one_process_group", "record_micro_steps", "micro_step_timelines", "plot_micro_step_timeline",
-           "saved_bytes_timeline", "plot_saved_bytes",
-           "plot_rank_contributions"]
+__all__ = [
+    "one_process_group",
+    "record_micro_steps",
+    "micro_step_timelines",
+    "plot_micro_step_timeline",
+    "saved_bytes_timeline",
+    "plot_saved_bytes",
+    "plot_rank_contributions",
+]
 
 
 class _StepCounter(CommCounter):
@@ -45,8 +52,13 @@ def one_process_group():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=60),
+    )
     try:
         yield
     finally:
@@ -93,6 +105,7 @@ def micro_step_timelines(variants=VARIANTS, k: int = 4, seed: int = 0):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from common.measure.memory import ResidualMLP
+
     lesson = importlib.import_module("lessons.07_gradient_accumulation")
     torch.manual_seed(seed + dist.get_rank())  # each rank its own micro-batches
     x, y = torch.randn(4 * k, 1, 8, 8), torch.randint(10, (4 * k,))
@@ -110,19 +123,23 @@ def plot_micro_step_timeline(rows: dict, k: int, ax=None):
     backward), a red bar per bucket all-reduce in the micro-step that launched it."""
     if ax is None:
         _, ax = plt.subplots(figsize=(1.6 * k + 2.5, 0.8 * len(rows) + 1))
-    for r, (name, events) in enumerate(rows.items()):
+    for r, (_name, events) in enumerate(rows.items()):
         for m in range(k):
             ax.add_patch(plt.Rectangle((m, r + 0.1), 0.9, 0.5, color="C0", alpha=0.35))
             ax.text(m + 0.45, r + 0.35, f"F+B {m}", ha="center", va="center", fontsize=8)
             n = events.count(m)
-            for j in range(n):  # one thin red bar per bucket, side by side at the end of the micro-step
+            for j in range(
+                n
+            ):  # one thin red bar per bucket, side by side at the end of the micro-step
                 ax.add_patch(plt.Rectangle((m + 0.62 + 0.1 * j, r + 0.62), 0.08, 0.28, color="C3"))
         ax.text(k + 0.05, r + 0.5, f"{len(events)} all-reduces", va="center", fontsize=8)
     ax.set_xlim(0, k + 1.1)
     ax.set_ylim(len(rows), 0)
     ax.set_yticks([r + 0.5 for r in range(len(rows))], list(rows))
     ax.set_xticks([])
-    ax.set_xlabel("micro-steps of one optimizer step (blue: forward + backward, red: a bucket all-reduce)")
+    ax.set_xlabel(
+        "micro-steps of one optimizer step (blue: forward + backward, red: a bucket all-reduce)"
+    )
     return ax
 
 
@@ -154,14 +171,18 @@ def saved_bytes_timeline(model, forward, loss_of) -> list[tuple[str, int]]:
         live[0] += entry[0] * (entry[1] == 0)
         entry[1] += 1
         weakref.finalize(held, release, ptr)
-        timeline.append(("backward" if any(p == "backward" for p, _ in timeline) else "forward", live[0]))
+        timeline.append(
+            ("backward" if any(p == "backward" for p, _ in timeline) else "forward", live[0])
+        )
         return held
 
     def unpack(h):
         return h.t if isinstance(h, Held) else h
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        out = forward()  # the model's forward only: the loss's own saved tensors are not the model's
+        out = (
+            forward()
+        )  # the model's forward only: the loss's own saved tensors are not the model's
     loss_of(out).backward()
     del out
     return timeline
@@ -176,8 +197,10 @@ def plot_saved_bytes(timelines: dict, ax=None):
         ax.plot(range(len(ys)), ys, drawstyle="steps-post", label=f"{name} (peak {max(ys):.3f} MB)")
         turn = next((i for i, (p, _) in enumerate(tl) if p == "backward"), len(tl))
         ax.axvline(turn + 0.5, color=ax.lines[-1].get_color(), ls=":", lw=1)
-    ax.set(xlabel="saved-tensor events (dotted: backward starts freeing)",
-           ylabel="saved activations held (MB)")
+    ax.set(
+        xlabel="saved-tensor events (dotted: backward starts freeing)",
+        ylabel="saved activations held (MB)",
+    )
     ax.legend(fontsize=8)
     return ax
 
@@ -190,15 +213,26 @@ def plot_rank_contributions(per_rank, total, labels, title: str = "", ax=None):
     for r, row in enumerate(rows):
         last = r == len(rows) - 1
         for j, v in enumerate(row):
-            ax.add_patch(plt.Rectangle((j, r + 0.08 + 0.3 * last), 0.95, 0.84,
-                                       color="C2" if last else f"C{r % 10}", alpha=0.35))
-            ax.text(j + 0.47, r + 0.5 + 0.3 * last, f"{v:.4g}", ha="center", va="center", fontsize=9)
+            ax.add_patch(
+                plt.Rectangle(
+                    (j, r + 0.08 + 0.3 * last),
+                    0.95,
+                    0.84,
+                    color="C2" if last else f"C{r % 10}",
+                    alpha=0.35,
+                )
+            )
+            ax.text(
+                j + 0.47, r + 0.5 + 0.3 * last, f"{v:.4g}", ha="center", va="center", fontsize=9
+            )
     ax.axhline(len(per_rank) + 0.2, color="k", lw=1)
     ax.set_xlim(0, len(labels))
     ax.set_ylim(len(rows) + 0.4, 0)
     ax.set_xticks([j + 0.47 for j in range(len(labels))], labels)
     ax.xaxis.tick_top()
-    ax.set_yticks([r + 0.5 + 0.3 * (r == len(per_rank)) for r in range(len(rows))],
-                  [f"rank {r} sends" for r in range(len(per_rank))] + ["all-reduce (SUM):\nevery rank gets"])
+    ax.set_yticks(
+        [r + 0.5 + 0.3 * (r == len(per_rank)) for r in range(len(rows))],
+        [f"rank {r} sends" for r in range(len(per_rank))] + ["all-reduce (SUM):\nevery rank gets"],
+    )
     ax.set_title(title, fontsize=10)
     return ax

@@ -5,6 +5,7 @@ innermost first, one per line as `    function (file:line)`. The picture stacks 
 frames every rank shares in grey, and colours where each rank went its own way: red for a frame inside
 torch.distributed (the rank waits in a collective), orange for any other (the rank never reached it).
 """
+
 from __future__ import annotations
 
 import re
@@ -40,21 +41,40 @@ def plot_rank_stacks(dumps: dict[int, str], title: str = "where every rank is"):
     fig, ax = plt.subplots(figsize=(4.2 * len(stacks), 0.55 * height + 1.2))
     for col, (rank, frames) in enumerate(stacks.items()):
         for level, (func, where) in enumerate(frames):
-            kind = "shared" if level < depth else (
-                "collective" if where.startswith("torch/distributed") else "elsewhere")
+            kind = (
+                "shared"
+                if level < depth
+                else ("collective" if where.startswith("torch/distributed") else "elsewhere")
+            )
             ax.add_patch(plt.Rectangle((col, level), 0.92, 0.85, color=COLORS[kind]))
-            ax.text(col + 0.46, level + 0.42, f"{func}\n{where}", ha="center", va="center", fontsize=7)
+            ax.text(
+                col + 0.46, level + 0.42, f"{func}\n{where}", ha="center", va="center", fontsize=7
+            )
         top = frames[-1][0] if frames else "(no frames)"
         inside = bool(frames) and frames[-1][1].startswith("torch/distributed")
-        ax.text(col + 0.46, len(frames) + 0.2, f"rank {rank}: " + (f"waits in {top}" if inside else
-                "never calls the collective"), ha="center", fontsize=9, weight="bold")
+        ax.text(
+            col + 0.46,
+            len(frames) + 0.2,
+            f"rank {rank}: " + (f"waits in {top}" if inside else "never calls the collective"),
+            ha="center",
+            fontsize=9,
+            weight="bold",
+        )
     ax.set_xlim(-0.05, len(stacks))
     ax.set_ylim(0, height + 0.8)
     ax.axis("off")
-    ax.legend(handles=[Patch(color=COLORS["shared"], label="frames every rank shares"),
-                       Patch(color=COLORS["collective"], label="inside torch.distributed"),
-                       Patch(color=COLORS["elsewhere"], label="where the ranks part, outside it")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=3, fontsize=7, frameon=False)
+    ax.legend(
+        handles=[
+            Patch(color=COLORS["shared"], label="frames every rank shares"),
+            Patch(color=COLORS["collective"], label="inside torch.distributed"),
+            Patch(color=COLORS["elsewhere"], label="where the ranks part, outside it"),
+        ],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.02),
+        ncol=3,
+        fontsize=7,
+        frameon=False,
+    )
     ax.set_title(f"{title} (outermost frame at the bottom)")
     fig.tight_layout()
     return fig

@@ -12,6 +12,7 @@ Lessons print run-dependent numbers (times, throughput, memory) on lines that st
 `LessonRun.show()` leaves them out so that a notebook cell's output is the same on every run (nbval compares
 it), and `show(perf=True)` prints only them (in a cell marked `# NBVAL_IGNORE_OUTPUT`).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,15 +23,22 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from common.harness.results import PERF_PREFIX
 from common.run.launch_cache import cache_dir, config_key, log_launch, shareable, shared_launch
 
-__all__ = ["REPO_ROOT", "LessonRun", "LessonTimeout", "lesson_path", "torchrun_command",
-           "run_lesson", "run_command"]
+__all__ = [
+    "REPO_ROOT",
+    "LessonRun",
+    "LessonTimeout",
+    "lesson_path",
+    "torchrun_command",
+    "run_lesson",
+    "run_command",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,17 +76,19 @@ class LessonRun:
     def lines(self, perf: bool = False) -> list[str]:
         """stdout lines without the [perf] lines (default), or only the [perf] lines."""
         out = self.stdout.splitlines()
-        return [l for l in out if l.startswith(PERF_PREFIX) == perf]
+        return [line for line in out if line.startswith(PERF_PREFIX) == perf]
 
     def show(self, perf: bool = False) -> None:
         """Print the deterministic lines (default) or the [perf] lines."""
         print("\n".join(self.lines(perf)))
 
-    def check(self) -> "LessonRun":
+    def check(self) -> LessonRun:
         """Raise RuntimeError with the output when the run failed; return self otherwise."""
         if self.returncode != 0:
-            raise RuntimeError(f"{' '.join(self.command)} exited with {self.returncode}\n"
-                               f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}")
+            raise RuntimeError(
+                f"{' '.join(self.command)} exited with {self.returncode}\n"
+                f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}"
+            )
         return self
 
 
@@ -94,8 +104,14 @@ def lesson_path(lesson: str | Path) -> Path:
     return p
 
 
-def torchrun_command(lesson: str | Path, nproc: int | None = 2, args: Sequence[str] = (), *, nnodes: int = 1,
-                     rdzv_endpoint: str | None = None) -> list[str]:
+def torchrun_command(
+    lesson: str | Path,
+    nproc: int | None = 2,
+    args: Sequence[str] = (),
+    *,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+) -> list[str]:
     """The argv to launch `lesson` with `nproc` processes per node (None: plain `python lesson.py`).
 
     With nnodes > 1, run the same command on every node with the same `rdzv_endpoint` ("HOST:PORT"): the c10d
@@ -111,8 +127,12 @@ def torchrun_command(lesson: str | Path, nproc: int | None = 2, args: Sequence[s
     if nnodes == 1 and rdzv_endpoint is None:
         cmd.append("--standalone")
     else:
-        cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-                f"--rdzv-id=lessons-{uuid.uuid4().hex[:12]}"]
+        cmd += [
+            f"--nnodes={nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv_endpoint}",
+            f"--rdzv-id=lessons-{uuid.uuid4().hex[:12]}",
+        ]
     return [*cmd, path, *args]
 
 
@@ -145,12 +165,23 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def run_command(cmd: Sequence[str], timeout_s: float = 120, env: dict | None = None,
-                cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+def run_command(
+    cmd: Sequence[str],
+    timeout_s: float = 120,
+    env: dict | None = None,
+    cwd: str | Path | None = None,
+) -> subprocess.CompletedProcess:
     """Run `cmd` in its own process group; on timeout kill it and every process below it, and raise
     LessonTimeout."""
-    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(env), cwd=cwd or REPO_ROOT, start_new_session=True)
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(env),
+        cwd=cwd or REPO_ROOT,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -165,8 +196,15 @@ def run_command(cmd: Sequence[str], timeout_s: float = 120, env: dict | None = N
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
 
 
-def run_lesson(lesson: str | Path, nproc: int | None = 2, args: Sequence[str] = (), timeout_s: float = 120,
-               env: dict | None = None, results: bool = True, share: bool = True) -> LessonRun:
+def run_lesson(
+    lesson: str | Path,
+    nproc: int | None = 2,
+    args: Sequence[str] = (),
+    timeout_s: float = 120,
+    env: dict | None = None,
+    results: bool = True,
+    share: bool = True,
+) -> LessonRun:
     """Launch a lesson under torchrun with `nproc` processes (None: plain python) and wait for it.
 
     Args:
@@ -187,19 +225,41 @@ def run_lesson(lesson: str | Path, nproc: int | None = 2, args: Sequence[str] = 
     """
     path = lesson_path(lesson)
     directory = cache_dir()
-    label = {"file": _relative(path), "nproc": nproc, "args": [str(a) for a in args], "timeout_s": timeout_s}
+    label = {
+        "file": _relative(path),
+        "nproc": nproc,
+        "args": [str(a) for a in args],
+        "timeout_s": timeout_s,
+    }
     if directory is None or not share or not shareable(args):
         run = _launch(path, nproc, args, timeout_s, env, results)
         if directory is not None:  # counted, not shared: a path among the arguments, or share=False
-            log_launch(directory, {**label, "key": None, "shared": False, "wall_s": run["wall_s"],
-                                    "cpu_s": run["cpu_s"]})
+            log_launch(
+                directory,
+                {
+                    **label,
+                    "key": None,
+                    "shared": False,
+                    "wall_s": run["wall_s"],
+                    "cpu_s": run["cpu_s"],
+                },
+            )
         return LessonRun(**run)
     key = config_key(REPO_ROOT, path, nproc, args, env, results)
-    run = shared_launch(directory, key, label, timeout_s,
-                        lambda: _launch(path, nproc, args, timeout_s, env, results))
-    if run["wall_s"] > timeout_s:  # launched for a caller that allowed longer: past this caller's bound
-        raise LessonTimeout(f"{' '.join(run['command'])} took {run['wall_s']:.0f} s, more than {timeout_s} s",
-                            run["stdout"] + run["stderr"])
+    run = shared_launch(
+        directory,
+        key,
+        label,
+        timeout_s,
+        lambda: _launch(path, nproc, args, timeout_s, env, results),
+    )
+    if (
+        run["wall_s"] > timeout_s
+    ):  # launched for a caller that allowed longer: past this caller's bound
+        raise LessonTimeout(
+            f"{' '.join(run['command'])} took {run['wall_s']:.0f} s, more than {timeout_s} s",
+            run["stdout"] + run["stderr"],
+        )
     return LessonRun(**run)
 
 
@@ -210,8 +270,14 @@ def _relative(path: Path) -> str:
         return str(path)
 
 
-def _launch(path: Path, nproc: int | None, args: Sequence[str], timeout_s: float, env: dict | None,
-            results: bool) -> dict:
+def _launch(
+    path: Path,
+    nproc: int | None,
+    args: Sequence[str],
+    timeout_s: float,
+    env: dict | None,
+    results: bool,
+) -> dict:
     """One launch, as the fields of a LessonRun."""
     with tempfile.TemporaryDirectory() as tmp:
         res_path = Path(tmp) / "results.json"
@@ -221,8 +287,15 @@ def _launch(path: Path, nproc: int | None, args: Sequence[str], timeout_s: float
         proc = run_command(cmd, timeout_s, env)
         wall, cpu = time.perf_counter() - t0, _children_cpu_s() - cpu0
         parsed = json.loads(res_path.read_text()) if results and res_path.is_file() else None
-    return {"command": cmd, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
-            "results": parsed, "wall_s": wall, "cpu_s": cpu}
+    return {
+        "command": cmd,
+        "returncode": proc.returncode,
+        "stdout": proc.stdout,
+        "stderr": proc.stderr,
+        "results": parsed,
+        "wall_s": wall,
+        "cpu_s": cpu,
+    }
 
 
 def _children_cpu_s() -> float:

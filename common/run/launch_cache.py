@@ -19,6 +19,7 @@ repeats a command to time it).
 Every call is logged to `launches.jsonl` in the directory (key, file, processes, arguments, seconds, shared or
 not): tests/conftest.py prints how many launches the session made and how many it shared.
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,24 +30,47 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 try:
     import fcntl  # the lock per key; where there is none (Windows) nothing is shared
 except ImportError:
     fcntl = None
 
-__all__ = ["CACHE_ENV", "cache_dir", "make_session_dir", "shareable", "config_key", "shared_launch",
-           "log_launch", "read_log"]
+__all__ = [
+    "CACHE_ENV",
+    "cache_dir",
+    "make_session_dir",
+    "shareable",
+    "config_key",
+    "shared_launch",
+    "log_launch",
+    "read_log",
+]
 
 CACHE_ENV = "LESSONS_LAUNCH_CACHE"
 SOURCE_DIRS = ("common", "lessons", "minimal", "benchmarks")
-MARKER = "made-by-a-pytest-session"  # written by tests/conftest.py: a directory set by hand is not used
+MARKER = (
+    "made-by-a-pytest-session"  # written by tests/conftest.py: a directory set by hand is not used
+)
 # environment variables a launch inherits that can change what it does (the rest, such as PYTEST_CURRENT_TEST
 # or a notebook kernel's own, cannot): part of the key
-ENV_PREFIXES = ("CUDA_", "HIP_", "ROCR_", "PET_", "TORCH", "NCCL_", "GLOO_", "OMP_", "MKL_", "KMP_",
-                "MASTER_", "PYTHON", "LD_")
+ENV_PREFIXES = (
+    "CUDA_",
+    "HIP_",
+    "ROCR_",
+    "PET_",
+    "TORCH",
+    "NCCL_",
+    "GLOO_",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "MASTER_",
+    "PYTHON",
+    "LD_",
+)
 ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "PATH")
 
 
@@ -90,20 +114,31 @@ def _torch_version() -> str:
 
 
 def _inherited_env() -> list:
-    return sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES)
+    return sorted(
+        (k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES
+    )
 
 
-def config_key(root: Path, path: Path, nproc: int | None, args: Sequence[str], env: dict | None,
-               results: bool) -> str:
+def config_key(
+    root: Path, path: Path, nproc: int | None, args: Sequence[str], env: dict | None, results: bool
+) -> str:
     """The configuration's key: sources, launched file, processes, arguments, environment, --results."""
-    config = {"sources": _sources_digest(str(root)), "file": str(Path(path).resolve()), "nproc": nproc,
-              "args": [str(a) for a in args], "env": sorted((env or {}).items(), key=str), "results": results,
-              "inherited": _inherited_env()}
+    config = {
+        "sources": _sources_digest(str(root)),
+        "file": str(Path(path).resolve()),
+        "nproc": nproc,
+        "args": [str(a) for a in args],
+        "env": sorted((env or {}).items(), key=str),
+        "results": results,
+        "inherited": _inherited_env(),
+    }
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 def log_launch(directory: Path, record: dict) -> None:
-    with open(directory / "launches.jsonl", "a") as f:  # one short line per write: appends do not interleave
+    with open(
+        directory / "launches.jsonl", "a"
+    ) as f:  # one short line per write: appends do not interleave
         f.write(json.dumps(record) + "\n")
 
 
@@ -128,8 +163,9 @@ def _wait_for_lock(lock_file, timeout_s: float) -> bool:
             time.sleep(0.2)
 
 
-def shared_launch(directory: Path, key: str, label: dict, timeout_s: float,
-                  launch: Callable[[], dict]) -> dict:
+def shared_launch(
+    directory: Path, key: str, label: dict, timeout_s: float, launch: Callable[[], dict]
+) -> dict:
     """The run stored under `key`, or `launch()`'s run (a dict) stored there for the next caller.
 
     `launch` raises on a timeout: nothing is stored, and the next caller launches again.
@@ -138,17 +174,30 @@ def shared_launch(directory: Path, key: str, label: dict, timeout_s: float,
     t0 = time.monotonic()
     with open(directory / f"{key}.lock", "w") as lock_file:
         if not _wait_for_lock(lock_file, timeout_s):
-            run = launch()  # the first caller is still at it after our own timeout: launch ourselves
+            run = (
+                launch()
+            )  # the first caller is still at it after our own timeout: launch ourselves
         elif stored.is_file():
             run = json.loads(stored.read_text())
-            log_launch(directory, {**label, "key": key, "shared": True, "wall_s": run["wall_s"],
-                                   "cpu_s": run["cpu_s"], "waited_s": round(time.monotonic() - t0, 1)})
+            log_launch(
+                directory,
+                {
+                    **label,
+                    "key": key,
+                    "shared": True,
+                    "wall_s": run["wall_s"],
+                    "cpu_s": run["cpu_s"],
+                    "waited_s": round(time.monotonic() - t0, 1),
+                },
+            )
             return run
         else:
             run = launch()
             tmp = stored.with_suffix(".tmp")
             tmp.write_text(json.dumps(run))
             os.replace(tmp, stored)  # atomic: a reader sees the whole run or none
-    log_launch(directory, {**label, "key": key, "shared": False, "wall_s": run["wall_s"],
-                           "cpu_s": run["cpu_s"]})
+    log_launch(
+        directory,
+        {**label, "key": key, "shared": False, "wall_s": run["wall_s"], "cpu_s": run["cpu_s"]},
+    )
     return run

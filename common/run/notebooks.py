@@ -7,6 +7,7 @@ Each notebook runs top to bottom in a fresh kernel from its own folder (as nbval
 timeout; the outputs are written back into the file. Then `python -m pytest notebooks` checks that a second run
 reproduces them (nbval, strict mode).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,23 @@ MINIMAL = NOTEBOOKS.parent / "minimal"
 
 # Which minimal script each one is a diff from: 01 -> 03 adds DDP, 04-08, 13 and 14 change 03's loop, the
 # model-parallel scripts build on each other (10 -> 11), and a later lesson's script on the one it extends.
-MINIMAL_BASE = {"02": "01", "03": "01", "04": "03", "05": "03", "06": "03", "07": "03", "08": "07", "09": "03",
-                "10": "03", "11": "10", "13": "03", "14": "03", "16": "10", "17": "16", "18": "13"}
+MINIMAL_BASE = {
+    "02": "01",
+    "03": "01",
+    "04": "03",
+    "05": "03",
+    "06": "03",
+    "07": "03",
+    "08": "07",
+    "09": "03",
+    "10": "03",
+    "11": "10",
+    "13": "03",
+    "16": "03",
+    "19": "10",
+    "20": "19",
+    "21": "13",
+}
 
 
 def minimal_path(number: str) -> Path:
@@ -40,8 +56,14 @@ def minimal_diff(lesson: str, base: str | None = None, context: int = 1) -> str:
     "03_ddp"), read from the files now, so a notebook cell that prints it can never show stale code."""
     number = lesson[:2]
     old, new = minimal_path(base or MINIMAL_BASE[number]), minimal_path(number)
-    lines = difflib.unified_diff(old.read_text().splitlines(), new.read_text().splitlines(),
-                                 f"minimal/{old.name}", f"minimal/{new.name}", n=context, lineterm="")
+    lines = difflib.unified_diff(
+        old.read_text().splitlines(),
+        new.read_text().splitlines(),
+        f"minimal/{old.name}",
+        f"minimal/{new.name}",
+        n=context,
+        lineterm="",
+    )
     return "\n".join(lines)
 
 
@@ -49,8 +71,12 @@ def execute_in_place(path: Path, timeout_s: int = 180) -> float:
     """Execute `path` in a fresh python3 kernel and overwrite it with its outputs; returns seconds taken."""
     nb = nbformat.read(path, as_version=4)
     t0 = time.perf_counter()
-    NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(
+        nb,
+        timeout=timeout_s,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    ).execute()
     nbformat.write(nb, path)
     return time.perf_counter() - t0
 

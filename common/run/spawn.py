@@ -15,6 +15,7 @@ lives in the parent's `__main__`, which has no file a child could import, so eve
 See https://pytorch.org/docs/stable/multiprocessing.html#spawning-subprocesses and the "programming
 guidelines" of Python's multiprocessing (https://docs.python.org/3/library/multiprocessing.html).
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,8 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
@@ -58,7 +59,9 @@ class SpawnOutcome:
         return sorted({line.strip() for line in self.output.splitlines() if text in line})
 
 
-def spawn_and_wait(fn: Callable, args: tuple = (), nprocs: int = 2, timeout_s: float = 60.0) -> SpawnOutcome:
+def spawn_and_wait(
+    fn: Callable, args: tuple = (), nprocs: int = 2, timeout_s: float = 60.0
+) -> SpawnOutcome:
     """`mp.spawn(fn, args=args, nprocs=nprocs)` with MASTER_ADDR/PORT set for it, bounded by `timeout_s`.
 
     The children's stdout and stderr go to a file (returned as `output`), not to the caller's: in a notebook
@@ -73,8 +76,11 @@ def spawn_and_wait(fn: Callable, args: tuple = (), nprocs: int = 2, timeout_s: f
         saved_fds, saved_env = [os.dup(1), os.dup(2)], dict(os.environ)
         # the parent's job: say where rank 0's store listens (the children inherit the environment); and one
         # thread per child unless told otherwise, as common.run.launch does (N processes on few cores)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                          OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+            OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+        )
         try:  # the children inherit file descriptors 1 and 2 as they are while they start
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
@@ -87,7 +93,9 @@ def spawn_and_wait(fn: Callable, args: tuple = (), nprocs: int = 2, timeout_s: f
             os.environ.clear()
             os.environ.update(saved_env)
         deadline, error = time.monotonic() + timeout_s, ""
-        quiet = logging.getLogger("torch.multiprocessing.spawn")  # "Terminating process <pid>": run-dependent
+        quiet = logging.getLogger(
+            "torch.multiprocessing.spawn"
+        )  # "Terminating process <pid>": run-dependent
         level = quiet.level
         quiet.setLevel(logging.ERROR)
         try:

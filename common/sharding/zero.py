@@ -25,10 +25,11 @@ Frozen parameters (requires_grad=False) are handled as DDP and torch.optim handl
 wrap time, then left out of the flat buffers (no gradient, no optimizer state, whole on every rank, untouched).
 A parameter tied (shared) between modules must sit in one unit, as FSDP asks.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -49,7 +50,9 @@ def check_stages(text: str) -> list[int]:
         raise LessonError(f"--stages takes ZeRO stage numbers like 1,2,3; got {text!r}") from None
     bad = [s for s in stages if s not in STAGES]
     if bad:
-        raise LessonError(f"ZeRO has stages 1, 2 and 3 (optimizer state, + gradients, + parameters); got {bad[0]}")
+        raise LessonError(
+            f"ZeRO has stages 1, 2 and 3 (optimizer state, + gradients, + parameters); got {bad[0]}"
+        )
     return sorted(set(stages))
 
 
@@ -62,9 +65,11 @@ def check_world_size(unit_numels: dict[str, int], world_size: int) -> None:
     for name, n in unit_numels.items():
         s = math.ceil(n / world_size)
         if n - (world_size - 1) * s <= 0:
-            raise LessonError(f"world size {world_size} cannot split unit {name!r} ({n} elements): shards of {s} "
-                              f"leave rank {world_size - 1} only padding; use at most {max(1, n // s)} ranks "
-                              "or a wider model")
+            raise LessonError(
+                f"world size {world_size} cannot split unit {name!r} ({n} elements): shards of {s} "
+                f"leave rank {world_size - 1} only padding; use at most {max(1, n // s)} ranks "
+                "or a wider model"
+            )
 
 
 def _all_gather(out: torch.Tensor, shard: torch.Tensor, group) -> None:
@@ -81,7 +86,9 @@ def _reduce_scatter(out: torch.Tensor, full: torch.Tensor, group) -> None:
         out.copy_(full)
     else:
         # out (s,) = sum over ranks of slice r; torch < 2.13 calls it reduce_scatter_tensor
-        getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, full, op=dist.ReduceOp.SUM, group=group)
+        getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(
+            out, full, op=dist.ReduceOp.SUM, group=group
+        )
 
 
 class FlatUnit:
@@ -106,12 +113,14 @@ class FlatUnit:
         self.flat = torch.zeros(self.padded, dtype=p0.dtype, device=p0.device)  # padding stays 0
         offset = 0
         for p in self.params:
-            self.flat[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
-            p.data = self.flat[offset:offset + p.numel()].view_as(p)  # the model now computes on the flat buffer
+            self.flat[offset : offset + p.numel()].copy_(p.detach().reshape(-1))
+            p.data = self.flat[offset : offset + p.numel()].view_as(
+                p
+            )  # the model now computes on the flat buffer
             offset += p.numel()
         if group is not None:  # as DDP at wrap time: every rank starts from rank 0's parameters
             dist.broadcast(self.flat, group=group, group_src=0)
-        mine = self.flat[rank * self.shard_numel:(rank + 1) * self.shard_numel]
+        mine = self.flat[rank * self.shard_numel : (rank + 1) * self.shard_numel]
         self.shard = nn.Parameter(mine if stage < 3 else mine.clone())
         self._pending = 0  # parameters whose gradient backward has not finished yet (stages 2-3)
         if stage == 3:
@@ -132,17 +141,23 @@ class FlatUnit:
             self.flat.untyped_storage().resize_(self.padded * self.flat.element_size())
         # stages 1-2: the shard is a view of flat, so send a copy (an all-gather whose input aliases its output is
         # allowed by NCCL but not promised by every backend)
-        _all_gather(self.flat, self.shard.detach().clone() if self.stage < 3 else self.shard.detach(), self.group)
+        _all_gather(
+            self.flat,
+            self.shard.detach().clone() if self.stage < 3 else self.shard.detach(),
+            self.group,
+        )
 
     @torch.no_grad()
     def reduce_gradients(self) -> None:
         """Reduce-scatter the unit's gradient: this rank receives the mean over ranks of its slice; the full
         gradients are dropped (stage 2-3 call it from backward, stage 1 from `ZeRO.step`)."""
-        full = torch.zeros(self.padded, dtype=self.flat.dtype, device=self.flat.device)  # padding gradient 0
+        full = torch.zeros(
+            self.padded, dtype=self.flat.dtype, device=self.flat.device
+        )  # padding gradient 0
         offset = 0
         for p in self.params:
             if p.grad is not None:
-                full[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+                full[offset : offset + p.numel()].copy_(p.grad.reshape(-1))
             offset += p.numel()
             p.grad = None
         full.div_(self.world_size)  # as DDP does: divide by N, then sum
@@ -174,7 +189,9 @@ class FlatUnit:
     def _after_forward(self, out: torch.Tensor) -> None:
         self.free()  # reshard after forward: the next unit's gather can reuse the memory
         if torch.is_tensor(out) and out.requires_grad:
-            out.register_hook(lambda grad: self.gather())  # fires before this unit's backward needs the weights
+            out.register_hook(
+                lambda grad: self.gather()
+            )  # fires before this unit's backward needs the weights
 
 
 class ZeRO:
@@ -189,18 +206,29 @@ class ZeRO:
             it would update those elements of the full model.
     """
 
-    def __init__(self, model: nn.Module, units: Sequence[nn.Module], stage: int, group=None,
-                 optimizer_cls=torch.optim.Adam, **optimizer_kwargs):
+    def __init__(
+        self,
+        model: nn.Module,
+        units: Sequence[nn.Module],
+        stage: int,
+        group=None,
+        optimizer_cls=torch.optim.Adam,
+        **optimizer_kwargs,
+    ):
         check_stages(str(stage))
         rank = dist.get_rank(group) if group is not None else 0
         world_size = dist.get_world_size(group) if group is not None else 1
         owned = [id(p) for u in units for p in u.parameters()]
         if sorted(owned) != sorted(id(p) for p in model.parameters()):
-            raise LessonError("the units' parameters must be exactly the model's, each in one unit (a parameter "
-                              "tied between two modules too: put both in one unit)")
+            raise LessonError(
+                "the units' parameters must be exactly the model's, each in one unit (a parameter "
+                "tied between two modules too: put both in one unit)"
+            )
         self.model, self.stage = model, stage
         self.frozen = [p for p in model.parameters() if not p.requires_grad]
-        if group is not None:  # DDP broadcasts frozen parameters at wrap time too; nothing changes them after
+        if (
+            group is not None
+        ):  # DDP broadcasts frozen parameters at wrap time too; nothing changes them after
             for p in self.frozen:
                 dist.broadcast(p.data, group=group, group_src=0)
         trainable = [u for u in units if any(p.requires_grad for p in u.parameters())]
@@ -238,5 +266,7 @@ class ZeRO:
     def padding_is_zero(self) -> bool:
         """The padding elements of this rank's shards are still 0 (no gradient ever reaches them)."""
         # this rank's slice covers flat[r*s:(r+1)*s]; the padding is flat[n:], i.e. the slice from n - r*s on
-        return all(bool((u.shard.detach()[max(0, u.numel - u.rank * u.shard_numel):] == 0).all())
-                   for u in self.units)
+        return all(
+            bool((u.shard.detach()[max(0, u.numel - u.rank * u.shard_numel) :] == 0).all())
+            for u in self.units
+        )

@@ -17,6 +17,7 @@ The unsplit modules (`MLP`, `SelfAttention`, `Block`) are what the split ones ar
 forward infers the local head count from the shape, as torchtitan's attention does).
 `common.measure.counters.count_collectives` counts the hand-built ones' collectives (`common.measure.dtensor_counts` DTensor's).
 """
+
 from __future__ import annotations
 
 import copy
@@ -27,12 +28,24 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
 from common.harness.env import LessonError
+from common.measure.differences import max_abs_diff, nan_max
 
-__all__ = ["copy_to_tp", "reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear", "MLP", "SelfAttention",
-           "Block", "TPMLP", "TPAttention", "digits_transformer", "tensor_parallelize", "check_tp_degree",
-           "max_shard_diff"]
+__all__ = [
+    "copy_to_tp",
+    "reduce_from_tp",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "MLP",
+    "SelfAttention",
+    "Block",
+    "TPMLP",
+    "TPAttention",
+    "digits_transformer",
+    "tensor_parallelize",
+    "check_tp_degree",
+    "max_shard_diff",
+]
 
 
 def _tp_size(group) -> int:
@@ -89,7 +102,9 @@ class ColumnParallelLinear(nn.Module):
 
     def __init__(self, full: nn.Linear, tp_rank: int, tp_size: int):
         super().__init__()
-        self.weight = nn.Parameter(full.weight.detach().chunk(tp_size, 0)[tp_rank].clone())  # (out/tp, in)
+        self.weight = nn.Parameter(
+            full.weight.detach().chunk(tp_size, 0)[tp_rank].clone()
+        )  # (out/tp, in)
         self.bias = nn.Parameter(full.bias.detach().chunk(tp_size, 0)[tp_rank].clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -106,7 +121,9 @@ class RowParallelLinear(nn.Module):
     def __init__(self, full: nn.Linear, tp_rank: int, tp_size: int, group):
         super().__init__()
         self.group = group
-        self.weight = nn.Parameter(full.weight.detach().chunk(tp_size, 1)[tp_rank].clone())  # (out, in/tp)
+        self.weight = nn.Parameter(
+            full.weight.detach().chunk(tp_size, 1)[tp_rank].clone()
+        )  # (out, in/tp)
         self.bias = nn.Parameter(full.bias.detach().clone())  # (out,), replicated
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -162,7 +179,9 @@ class TPAttention(nn.Module):
     def __init__(self, full: SelfAttention, tp_rank: int, tp_size: int, group):
         super().__init__()
         self.group, self.head_dim = group, full.head_dim
-        self.q, self.k, self.v = (ColumnParallelLinear(m, tp_rank, tp_size) for m in (full.q, full.k, full.v))
+        self.q, self.k, self.v = (
+            ColumnParallelLinear(m, tp_rank, tp_size) for m in (full.q, full.k, full.v)
+        )
         self.proj = RowParallelLinear(full.proj, tp_rank, tp_size, group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -193,8 +212,12 @@ class _MeanOverSequence(nn.Module):
 def digits_transformer(hidden: int, heads: int, layers: int) -> nn.Sequential:
     """A digit image (B, 8, 8) read as a sequence of S=8 rows of 8 pixels: Linear(8 -> H) per row, `layers`
     Blocks, the mean over the rows, Linear(H -> 10). An nn.Sequential, so pipeline stages are slices of it."""
-    return nn.Sequential(nn.Linear(8, hidden), *(Block(hidden, heads) for _ in range(layers)),
-                         _MeanOverSequence(), nn.Linear(hidden, 10))
+    return nn.Sequential(
+        nn.Linear(8, hidden),
+        *(Block(hidden, heads) for _ in range(layers)),
+        _MeanOverSequence(),
+        nn.Linear(hidden, 10),
+    )
 
 
 def tensor_parallelize(model: nn.Module, tp_rank: int, tp_size: int, group) -> nn.Module:
@@ -211,11 +234,15 @@ def tensor_parallelize(model: nn.Module, tp_rank: int, tp_size: int, group) -> n
 def check_tp_degree(tp: int, hidden: int, heads: int = 0) -> None:
     """Raise LessonError unless `tp` divides the hidden size (and the head count when there are heads)."""
     if hidden % tp or 4 * hidden % tp:
-        raise LessonError(f"tensor-parallel degree {tp} does not divide the hidden size {hidden}: each rank "
-                          f"holds hidden/tp features")
+        raise LessonError(
+            f"tensor-parallel degree {tp} does not divide the hidden size {hidden}: each rank "
+            f"holds hidden/tp features"
+        )
     if heads and (heads % tp or hidden % heads):
-        raise LessonError(f"tensor-parallel degree {tp} must divide the head count {heads}, and the head count "
-                          f"the hidden size {hidden}: each rank holds heads/tp whole heads")
+        raise LessonError(
+            f"tensor-parallel degree {tp} must divide the head count {heads}, and the head count "
+            f"the hidden size {hidden}: each rank holds heads/tp whole heads"
+        )
 
 
 def max_shard_diff(full: nn.Module, split: nn.Module, tp_rank: int, grads: bool = False) -> float:

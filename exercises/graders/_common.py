@@ -1,11 +1,12 @@
 """Small helpers the graders share: reading the ranks' answers and describing numbers."""
+
 from __future__ import annotations
 
 import contextlib
 import functools
 import inspect
 import math
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -13,11 +14,29 @@ import torch.distributed.distributed_c10d as c10d
 
 from exercises._ranks import RankError, RankHung
 
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "reduce", "broadcast", "all_to_all", "all_to_all_single", "gather",
-               "scatter", "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base",
-               "_reduce_scatter_base", "all_gather_object", "broadcast_object_list", "gather_object",
-               "scatter_object_list", "send_object_list", "recv_object_list")
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce",
+    "broadcast",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "all_reduce_coalesced",
+    "all_gather_coalesced",
+    "_all_gather_base",
+    "_reduce_scatter_base",
+    "all_gather_object",
+    "broadcast_object_list",
+    "gather_object",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+)
 
 
 def rank_failures(answers: Sequence) -> list[str]:
@@ -77,9 +96,11 @@ def collectives_forbidden(reason: str, modules: Sequence = ()) -> Iterator[None]
     """Inside the block every collective of torch.distributed (and its *_object functions) raises, naming
     `reason`, however it is reached: dist.NAME, distributed_c10d.NAME, or a name a learner's module bound at
     import."""
+
     def refuse(name: str):
         def call(*args, **kwargs):
             raise RuntimeError(f"dist.{name} called: {reason}")
+
         return call
 
     refused = {getattr(c10d, name): refuse(name) for name in COLLECTIVES if hasattr(c10d, name)}
@@ -91,11 +112,13 @@ def collectives_forbidden(reason: str, modules: Sequence = ()) -> Iterator[None]
 def collectives_counted(count: list[int], modules: Sequence = ()) -> Iterator[None]:
     """Inside the block every call of a torch.distributed collective adds 1 to count[0] (however it is
     reached, as in `functions_replaced`): ranks whose counts differ did not call the same collectives."""
+
     def counting(original):
         @functools.wraps(original)  # its signature too: a watcher reads async_op through it
         def call(*args, **kwargs):
             count[0] += 1
             return original(*args, **kwargs)
+
         return call
 
     originals = [getattr(c10d, name) for name in COLLECTIVES if hasattr(c10d, name)]
@@ -115,7 +138,9 @@ class _WatchedWork:
         self._log.append(("waited", self._index))
         return self._work.wait(*args, **kwargs)
 
-    def get_future(self, *args, **kwargs):  # torch.futures.wait_all(...) and .then() reach the work this way
+    def get_future(
+        self, *args, **kwargs
+    ):  # torch.futures.wait_all(...) and .then() reach the work this way
         self._log.append(("waited", self._index))
         return self._work.get_future(*args, **kwargs)
 
@@ -125,7 +150,9 @@ class _WatchedWork:
 
 def _is_async(original, args, kwargs) -> bool:
     try:
-        return bool(inspect.signature(original).bind(*args, **kwargs).arguments.get("async_op", False))
+        return bool(
+            inspect.signature(original).bind(*args, **kwargs).arguments.get("async_op", False)
+        )
     except (TypeError, ValueError):
         return bool(kwargs.get("async_op", False))
 
@@ -134,6 +161,7 @@ def _is_async(original, args, kwargs) -> bool:
 def works_watched(log: list, modules: Sequence = ()) -> Iterator[None]:
     """Inside the block every collective called with async_op=True appends ("launched", i, name) to `log` and
     returns a work whose wait appends ("waited", i): `unwaited(log)` then names the works nobody waited on."""
+
     def watching(original):
         @functools.wraps(original)
         def call(*args, **kwargs):
@@ -143,6 +171,7 @@ def works_watched(log: list, modules: Sequence = ()) -> Iterator[None]:
             index = sum(1 for e in log if e[0] == "launched")
             log.append(("launched", index, original.__name__))
             return _WatchedWork(work, index, log)
+
         return call
 
     originals = [getattr(c10d, name) for name in COLLECTIVES if hasattr(c10d, name)]

@@ -1,5 +1,6 @@
 """Grader of exercises/ddp_by_hand.py: 3 ranks, a model with a frozen layer and a tied weight, different
 initial weights and data per rank; against torch's DDP; the all-reduces counted and timed against backward."""
+
 from __future__ import annotations
 
 import importlib
@@ -13,12 +14,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common.measure.differences import nan_max
 from exercises.graders._common import functions_replaced, max_abs_diff, rank_failures
 
-WORLD_SIZE = 3  # 3, not 2: an average hard-coded as x 0.5, or (sum of sums) / 2W, is right only at 2
+WORLD_SIZE = (
+    3  # 3, not 2: an average hard-coded as x 0.5, or (sum of sums) / 2W, is right only at 2
+)
 FUNCTIONS = ["DataParallelByHand"]
 STEPS = 3
 # 20 float64 values: walking the trainable parameters in reverse (head.bias 3, head.weight 18 | out.bias 6,
 # inp.bias 6, inp.weight 36, the tied weight), the rule closes 2 buckets, of 21 and 48 values.
-CAP_MB = 20 * 8 / 2 ** 20
+CAP_MB = 20 * 8 / 2**20
 
 
 class TiedNet(nn.Module):
@@ -30,11 +33,13 @@ class TiedNet(nn.Module):
         self.inp, self.mid, self.out = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 6)
         self.head = nn.Linear(6, 3)
         self.out.weight = self.inp.weight  # tied: one parameter used twice
-        self.mid.requires_grad_(False)     # frozen
+        self.mid.requires_grad_(False)  # frozen
         self.register_buffer("scale", torch.ones(6))
 
     def forward(self, x):
-        return self.head(torch.tanh(self.out(torch.tanh(self.mid(torch.tanh(self.inp(x)))))) * self.scale)
+        return self.head(
+            torch.tanh(self.out(torch.tanh(self.mid(torch.tanh(self.inp(x)))))) * self.scale
+        )
 
 
 def make_model(rank: int) -> nn.Module:
@@ -44,8 +49,13 @@ def make_model(rank: int) -> nn.Module:
     return model
 
 
-def buckets(model: nn.Module, cap_mb: float | None, order: str = "reverse", rule: str = "at least",
-            frozen: bool = False) -> list[list[str]]:
+def buckets(
+    model: nn.Module,
+    cap_mb: float | None,
+    order: str = "reverse",
+    rule: str = "at least",
+    frozen: bool = False,
+) -> list[list[str]]:
     """The names of the parameters in each bucket. The contract: trainable parameters in reverse order, a
     bucket closed as soon as it holds at least the cap. The variants a learner may build instead: the
     forward order, a bucket closed before it would pass the cap ("at most"), frozen parameters bucketed
@@ -54,7 +64,7 @@ def buckets(model: nn.Module, cap_mb: float | None, order: str = "reverse", rule
     named = named[::-1] if order == "reverse" else named
     if cap_mb is None:
         return [[n] for n, _ in named]
-    cap, out, current, size = cap_mb * 2 ** 20, [], [], 0
+    cap, out, current, size = cap_mb * 2**20, [], [], 0
     for n, p in named:
         nbytes = p.numel() * p.element_size()
         if rule == "at most" and current and size + nbytes > cap:
@@ -81,7 +91,9 @@ def expected_buckets(model: nn.Module, cap_mb: float | None) -> int:
 
 def batch(step: int, rank: int):
     g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randn(8, 6, generator=g, dtype=torch.float64), torch.randint(0, 3, (8,), generator=g)
+    return torch.randn(8, 6, generator=g, dtype=torch.float64), torch.randint(
+        0, 3, (8,), generator=g
+    )
 
 
 def state(model) -> list:
@@ -101,7 +113,9 @@ def train(model, after_backward, log=None) -> tuple[list, list]:
             log.append(("backward_done", step))
         after_backward()
         if step == 0:
-            first_grads = [p.grad.detach().tolist() for p in model.parameters() if p.grad is not None]
+            first_grads = [
+                p.grad.detach().tolist() for p in model.parameters() if p.grad is not None
+            ]
         opt.step()
         opt.zero_grad()
     return state(model), first_grads
@@ -117,7 +131,9 @@ class _Watched:
         self._log.append(("wait", self._index))
         return self._work.wait(*args, **kwargs)
 
-    def get_future(self, *args, **kwargs):  # torch.futures.wait_all and .then() reach the work this way
+    def get_future(
+        self, *args, **kwargs
+    ):  # torch.futures.wait_all and .then() reach the work this way
         self._log.append(("wait", self._index))
         return self._work.get_future(*args, **kwargs)
 
@@ -144,8 +160,13 @@ def by_hand(module: str, cap_mb) -> dict:
     # every way to the all-reduce is counted: dist.all_reduce, distributed_c10d's, a name bound at import
     with functions_replaced({original: recording}, [learner]):
         final, first_grads = train(wrapped, wrapped.finish_gradient_sync, log)
-    return {"final": final, "first_grads": first_grads, "wrapped": wrapped_state, "log": log,
-            "expected_buckets": expected_buckets(model, cap_mb)}
+    return {
+        "final": final,
+        "first_grads": first_grads,
+        "wrapped": wrapped_state,
+        "log": log,
+        "expected_buckets": expected_buckets(model, cap_mb),
+    }
 
 
 def wraps_nothing_to_train(module: str) -> str | None:
@@ -160,8 +181,13 @@ def wraps_nothing_to_train(module: str) -> str | None:
 
 def on_rank(module: str) -> dict:
     final, first_grads = train(DDP(make_model(dist.get_rank())), lambda: None)
-    return {"ddp": final, "ddp_first_grads": first_grads, "per_gradient": by_hand(module, None),
-            "buckets": by_hand(module, CAP_MB), "nothing_to_train": wraps_nothing_to_train(module)}
+    return {
+        "ddp": final,
+        "ddp_first_grads": first_grads,
+        "per_gradient": by_hand(module, None),
+        "buckets": by_hand(module, CAP_MB),
+        "nothing_to_train": wraps_nothing_to_train(module),
+    }
 
 
 def _per_backward(log: list) -> list[dict]:
@@ -172,8 +198,14 @@ def _per_backward(log: list) -> list[dict]:
     out, current = [], None
     for entry in log:
         if entry[0] == "backward":
-            current = {"calls": [], "sizes": [], "overlapped": False, "first_done": False, "pending": set(),
-                       "concurrent": False}
+            current = {
+                "calls": [],
+                "sizes": [],
+                "overlapped": False,
+                "first_done": False,
+                "pending": set(),
+                "concurrent": False,
+            }
             out.append(current)
         elif current is None:
             continue
@@ -201,25 +233,33 @@ def _bucket_problem(mode: str, rank: int, step: int, b: dict, expected: int) -> 
         return None
     head = f"rank {rank}'s all-reduces in backward {step} hold {got} elements, the rule's buckets {want}"
     if cap is not None and got == sizes(model, buckets(model, cap, order="forward")):
-        return (f"{head}: your buckets follow the forward order of module.parameters(); walk the trainable "
-                f"parameters in REVERSE (backward produces the last layers' gradients first, so the first "
-                f"bucket can leave while backward is still running)")
+        return (
+            f"{head}: your buckets follow the forward order of module.parameters(); walk the trainable "
+            f"parameters in REVERSE (backward produces the last layers' gradients first, so the first "
+            f"bucket can leave while backward is still running)"
+        )
     if cap is not None and got == sizes(model, buckets(model, cap, rule="at most")):
-        return (f"{head}: the bucket rule is the difference: yours closes a bucket before it would pass the "
-                f"cap (at most c bytes); the contract's closes it as soon as it holds at least c bytes (the "
-                f"last bucket may hold less)")
+        return (
+            f"{head}: the bucket rule is the difference: yours closes a bucket before it would pass the "
+            f"cap (at most c bytes); the contract's closes it as soon as it holds at least c bytes (the "
+            f"last bucket may hold less)"
+        )
     with_frozen = buckets(model, cap, frozen=True)
     if got == sizes(model, with_frozen):
         params = dict(model.named_parameters())
         stuck = next(bk for bk in with_frozen if not all(params[n].requires_grad for n in bk))
         lost = [n for n in stuck if params[n].requires_grad]
-        return (f"{head}: the bucket {stuck} holds a frozen parameter (requires_grad=False): no hook fires "
-                f"for it, so the bucket never fills and {', '.join(lost)} is never all-reduced; bucket only "
-                f"the trainable parameters")
+        return (
+            f"{head}: the bucket {stuck} holds a frozen parameter (requires_grad=False): no hook fires "
+            f"for it, so the bucket never fills and {', '.join(lost)} is never all-reduced; bucket only "
+            f"the trainable parameters"
+        )
     unit = "trainable parameter" if mode == "per_gradient" else "bucket"
-    return (f"rank {rank} made {len(b['calls'])} all-reduces in backward {step} holding {got} elements, "
-            f"expected {expected} holding {want} (one per {unit}, each gradient all-reduced once; a tied "
-            f"parameter counts once)")
+    return (
+        f"rank {rank} made {len(b['calls'])} all-reduces in backward {step} holding {got} elements, "
+        f"expected {expected} holding {want} (one per {unit}, each gradient all-reduced once; a tied "
+        f"parameter counts once)"
+    )
 
 
 def _wrap_problem(rank: int, run: dict, rank0: dict) -> str | None:
@@ -228,38 +268,57 @@ def _wrap_problem(rank: int, run: dict, rank0: dict) -> str | None:
     names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     buffers = {n for n, _ in model.named_buffers()}
-    differ = [n for n, a, b in zip(names, run["wrapped"], rank0["wrapped"]) if not max_abs_diff(a, b) == 0.0]
+    differ = [
+        n
+        for n, a, b in zip(names, run["wrapped"], rank0["wrapped"])
+        if not max_abs_diff(a, b) == 0.0
+    ]
     if not differ:
         return None
     if all(n in buffers for n in differ):
-        return (f"rank {rank}'s buffers ({', '.join(differ)}) differ from rank 0's right after wrapping: "
-                f"broadcast module.buffers() from rank 0 too, as DDP does")
+        return (
+            f"rank {rank}'s buffers ({', '.join(differ)}) differ from rank 0's right after wrapping: "
+            f"broadcast module.buffers() from rank 0 too, as DDP does"
+        )
     if not any(n in trainable for n in differ):
-        return (f"rank {rank}'s frozen parameters ({', '.join(differ)}) differ from rank 0's right after "
-                f"wrapping: broadcast every parameter, the requires_grad=False ones too (they still compute "
-                f"the forward)")
-    return (f"rank {rank}'s parameters and buffers ({', '.join(differ)}) differ from rank 0's right after "
-            f"wrapping: broadcast every parameter and buffer from rank 0 at wrap time, so all replicas start "
-            f"equal")
+        return (
+            f"rank {rank}'s frozen parameters ({', '.join(differ)}) differ from rank 0's right after "
+            f"wrapping: broadcast every parameter, the requires_grad=False ones too (they still compute "
+            f"the forward)"
+        )
+    return (
+        f"rank {rank}'s parameters and buffers ({', '.join(differ)}) differ from rank 0's right after "
+        f"wrapping: broadcast every parameter and buffer from rank 0 at wrap time, so all replicas start "
+        f"equal"
+    )
 
 
 def _average_problem(rank: int, run: dict, reference: list) -> str | None:
     """The first step's synchronised gradients against DDP's: a sum, or a fixed divisor, shows as a ratio."""
-    got = torch.cat([torch.tensor(g, dtype=torch.float64).flatten() for g in run["first_grads"]]) \
-        if run["first_grads"] else torch.zeros(0, dtype=torch.float64)
+    got = (
+        torch.cat([torch.tensor(g, dtype=torch.float64).flatten() for g in run["first_grads"]])
+        if run["first_grads"]
+        else torch.zeros(0, dtype=torch.float64)
+    )
     want = torch.cat([torch.tensor(g, dtype=torch.float64).flatten() for g in reference])
     if got.shape == want.shape and close_all(got, want):
         return None
     ratio = (got @ want / (want @ want)).item() if got.shape == want.shape else float("nan")
     if got.shape == want.shape and close_all(got, ratio * want):
         if abs(ratio - WORLD_SIZE) < 1e-9:
-            return (f"rank {rank}'s gradients are {WORLD_SIZE}x DDP's: the all-reduce sums; divide the sum "
-                    f"by dist.get_world_size() to average")
-        return (f"rank {rank}'s gradients are {ratio:.3g}x DDP's: this run has {WORLD_SIZE} ranks: divide "
-                f"the sum by dist.get_world_size(), never by a fixed number")
-    return (f"rank {rank}'s gradients after the first finish_gradient_sync differ from DDP's by "
-            f"{max_abs_diff(got, want):.2e}: write the average (sum / world size) of each gradient into its "
-            f".grad, once")
+            return (
+                f"rank {rank}'s gradients are {WORLD_SIZE}x DDP's: the all-reduce sums; divide the sum "
+                f"by dist.get_world_size() to average"
+            )
+        return (
+            f"rank {rank}'s gradients are {ratio:.3g}x DDP's: this run has {WORLD_SIZE} ranks: divide "
+            f"the sum by dist.get_world_size(), never by a fixed number"
+        )
+    return (
+        f"rank {rank}'s gradients after the first finish_gradient_sync differ from DDP's by "
+        f"{max_abs_diff(got, want):.2e}: write the average (sum / world size) of each gradient into its "
+        f".grad, once"
+    )
 
 
 def close_all(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -275,21 +334,27 @@ def _sync_problem(mode: str, rank: int, run: dict) -> str | None:
             return problem
     for b in per_backward:
         if not all(b["calls"]):
-            return (f"rank {rank} called dist.all_reduce without async_op=True: the work must run while "
-                    f"backward goes on")
+            return (
+                f"rank {rank} called dist.all_reduce without async_op=True: the work must run while "
+                f"backward goes on"
+            )
         if b["pending"]:
-            return (f"rank {rank} never waited on {len(b['pending'])} of its all-reduces' work handles: "
-                    f"finish_gradient_sync must call work.wait() on each before reading the result (on gloo "
-                    f"the sum may not have arrived yet; on NCCL, wait() orders the stream)")
+            return (
+                f"rank {rank} never waited on {len(b['pending'])} of its all-reduces' work handles: "
+                f"finish_gradient_sync must call work.wait() on each before reading the result (on gloo "
+                f"the sum may not have arrived yet; on NCCL, wait() orders the stream)"
+            )
     return None
 
 
 def _result_problem(rank: int, run: dict, ddp: list) -> str | None:
     diff = nan_max(max_abs_diff(g, w) for g, w in zip(run["final"], ddp))
     if not diff <= 1e-12:
-        return (f"rank {rank}'s parameters and buffers differ from DDP's by {diff:.2e} after {STEPS} steps, "
-                f"though they started equal and the first step's gradients matched: every backward must "
-                f"all-reduce that backward's gradients (copy them into the bucket anew, reset the counts)")
+        return (
+            f"rank {rank}'s parameters and buffers differ from DDP's by {diff:.2e} after {STEPS} steps, "
+            f"though they started equal and the first step's gradients matched: every backward must "
+            f"all-reduce that backward's gradients (copy them into the bucket anew, reset the counts)"
+        )
     return None
 
 
@@ -297,12 +362,16 @@ def _overlap_problem(mode: str, rank: int, run: dict) -> str | None:
     unit = "trainable parameter" if mode == "per_gradient" else "bucket"
     for b in _per_backward(run["log"]):
         if not b["overlapped"]:
-            return (f"rank {rank}'s first all-reduce started after backward had finished: launch it from the "
-                    f"gradient hook, as soon as the bucket's gradients are ready")
+            return (
+                f"rank {rank}'s first all-reduce started after backward had finished: launch it from the "
+                f"gradient hook, as soon as the bucket's gradients are ready"
+            )
         if len(b["calls"]) > 1 and not b["concurrent"]:
-            return (f"rank {rank} waited on each all-reduce before the next gradient hook launched another: "
-                    f"backward stalls on every {unit}; keep the works and wait for them in "
-                    f"finish_gradient_sync")
+            return (
+                f"rank {rank} waited on each all-reduce before the next gradient hook launched another: "
+                f"backward stalls on every {unit}; keep the works and wait for them in "
+                f"finish_gradient_sync"
+            )
     return None
 
 
@@ -310,10 +379,13 @@ def _problem(mode: str, answers: list) -> str | None:
     """The first thing wrong in one mode, checked over every rank one question at a time: the all-reduces,
     the state right after wrapping, the first step's average, the end of the run, the overlap."""
     runs = [a[mode] for a in answers]
-    checks = (lambda r: _sync_problem(mode, r, runs[r]), lambda r: _wrap_problem(r, runs[r], runs[0]),
-              lambda r: _average_problem(r, runs[r], answers[r]["ddp_first_grads"]),
-              lambda r: _result_problem(r, runs[r], answers[r]["ddp"]),
-              lambda r: _overlap_problem(mode, r, runs[r]))
+    checks = (
+        lambda r: _sync_problem(mode, r, runs[r]),
+        lambda r: _wrap_problem(r, runs[r], runs[0]),
+        lambda r: _average_problem(r, runs[r], answers[r]["ddp_first_grads"]),
+        lambda r: _result_problem(r, runs[r], answers[r]["ddp"]),
+        lambda r: _overlap_problem(mode, r, runs[r]),
+    )
     for check in checks:
         for rank in range(len(answers)):
             problem = check(rank)
@@ -328,12 +400,21 @@ def judge(answers: list) -> list[str]:
         return problems
     for rank, a in enumerate(answers):
         if a["nothing_to_train"] != "RuntimeError":
-            did = f"raised {a['nothing_to_train']}" if a["nothing_to_train"] else "wrapped it silently"
-            return [f"rank {rank}: a module with no trainable parameter (every requires_grad=False) {did}: "
-                    f"raise RuntimeError, as torch's DDP does ('DistributedDataParallel is not needed when "
-                    f"a module doesn't have any parameter that requires a gradient'): there is nothing to "
-                    f"average, and a silent wrapper hides a model frozen by mistake"]
-    for mode, what in (("per_gradient", "bucket_cap_mb=None"), ("buckets", f"bucket_cap_mb={CAP_MB:.6f}")):
+            did = (
+                f"raised {a['nothing_to_train']}"
+                if a["nothing_to_train"]
+                else "wrapped it silently"
+            )
+            return [
+                f"rank {rank}: a module with no trainable parameter (every requires_grad=False) {did}: "
+                f"raise RuntimeError, as torch's DDP does ('DistributedDataParallel is not needed when "
+                f"a module doesn't have any parameter that requires a gradient'): there is nothing to "
+                f"average, and a silent wrapper hides a model frozen by mistake"
+            ]
+    for mode, what in (
+        ("per_gradient", "bucket_cap_mb=None"),
+        ("buckets", f"bucket_cap_mb={CAP_MB:.6f}"),
+    ):
         problem = _problem(mode, answers)
         if problem:
             return [f"{what}: {problem}"]

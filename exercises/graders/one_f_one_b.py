@@ -1,4 +1,5 @@
 """Grader of exercises/one_f_one_b.py: the same order as lesson 09's schedule (common.pipeline.schedules)."""
+
 from __future__ import annotations
 
 import importlib
@@ -34,8 +35,10 @@ def check(module: str) -> list[str]:
                 if sorted(got) != sorted(want):
                     hint = "each micro-batch must appear once as F and once as B"
                 elif _peak(got) > _peak(want):
-                    hint = (f"it holds {_peak(got)} micro-batches' activations at once, 1F1B holds "
-                            f"{_peak(want)}: start the backwards after min(p - 1 - stage, m) forwards")
+                    hint = (
+                        f"it holds {_peak(got)} micro-batches' activations at once, 1F1B holds "
+                        f"{_peak(want)}: start the backwards after min(p - 1 - stage, m) forwards"
+                    )
                 else:
                     hint = "the warm-up is min(pp_size - 1 - pp_rank, m) forwards, then F and B alternate"
                 return [f"{case}: yours {_show(got)}; expected {_show(want)}: {hint}"]

@@ -1,5 +1,6 @@
 """Grader of exercises/ring_attention_merge.py: two key blocks attended separately and merged, against SDPA
 over all the keys (one process)."""
+
 from __future__ import annotations
 
 import importlib
@@ -14,8 +15,15 @@ WORLD_SIZE = 0
 FUNCTIONS = ["merge"]
 # (keys, keys in A, how the scores are made): x scale, or "A >> B" / "B >> A": one block's keys along the
 # queries (scores ~ +400), the other's against them (~ -400): each lse below 709, their difference ~ 800.
-CASES = ((16, 5, 1.0), (16, 8, 1.0), (12, 1, 1.0), (16, 8, 30.0), (16, 8, 180.0), (16, 8, "A >> B"),
-         (16, 8, "B >> A"))
+CASES = (
+    (16, 5, 1.0),
+    (16, 8, 1.0),
+    (12, 1, 1.0),
+    (16, 8, 30.0),
+    (16, 8, 180.0),
+    (16, 8, "A >> B"),
+    (16, 8, "B >> A"),
+)
 EXP_LIMIT = 709.78  # log of float64's largest number: exp() of more is inf
 
 
@@ -46,15 +54,22 @@ def inputs(n_keys: int, split: int, scores) -> tuple[torch.Tensor, torch.Tensor,
 
 def _overflow(case: str, lse_a: torch.Tensor, lse_b: torch.Tensor) -> str:
     """Why a merge made NaN or inf here: which exponent passes float64's limit."""
-    largest, apart = max(lse_a.abs().max(), lse_b.abs().max()).item(), (lse_a - lse_b).abs().max().item()
+    largest, apart = (
+        max(lse_a.abs().max(), lse_b.abs().max()).item(),
+        (lse_a - lse_b).abs().max().item(),
+    )
     if largest < EXP_LIMIT < apart:
-        return (f"{case}: NaN or inf in your result: each |lse| is at most {largest:.0f}, but the blocks' "
-                f"lse differ by up to {apart:.0f}, and exp of that difference (lse_a - lse_b or "
-                "lse_b - lse_a) overflows past ~709: exponentiate only differences with the merged lse, "
-                "lse_a - lse and lse_b - lse, which are <= 0")
-    return (f"{case}: NaN or inf in your result: exp(lse) overflows for large scores (lse up to "
-            f"{largest:.0f} here, exp overflows past ~709); work with differences lse_a - lse, "
-            "which are <= 0")
+        return (
+            f"{case}: NaN or inf in your result: each |lse| is at most {largest:.0f}, but the blocks' "
+            f"lse differ by up to {apart:.0f}, and exp of that difference (lse_a - lse_b or "
+            "lse_b - lse_a) overflows past ~709: exponentiate only differences with the merged lse, "
+            "lse_a - lse and lse_b - lse, which are <= 0"
+        )
+    return (
+        f"{case}: NaN or inf in your result: exp(lse) overflows for large scores (lse up to "
+        f"{largest:.0f} here, exp overflows past ~709); work with differences lse_a - lse, "
+        "which are <= 0"
+    )
 
 
 def check(module: str) -> list[str]:
@@ -63,7 +78,10 @@ def check(module: str) -> list[str]:
         q, k, v = inputs(n_keys, split, scores)
         want = F.scaled_dot_product_attention(q, k, v)
         want_lse = torch.logsumexp(q @ k.transpose(-2, -1) / math.sqrt(8), -1)
-        a, b = _partial(q, k[:, :, :split], v[:, :, :split]), _partial(q, k[:, :, split:], v[:, :, split:])
+        a, b = (
+            _partial(q, k[:, :, :split], v[:, :, :split]),
+            _partial(q, k[:, :, split:], v[:, :, split:]),
+        )
         out, lse = merge(*a, *b)
         how = scores if isinstance(scores, str) else f"x{scores:g}"
         case = f"{n_keys} keys split {split} + {n_keys - split}, scores {how}"
@@ -71,15 +89,22 @@ def check(module: str) -> list[str]:
         if math.isnan(d_out) or math.isnan(d_lse):
             return [_overflow(case, a[1], b[1])]
         if 1e-9 < max(d_lse, d_out) < 1e-4:
-            return [f"{case}: lse off by {d_lse:.2e}, output by {d_out:.2e}: float32's rounding; compute in "
-                    "the inputs' dtype (float64 here), do not convert to float32"]
+            return [
+                f"{case}: lse off by {d_lse:.2e}, output by {d_out:.2e}: float32's rounding; compute in "
+                "the inputs' dtype (float64 here), do not convert to float32"
+            ]
         if d_lse > 1e-9:
-            return [f"{case}: lse differs from log-sum-exp over all keys by {d_lse:.2e}: the full "
-                    "denominator is exp(lse_a) + exp(lse_b), so lse = logaddexp(lse_a, lse_b)"]
+            return [
+                f"{case}: lse differs from log-sum-exp over all keys by {d_lse:.2e}: the full "
+                "denominator is exp(lse_a) + exp(lse_b), so lse = logaddexp(lse_a, lse_b)"
+            ]
         if d_out > 1e-9:
             averaged = max_abs_diff(out, (a[0] + b[0]) / 2) <= 1e-12
-            hint = ("you averaged the two outputs: weight each by its block's share of the softmax, "
-                    "exp(lse_a - lse) and exp(lse_b - lse)" if averaged else
-                    "weight out_a by exp(lse_a - lse) and out_b by exp(lse_b - lse), lse the merged one")
+            hint = (
+                "you averaged the two outputs: weight each by its block's share of the softmax, "
+                "exp(lse_a - lse) and exp(lse_b - lse)"
+                if averaged
+                else "weight out_a by exp(lse_a - lse) and out_b by exp(lse_b - lse), lse the merged one"
+            )
             return [f"{case}: output differs from attention over all keys by {d_out:.2e}: {hint}"]
     return []

@@ -1,6 +1,7 @@
 """Grader of exercises/sync_bn_stats.py: 3 ranks with batches of 2, 5 and 1, against the whole batch, in two
 cases: float64 batches whose means differ between ranks, and float32 batches near 300 with a spread of 0.05
 (where E[x^2] - E[x]^2 in float32 cancels to noise)."""
+
 from __future__ import annotations
 
 import importlib
@@ -23,9 +24,16 @@ def rank_batch(rank: int, case: str = "float64") -> torch.Tensor:
     do), or float32 values near 300 with a spread of 0.05 (an input that was never normalised)."""
     if case == "float64":
         g = torch.Generator().manual_seed(10 + rank)
-        return torch.randn(BATCHES[rank], 3, 4, 4, generator=g, dtype=torch.float64) * (1 + rank) + 2.0 * rank
+        return (
+            torch.randn(BATCHES[rank], 3, 4, 4, generator=g, dtype=torch.float64) * (1 + rank)
+            + 2.0 * rank
+        )
     g = torch.Generator().manual_seed(20 + rank)
-    x = 300.0 + 0.05 * torch.randn(BATCHES[rank], 3, 4, 4, generator=g, dtype=torch.float64) + 0.01 * rank
+    x = (
+        300.0
+        + 0.05 * torch.randn(BATCHES[rank], 3, 4, 4, generator=g, dtype=torch.float64)
+        + 0.01 * rank
+    )
     return x.float()
 
 
@@ -49,17 +57,25 @@ def judge(answers: list) -> list[str]:
         for rank, a in enumerate(answers):
             got_mean, got_var = a[case]
             if not close(got_mean, mean, mean_tol):
-                return [f"{what}: rank {rank}: mean {short(got_mean)}, expected {short(mean.tolist())}: "
-                        f"weigh each rank by its count (reduce sums and counts, not means)"]
+                return [
+                    f"{what}: rank {rank}: mean {short(got_mean)}, expected {short(mean.tolist())}: "
+                    f"weigh each rank by its count (reduce sums and counts, not means)"
+                ]
             if close(got_var, var, var_tol):
                 continue
-            head = (f"{what}: rank {rank}: var {short(got_var)}, expected {short(var.tolist())} (biased, "
-                    f"over all {len(whole)} samples)")
+            head = (
+                f"{what}: rank {rank}: var {short(got_var)}, expected {short(var.tolist())} (biased, "
+                f"over all {len(whole)} samples)"
+            )
             if case == "float32":
                 off = max_abs_diff(got_var, var)
-                return [f"{head}, off by {off:.2g}: sum_sq / count - mean^2 cancels in "
-                        f"float32 (both terms ~9e4, float32 keeps 7 digits): once the mean is reduced, "
-                        f"reduce the squared deviations from it (or accumulate in float64)"]
-            return [f"{head}: the spread between the ranks' means counts too: reduce the sum of squares (or "
-                    f"of the squared deviations from the global mean), not the ranks' variances"]
+                return [
+                    f"{head}, off by {off:.2g}: sum_sq / count - mean^2 cancels in "
+                    f"float32 (both terms ~9e4, float32 keeps 7 digits): once the mean is reduced, "
+                    f"reduce the squared deviations from it (or accumulate in float64)"
+                ]
+            return [
+                f"{head}: the spread between the ranks' means counts too: reduce the sum of squares (or "
+                f"of the squared deviations from the global mean), not the ranks' variances"
+            ]
     return []

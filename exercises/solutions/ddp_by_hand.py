@@ -1,4 +1,5 @@
 """Reference solution of exercises/ddp_by_hand.py (lesson 03)."""
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -8,11 +9,17 @@ class DataParallelByHand(nn.Module):
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None):
         super().__init__()
         trainable = [p for p in module.parameters() if p.requires_grad]  # tied: listed once
-        if not trainable:  # as torch's DDP: nothing to average, and a frozen model is likely a mistake
-            raise RuntimeError("DataParallelByHand is not needed when a module doesn't have any parameter "
-                               "that requires a gradient")
+        if (
+            not trainable
+        ):  # as torch's DDP: nothing to average, and a frozen model is likely a mistake
+            raise RuntimeError(
+                "DataParallelByHand is not needed when a module doesn't have any parameter "
+                "that requires a gradient"
+            )
         self.module = module
-        with torch.no_grad():  # every replica starts from rank 0's weights and buffers, frozen ones included
+        with (
+            torch.no_grad()
+        ):  # every replica starts from rank 0's weights and buffers, frozen ones included
             for tensor in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(tensor, src=0)
         self.buckets = self._buckets(list(reversed(trainable)), bucket_cap_mb)
@@ -30,7 +37,7 @@ class DataParallelByHand(nn.Module):
         for p in params:
             current.append(p)
             size += p.numel() * p.element_size()
-            if size >= cap_mb * 2 ** 20:  # the bucket is full: close it
+            if size >= cap_mb * 2**20:  # the bucket is full: close it
                 buckets.append(current)
                 current, size = [], 0
         return buckets + ([current] if current else [])
@@ -52,7 +59,7 @@ class DataParallelByHand(nn.Module):
             flat /= world  # the sum over ranks -> the average
             offset = 0
             for q in params:
-                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q.grad))
+                q.grad.copy_(flat[offset : offset + q.numel()].view_as(q.grad))
                 offset += q.numel()
         self.pending.clear()
         self.ready = [0] * len(self.buckets)

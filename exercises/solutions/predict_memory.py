@@ -1,4 +1,5 @@
-"""Reference solution of exercises/predict_memory.py (lesson 18)."""
+"""Reference solution of exercises/predict_memory.py (lesson 21)."""
+
 import math
 
 from torch import nn
@@ -12,6 +13,9 @@ def bytes_per_rank(units: list[nn.Module], world_size: int, stage: int) -> dict[
     if stage == 0:  # DDP: everything whole; Adam's step counter per parameter tensor
         tensors = sum(len(list(u.parameters())) for u in units)
         return {"parameters": 4 * P, "gradients": 4 * P, "optimizer_state": 8 * P + 4 * tensors}
-    return {"parameters": 4 * (shard if stage == 3 else N * shard),  # stages 1-2: the padded flat buffers
-            "gradients": 4 * (P if stage == 1 else shard),  # stage 1 shards only the optimizer state
-            "optimizer_state": 8 * shard + 4 * len(numels)}  # Adam over one shard per unit
+    return {
+        "parameters": 4
+        * (shard if stage == 3 else N * shard),  # stages 1-2: the padded flat buffers
+        "gradients": 4 * (P if stage == 1 else shard),  # stage 1 shards only the optimizer state
+        "optimizer_state": 8 * shard + 4 * len(numels),
+    }  # Adam over one shard per unit

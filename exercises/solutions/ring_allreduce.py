@@ -1,4 +1,5 @@
 """Reference solution of exercises/ring_allreduce.py (lesson 02)."""
+
 import torch
 import torch.distributed as dist
 

@@ -1,4 +1,5 @@
 """Reference solution of exercises/sync_bn_stats.py (lesson 06)."""
+
 import torch
 import torch.distributed as dist
 

@@ -1,4 +1,5 @@
 """Reference solution of exercises/tensor_parallel_mlp.py (lesson 10)."""
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -34,13 +35,13 @@ class TensorParallelMLP(nn.Module):
         rank, tp = dist.get_rank(), dist.get_world_size()
         part = fc1.out_features // tp
         rows = slice(rank * part, (rank + 1) * part)
-        self.w1 = nn.Parameter(fc1.weight.detach()[rows].clone())     # (h/tp, d): column parallel
-        self.b1 = nn.Parameter(fc1.bias.detach()[rows].clone())       # (h/tp,)
+        self.w1 = nn.Parameter(fc1.weight.detach()[rows].clone())  # (h/tp, d): column parallel
+        self.b1 = nn.Parameter(fc1.bias.detach()[rows].clone())  # (h/tp,)
         self.w2 = nn.Parameter(fc2.weight.detach()[:, rows].clone())  # (d, h/tp): row parallel
-        self.b2 = nn.Parameter(fc2.bias.detach().clone())             # (d,), added once after the sum
+        self.b2 = nn.Parameter(fc2.bias.detach().clone())  # (d,), added once after the sum
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = CopyToParallel.apply(x)                                     # (B, d) on every rank
-        hidden = nn.functional.gelu(x @ self.w1.T + self.b1)           # (B, h/tp): this rank's hidden units
-        partial = hidden @ self.w2.T                                   # (B, d): this rank's share of out
+        x = CopyToParallel.apply(x)  # (B, d) on every rank
+        hidden = nn.functional.gelu(x @ self.w1.T + self.b1)  # (B, h/tp): this rank's hidden units
+        partial = hidden @ self.w2.T  # (B, d): this rank's share of out
         return ReduceFromParallel.apply(partial) + self.b2

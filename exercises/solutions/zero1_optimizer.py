@@ -3,6 +3,7 @@
 One owner per parameter (torch's ZeroRedundancyOptimizer does the same); lesson 13's common/sharding/zero.py cuts
 flat, padded buffers into equal slices instead (the ZeRO paper's layout): both are right, and the grader takes
 either."""
+
 import torch.distributed as dist
 
 
@@ -17,7 +18,9 @@ class Zero1Optimizer:
         rank, world = dist.get_rank(), dist.get_world_size()
         sizes = [0] * world
         self.owner = []
-        for p in self.params:  # greedy: the next parameter goes to the rank holding the fewest elements
+        for (
+            p
+        ) in self.params:  # greedy: the next parameter goes to the rank holding the fewest elements
             owner = min(range(world), key=lambda r: sizes[r])
             self.owner.append(owner)
             sizes[owner] += p.numel()

@@ -9,6 +9,7 @@ check deleted from a grader lets its wrong answer pass, and this test fails.
 
 The reference and the answers are graded in one launch of the exercise's ranks (NAME.py last, so a wrong
 answer that kills its process, or leaves its peers waiting, cannot take the others' results with it)."""
+
 from __future__ import annotations
 
 import ast
@@ -167,11 +168,18 @@ def problem_sites(path: Path) -> dict[range, str]:
     for node in ast.walk(ast.parse(source)):
         value = getattr(node, "value", None)
         returns_problem = isinstance(node, ast.Return) and (
-            (isinstance(value, ast.List) and value.elts) or isinstance(value, ast.JoinedStr)
-            or (isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value))
-        appends_problem = (isinstance(node, ast.Expr) and isinstance(value, ast.Call)
-                           and isinstance(value.func, ast.Attribute) and value.func.attr == "append"
-                           and isinstance(value.func.value, ast.Name) and value.func.value.id == "problems")
+            (isinstance(value, ast.List) and value.elts)
+            or isinstance(value, ast.JoinedStr)
+            or (isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value)
+        )
+        appends_problem = (
+            isinstance(node, ast.Expr)
+            and isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Attribute)
+            and value.func.attr == "append"
+            and isinstance(value.func.value, ast.Name)
+            and value.func.value.id == "problems"
+        )
         if returns_problem or appends_problem:
             sites[range(node.lineno, node.end_lineno + 1)] = lines[node.lineno - 1].strip()
     return sites
@@ -205,7 +213,9 @@ class LinesRun:
 @pytest.mark.parametrize("name", list(EXERCISES))
 def test_grader_passes_the_reference_and_fails_a_wrong_answer(name):
     reference, wrong = module_for(name, reference=True), f"tests.exercises.wrong_answers.{name}"
-    right = [f"tests.exercises.right_answers.{name}__{what}" for what in RIGHT_ANSWERS.get(name, [])]
+    right = [
+        f"tests.exercises.right_answers.{name}__{what}" for what in RIGHT_ANSWERS.get(name, [])
+    ]
     says = {f"{wrong}__{what}": text for what, text in MORE_WRONG_SAYS.get(name, {}).items()}
     says[wrong] = WRONG_SAYS[name]
     grader_file = Path(importlib.import_module(f"exercises.graders.{name}").__file__)
@@ -217,10 +227,15 @@ def test_grader_passes_the_reference_and_fails_a_wrong_answer(name):
         assert problems[module], f"the grader of {name} passed a wrong answer: {module}"
         assert text in " ".join(problems[module]), (module, problems[module])
     known = UNREACHED.get(name, [])
-    unreached = {lines.start: code for lines, code in problem_sites(grader_file).items()
-                 if run.lines.isdisjoint(lines) and not any(k in code for k in known)}
-    assert not unreached, (f"checks of exercises/graders/{name}.py that no wrong answer reaches (add one to "
-                           f"tests/exercises/wrong_answers/): {unreached}")
+    unreached = {
+        lines.start: code
+        for lines, code in problem_sites(grader_file).items()
+        if run.lines.isdisjoint(lines) and not any(k in code for k in known)
+    }
+    assert not unreached, (
+        f"checks of exercises/graders/{name}.py that no wrong answer reaches (add one to "
+        f"tests/exercises/wrong_answers/): {unreached}"
+    )
 
 
 @pytest.mark.parametrize("name", list(EXERCISES))
@@ -231,24 +246,34 @@ def test_grader_fails_the_untouched_stub(name):
 
 def test_every_exercise_has_a_stub_a_solution_a_grader_and_a_wrong_answer():
     for name in EXERCISES:
-        for module in (f"exercises.{name}", f"exercises.solutions.{name}", f"exercises.graders.{name}",
-                       f"tests.exercises.wrong_answers.{name}"):
+        for module in (
+            f"exercises.{name}",
+            f"exercises.solutions.{name}",
+            f"exercises.graders.{name}",
+            f"tests.exercises.wrong_answers.{name}",
+        ):
             importlib.import_module(module)
 
 
 def test_every_answer_file_is_graded():
     """A wrong (or right) answer left out of the tables above would test nothing."""
-    listed = {f"{name}__{what}" for name, more in MORE_WRONG_SAYS.items() for what in more} | set(WRONG_SAYS)
+    listed = {f"{name}__{what}" for name, more in MORE_WRONG_SAYS.items() for what in more} | set(
+        WRONG_SAYS
+    )
     files = {p.stem for p in (HERE / "wrong_answers").glob("*.py") if p.stem != "__init__"}
     assert files == listed, (sorted(files - listed), sorted(listed - files))
     listed_right = {f"{name}__{what}" for name, whats in RIGHT_ANSWERS.items() for what in whats}
     files_right = {p.stem for p in (HERE / "right_answers").glob("*.py") if p.stem != "__init__"}
-    assert files_right == listed_right, (sorted(files_right - listed_right),
-                                         sorted(listed_right - files_right))
+    assert files_right == listed_right, (
+        sorted(files_right - listed_right),
+        sorted(listed_right - files_right),
+    )
 
 
 def test_problem_sites_finds_each_kind_of_check(tmp_path):
     grader = tmp_path / "g.py"
-    grader.write_text('def judge(a):\n    problems = []\n    if a:\n        return [f"x {a}"]\n'
-                      '    problems.append("y")\n    return []\n\n\ndef hint():\n    return "z"\n')
+    grader.write_text(
+        'def judge(a):\n    problems = []\n    if a:\n        return [f"x {a}"]\n'
+        '    problems.append("y")\n    return []\n\n\ndef hint():\n    return "z"\n'
+    )
     assert sorted(lines.start for lines in problem_sites(grader)) == [4, 5, 10]

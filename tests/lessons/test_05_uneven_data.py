@@ -1,5 +1,6 @@
 """Lesson 05 launched under torchrun with 2 processes and as plain python; its claims asserted on its --results JSON.
 The sampler and seeding helpers' unit tests are in tests/unit/test_samplers.py."""
+
 import math
 
 import pytest
@@ -9,17 +10,34 @@ from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 from tests._nan_on_rank1 import failing_claims, launch_with_nan_on_rank1
 
 CLAIMS = {
-    "unpadded_counts_every_image_once", "unpadded_equals_one_process_loss", "unpadded_equals_one_process_accuracy",
-    "unpadded_equals_metrics_evaluate_loss", "unpadded_equals_metrics_evaluate_accuracy", "padding_counted_as_data",
-    "tiny_eval_unwrapped_equals_one_process", "join_every_rank_finishes", "join_replicas_identical",
-    "loss_reduced_after_loop", "default_timeout_gloo_minutes", "nccl_timeout_aborts",
-    "seed_data_rngs_distinct_0_workers", "seed_data_rngs_rerun_identical_0_workers",
-    "seed_data_rngs_distinct_2_workers", "seed_data_rngs_rerun_identical_2_workers",
-    "same_seed_duplicates_across_ranks", "workers_of_a_rank_differ", "zero_workers_generator_only_duplicates",
-    "generator_draws_two_epochs", "generator_draws_two_epochs_persistent",
+    "unpadded_counts_every_image_once",
+    "unpadded_equals_one_process_loss",
+    "unpadded_equals_one_process_accuracy",
+    "unpadded_equals_metrics_evaluate_loss",
+    "unpadded_equals_metrics_evaluate_accuracy",
+    "padding_counted_as_data",
+    "tiny_eval_unwrapped_equals_one_process",
+    "join_every_rank_finishes",
+    "join_replicas_identical",
+    "loss_reduced_after_loop",
+    "default_timeout_gloo_minutes",
+    "nccl_timeout_aborts",
+    "seed_data_rngs_distinct_0_workers",
+    "seed_data_rngs_rerun_identical_0_workers",
+    "seed_data_rngs_distinct_2_workers",
+    "seed_data_rngs_rerun_identical_2_workers",
+    "same_seed_duplicates_across_ranks",
+    "workers_of_a_rank_differ",
+    "zero_workers_generator_only_duplicates",
+    "generator_draws_two_epochs",
+    "generator_draws_two_epochs_persistent",
 }
-FAILURES = {"ddp_eval_empty_shard_times_out", "no_join_last_rank_times_out", "no_join_wait_bounded",
-            "user_all_reduce_inside_join_fails"}  # need 2 ranks
+FAILURES = {
+    "ddp_eval_empty_shard_times_out",
+    "no_join_last_rank_times_out",
+    "no_join_wait_bounded",
+    "user_all_reduce_inside_join_fails",
+}  # need 2 ranks
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +72,20 @@ def test_two_ranks_claims_hold(two_ranks):
     # 3. seeding: the same seed duplicates (rank, worker) streams across ranks; the fix gives 4 distinct streams
     sd = res["seeding"]
     assert sd["same_seed"]["identical_pairs"] == ["r0w0=r1w0", "r0w1=r1w1"]
-    assert sd["same_seed"]["distinct_per_library"] == {"torch": 2, "numpy": 2, "random": 2}  # workers differ
+    assert sd["same_seed"]["distinct_per_library"] == {
+        "torch": 2,
+        "numpy": 2,
+        "random": 2,
+    }  # workers differ
     assert sd["rank_seed"]["num_distinct"] == sd["rank_seed"]["num_streams"] == 4
     assert sd["rank_seed"]["identical_pairs"] == []
     assert sd["rank_seed"]["distinct_per_library"] == {"torch": 4, "numpy": 4, "random": 4}
-    assert sd["zero_workers"]["identical_pairs"] == [] and sd["zero_workers"]["num_distinct"] == 2  # item 19
-    assert claims["zero_workers_generator_only_duplicates"]["value"] == 1  # the old fix alone leaves them equal
+    assert (
+        sd["zero_workers"]["identical_pairs"] == [] and sd["zero_workers"]["num_distinct"] == 2
+    )  # item 19
+    assert (
+        claims["zero_workers_generator_only_duplicates"]["value"] == 1
+    )  # the old fix alone leaves them equal
 
 
 @pytest.mark.timeout(500)
@@ -68,24 +94,43 @@ def test_one_process_reproduces_rank0_streams(two_ranks, one_process):
     res = one_process.results
     assert_claims(res, CLAIMS)
     assert res["world_size"] == 1 and res["join_steps"] == [4] and not FAILURES & set(res["claims"])
+
+    def r0(run, key):
+        streams = run.results["seeding"][key]["streams"]
+        return {k: v for k, v in streams.items() if k.startswith("r0")}
+
     for key in ("rank_seed", "zero_workers"):
-        r0 = lambda run: {k: v for k, v in run.results["seeding"][key]["streams"].items()  # noqa: E731
-                          if k.startswith("r0")}
-        assert r0(one_process) == r0(two_ranks)
+        assert r0(one_process, key) == r0(two_ranks, key)
 
 
 @pytest.mark.timeout(360)
 def test_bad_input_fails_on_every_rank():
-    run = run_lesson("05_uneven_data", nproc=2, args=["--hang-timeout-s", "100"], timeout_s=300, results=False)
-    assert_fails_on_every_rank(run, 2, "--hang-timeout-s must be in (0, --timeout-s=60.0), got 100.0")
+    run = run_lesson(
+        "05_uneven_data", nproc=2, args=["--hang-timeout-s", "100"], timeout_s=300, results=False
+    )
+    assert_fails_on_every_rank(
+        run, 2, "--hang-timeout-s must be in (0, --timeout-s=60.0), got 100.0"
+    )
 
 
 @pytest.mark.timeout(360)
 def test_a_nan_on_rank_1_alone_fails_join_replicas_identical():
     """Rank 1's replica holds a NaN while the lesson compares the replicas after Join (tests/_nan_on_rank1.py):
     the claim does not hold and the lesson exits 1. Short failure demos: the check does not depend on them."""
-    args = [*DEV, "--join-batches", "1", "--workers", "1", "--aug-samples", "2", "--hang-timeout-s", "1"]
+    args = [
+        *DEV,
+        "--join-batches",
+        "1",
+        "--workers",
+        "1",
+        "--aug-samples",
+        "2",
+        "--hang-timeout-s",
+        "1",
+    ]
     run = launch_with_nan_on_rank1("05_uneven_data", args)
     assert run.returncode == 1, run.stdout + run.stderr
     failing = failing_claims(run)
-    assert list(failing) == ["join_replicas_identical"] and math.isnan(failing["join_replicas_identical"]), failing
+    assert list(failing) == ["join_replicas_identical"] and math.isnan(
+        failing["join_replicas_identical"]
+    ), failing

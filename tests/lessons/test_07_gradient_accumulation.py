@@ -4,6 +4,7 @@ Every number is a claim the lesson records; the tests assert the claims by name,
 holds, and the tolerances the lesson states. The batch arithmetic and the variants in one process are unit tests
 (tests/unit/test_accumulation.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -21,9 +22,17 @@ FAST = [*DEV, "--steps", "20"]
 ONE_PROCESS_EXACT = ["accumulate", "uneven_sample_weighted", "clip_after_sync"]
 DDP_EXACT = ["require_grad_sync", "always_sync", "backward_only_no_sync"]
 WRONG = ["no_divide", "running_divide", "uneven_mean_over_k", "clip_each_micro_step"]
-COMMON = ({f"{v}_equals_global_step" for v in ONE_PROCESS_EXACT} | {f"{v}_changes_the_step" for v in WRONG}
-          | {"no_divide_clip_params_equal", "no_divide_clip_grads_differ", "train_loss_falls",
-             "max_param_diff_across_ranks", "training_loop_equals_one_process_replay"})
+COMMON = (
+    {f"{v}_equals_global_step" for v in ONE_PROCESS_EXACT}
+    | {f"{v}_changes_the_step" for v in WRONG}
+    | {
+        "no_divide_clip_params_equal",
+        "no_divide_clip_grads_differ",
+        "train_loss_falls",
+        "max_param_diff_across_ranks",
+        "training_loop_equals_one_process_replay",
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +52,24 @@ def _claims(r):
 @pytest.mark.timeout(600)
 def test_two_ranks_accumulation_equals_one_global_step(two_ranks):
     r = two_ranks
-    assert (r["world_size"], r["global_batch"], r["micro_batch"], r["grad_accum_steps"]) == (2, 16, 2, 4)
-    assert_claims(r, COMMON | {f"{v}_equals_global_step" for v in DDP_EXACT}
-                  | {f"{v}_allreduce_calls" for v in ["accumulate", *DDP_EXACT]}
-                  | {"buckets", "bucket_bytes_equal_parameter_bytes", "comm_by_k_rows_off",
-                     "train_allreduce_calls_per_step"})
+    assert (r["world_size"], r["global_batch"], r["micro_batch"], r["grad_accum_steps"]) == (
+        2,
+        16,
+        2,
+        4,
+    )
+    assert_claims(
+        r,
+        COMMON
+        | {f"{v}_equals_global_step" for v in DDP_EXACT}
+        | {f"{v}_allreduce_calls" for v in ["accumulate", *DDP_EXACT]}
+        | {
+            "buckets",
+            "bucket_bytes_equal_parameter_bytes",
+            "comm_by_k_rows_off",
+            "train_allreduce_calls_per_step",
+        },
+    )
     c = _claims(r)
     for v in ONE_PROCESS_EXACT + DDP_EXACT:  # gradients and parameters within rounding
         assert c[f"{v}_equals_global_step"] < TOL, v
@@ -63,7 +85,12 @@ def test_two_ranks_accumulation_equals_one_global_step(two_ranks):
 def test_one_process_accumulation_equals_one_global_step(one_process):
     r = one_process
     # Same 16-sample global batch at world size 1: 8 micro-steps of 2.
-    assert (r["world_size"], r["global_batch"], r["micro_batch"], r["grad_accum_steps"]) == (1, 16, 2, 8)
+    assert (r["world_size"], r["global_batch"], r["micro_batch"], r["grad_accum_steps"]) == (
+        1,
+        16,
+        2,
+        8,
+    )
     claims = assert_claims(r, COMMON)
     c = _claims(r)
     for v in ONE_PROCESS_EXACT:
@@ -84,8 +111,12 @@ def test_allreduce_counts(two_ranks):
     # micro-step syncs.
     assert c["backward_only_no_sync_allreduce_calls"] == k * buckets
     param_bytes = 4 * two_ranks["n_params"]
-    assert c["bucket_bytes_equal_parameter_bytes"] == param_bytes  # exact: each gradient once, none twice
-    rows = two_ranks["comm_by_k"]  # (k, calls, bytes) with no_sync, (calls, bytes) syncing every micro-step
+    assert (
+        c["bucket_bytes_equal_parameter_bytes"] == param_bytes
+    )  # exact: each gradient once, none twice
+    rows = two_ranks[
+        "comm_by_k"
+    ]  # (k, calls, bytes) with no_sync, (calls, bytes) syncing every micro-step
     assert [row[0] for row in rows] == [1, 2, 4, 8]
     for kk, calls, nbytes, every_calls, every_bytes in rows:
         assert calls == buckets and nbytes == param_bytes
@@ -109,12 +140,20 @@ def test_training_loop_equals_one_process_replay(which, request):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("args, message", [
-    (["--grad-accum-steps", "0"], "--grad-accum-steps must be a positive integer, got 0"),
-    (["--global-batch", "10", "--micro-batch", "2"], "--global-batch 10 is not divisible by --micro-batch x "
-                                                     "world_size = 2 x 2 = 4"),
-    (["--micro-batch", "1", "--global-batch", "8"], "need --micro-batch >= 2 (got 1)"),  # no uneven split
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--grad-accum-steps", "0"], "--grad-accum-steps must be a positive integer, got 0"),
+        (
+            ["--global-batch", "10", "--micro-batch", "2"],
+            "--global-batch 10 is not divisible by --micro-batch x world_size = 2 x 2 = 4",
+        ),
+        (
+            ["--micro-batch", "1", "--global-batch", "8"],
+            "need --micro-batch >= 2 (got 1)",
+        ),  # no uneven split
+    ],
+)
 def test_bad_input_fails_on_every_rank(args, message):
     assert_fails_on_every_rank(run_lesson(LESSON, nproc=2, args=args, timeout_s=180), 2, message)
 

@@ -1,5 +1,6 @@
 """Lesson 08: the memory of a data-parallel rank, launched once with 2 ranks and once as plain python; and the
 step-time benchmark that moved out of the lesson (benchmarks/memory_speed.py), run once at a tiny size."""
+
 from __future__ import annotations
 
 import json
@@ -7,19 +8,34 @@ import sys
 
 import pytest
 
-from common.run.launch import REPO_ROOT, run_command, run_lesson
 from common.measure.memory import residual_mlp_activation_bytes
+from common.run.launch import REPO_ROOT, run_command, run_lesson
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
 
 LESSON = "08_memory"
 TOL = 1e-5
-CLAIMS = {"parameter_bytes_exact", "gradient_bytes_exact", "adam_state_bytes_exact", "storages_not_shared",
-          "activation_bytes_exact", "checkpointing_same_gradients", "activation_rows_off_formula",
-          "checkpointing_cut", "checkpointing_cut_as_stated", "accumulation_k4_activation_share",
-          "checkpointing_activation_share", "bf16_activation_share", "bf16_activation_bytes_exact",
-          "bf16_close_to_fp32", "bf16_really_ran",
-          "scaler_unscale_calls", "scaler_step_calls", "scaler_update_calls", "scaler_errors",
-          "double_unscale_raises"}
+CLAIMS = {
+    "parameter_bytes_exact",
+    "gradient_bytes_exact",
+    "adam_state_bytes_exact",
+    "storages_not_shared",
+    "activation_bytes_exact",
+    "checkpointing_same_gradients",
+    "activation_rows_off_formula",
+    "checkpointing_cut",
+    "checkpointing_cut_as_stated",
+    "accumulation_k4_activation_share",
+    "checkpointing_activation_share",
+    "bf16_activation_share",
+    "bf16_activation_bytes_exact",
+    "bf16_close_to_fp32",
+    "bf16_really_ran",
+    "scaler_unscale_calls",
+    "scaler_step_calls",
+    "scaler_update_calls",
+    "scaler_errors",
+    "double_unscale_raises",
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +56,12 @@ def test_bytes_a_rank_holds_exactly(two_ranks, one_process):
     for r, buckets in ((two_ranks, 1), (one_process, 0)):
         P, held = 4 * r["n_params"], r["bytes_held"]
         assert held["parameters"] == held["gradients"] == P
-        assert held["ddp_buckets"] == buckets * P  # DDP's flat copy of the gradients; none without DDP
-        assert held["optimizer_state"] == 2 * P + 4 * 20  # exp_avg, exp_avg_sq + a 4-byte step per tensor (20)
+        assert (
+            held["ddp_buckets"] == buckets * P
+        )  # DDP's flat copy of the gradients; none without DDP
+        assert (
+            held["optimizer_state"] == 2 * P + 4 * 20
+        )  # exp_avg, exp_avg_sq + a 4-byte step per tensor (20)
         assert held["all_three_counted_together"] == 4 * P + 4 * 20
         assert held["activations"] == residual_mlp_activation_bytes(128, 256, 4) == 1_867_776
 
@@ -49,8 +69,14 @@ def test_bytes_a_rank_holds_exactly(two_ranks, one_process):
 @pytest.mark.timeout(600)
 def test_mixed_precision(two_ranks):
     c = two_ranks["claims"]
-    assert 0 < c["bf16_close_to_fp32"]["value"] < c["bf16_close_to_fp32"]["bound"] <= 1e-3  # bf16 really ran
-    assert two_ranks["scaler_counts"] == {"unscale_": 2, "step": 2, "update": 2}  # 8 micro-batches, k = 4
+    assert (
+        0 < c["bf16_close_to_fp32"]["value"] < c["bf16_close_to_fp32"]["bound"] <= 1e-3
+    )  # bf16 really ran
+    assert two_ranks["scaler_counts"] == {
+        "unscale_": 2,
+        "step": 2,
+        "update": 2,
+    }  # 8 micro-batches, k = 4
     assert "scaler_error" not in two_ranks
     assert "already been called" in two_ranks["double_unscale_error"]
 
@@ -60,14 +86,23 @@ def test_checkpointing(two_ranks):
     c = {name: claim["value"] for name, claim in two_ranks["claims"].items()}
     assert c["checkpointing_same_gradients"] < TOL
     assert c["checkpointing_cut"] >= 0.40  # the issue's bar
-    assert c["checkpointing_cut"] == pytest.approx(0.56, abs=0.01)  # what the lesson's docstring states
+    assert c["checkpointing_cut"] == pytest.approx(
+        0.56, abs=0.01
+    )  # what the lesson's docstring states
     by = two_ranks["activation_bytes_by_micro_batch"]
-    for a, b in zip(by, by[1:]):  # activation bytes grow with the micro-batch, with or without checkpointing
-        assert b["plain_bytes"] > a["plain_bytes"] and b["checkpointing_bytes"] > a["checkpointing_bytes"]
+    for a, b in zip(
+        by, by[1:]
+    ):  # activation bytes grow with the micro-batch, with or without checkpointing
+        assert (
+            b["plain_bytes"] > a["plain_bytes"]
+            and b["checkpointing_bytes"] > a["checkpointing_bytes"]
+        )
         assert b["checkpointing_bytes"] < b["plain_bytes"]
     for row in by:  # exactly the bytes of the shapes, at every micro-batch
         assert row["plain_bytes"] == residual_mlp_activation_bytes(row["micro_batch"], 256, 4)
-        assert row["checkpointing_bytes"] == residual_mlp_activation_bytes(row["micro_batch"], 256, 4, True)
+        assert row["checkpointing_bytes"] == residual_mlp_activation_bytes(
+            row["micro_batch"], 256, 4, True
+        )
 
 
 @pytest.mark.timeout(600)
@@ -84,13 +119,26 @@ def test_saved_activation_table(two_ranks):
 @pytest.mark.timeout(240)
 def test_memory_speed_benchmark_runs(tmp_path):
     out = tmp_path / "bench.json"
-    run = run_command([sys.executable, str(REPO_ROOT / "benchmarks" / "memory_speed.py"), "--batch", "32",
-                       "--repeats", "1", "--results", str(out)], timeout_s=180)
+    run = run_command(
+        [
+            sys.executable,
+            str(REPO_ROOT / "benchmarks" / "memory_speed.py"),
+            "--batch",
+            "32",
+            "--repeats",
+            "1",
+            "--results",
+            str(out),
+        ],
+        timeout_s=180,
+    )
     assert run.returncode == 0, run.stderr
     rows = {row["name"]: row for row in json.loads(out.read_text())["table"]}
     assert set(rows) >= {"plain", "accumulation k=4", "bf16 autocast", "checkpointing"}
     assert all(row["step_s"] > 0 for row in rows.values())
-    assert rows["checkpointing"]["saved_activation_bytes"] == residual_mlp_activation_bytes(32, 256, 4, True)
+    assert rows["checkpointing"]["saved_activation_bytes"] == residual_mlp_activation_bytes(
+        32, 256, 4, True
+    )
     assert all(line.startswith("[perf]") for line in run.stdout.splitlines())  # timings only
 
 

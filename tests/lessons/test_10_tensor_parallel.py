@@ -1,6 +1,7 @@
 """Lesson 10: tensor parallelism at tp = 4 (and as one process): split = unsplit, one all-reduce forward and one
 backward per block of B x S x H x 4 bytes, 1/tp of the weights, DTensor placements, sequence parallelism and its
 Partial norm gradients, training; a diverged run fails its equality claims and exits 1; bad input."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,14 +12,30 @@ from tests._lessons import assert_claims, assert_fails_on_every_rank
 LESSON = "10_tensor_parallel"
 B, S, H = 32, 8, 32  # the lesson's defaults: --batch-size, tokens per image, --hidden
 ACT_BYTES = B * S * H * 4
-HAND = {f"hand_{block}_{c}" for block in ("mlp", "attention") for c in
-        ("equals_unsplit", "allreduces_forward", "allreduces_backward", "allreduce_bytes")}
-TRAIN = {"training_follows_unsplit", "training_params_equal_unsplit", "training_test_loss_equals_unsplit"}
-NORM = {"sequence_parallel_norm_grads_partial", "sequence_parallel_norm_grad_allreduces",
-        "sequence_parallel_norm_grads_equal_after"}
-DTENSOR = {"dtensor_mlp_equals_unsplit", "dtensor_mlp_collectives_as_by_hand", "dtensor_attention_equals_unsplit",
-           "sequence_parallel_equals_unsplit", "sequence_parallel_collectives", "sequence_parallel_same_bytes",
-           "sequence_parallel_saves_less"} | NORM
+HAND = {
+    f"hand_{block}_{c}"
+    for block in ("mlp", "attention")
+    for c in ("equals_unsplit", "allreduces_forward", "allreduces_backward", "allreduce_bytes")
+}
+TRAIN = {
+    "training_follows_unsplit",
+    "training_params_equal_unsplit",
+    "training_test_loss_equals_unsplit",
+}
+NORM = {
+    "sequence_parallel_norm_grads_partial",
+    "sequence_parallel_norm_grad_allreduces",
+    "sequence_parallel_norm_grads_equal_after",
+}
+DTENSOR = {
+    "dtensor_mlp_equals_unsplit",
+    "dtensor_mlp_collectives_as_by_hand",
+    "dtensor_attention_equals_unsplit",
+    "sequence_parallel_equals_unsplit",
+    "sequence_parallel_collectives",
+    "sequence_parallel_same_bytes",
+    "sequence_parallel_saves_less",
+} | NORM
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +51,11 @@ def tp4(tp4_run):
 @pytest.fixture(scope="module")
 def one_process():
     # a short run on small batches: the options that made the old "loss falls by 0.8" claim fail
-    return run_lesson(LESSON, nproc=None, args=["--steps", "10", "--batch-size", "4"], timeout_s=240).check().results
+    return (
+        run_lesson(LESSON, nproc=None, args=["--steps", "10", "--batch-size", "4"], timeout_s=240)
+        .check()
+        .results
+    )
 
 
 @pytest.mark.timeout(600)
@@ -48,18 +69,28 @@ def test_split_equals_unsplit_with_one_allreduce_each_way_at_tp4(tp4):
         assert 4 * split_bytes == full_bytes
         assert claims[f"hand_{block}_equals_unsplit"]["value"] <= 1e-5
     assert tp4["grid"] == ["tp=4 = 4 ranks", "tp groups: [0, 1, 2, 3]"]
-    assert tp4["dtensor_mlp_placements"] == {"fc1.weight": "Shard(dim=0)", "fc1.bias": "Shard(dim=0)",
-                                             "fc2.weight": "Shard(dim=1)", "fc2.bias": "Replicate()"}
+    assert tp4["dtensor_mlp_placements"] == {
+        "fc1.weight": "Shard(dim=0)",
+        "fc1.bias": "Shard(dim=0)",
+        "fc2.weight": "Shard(dim=1)",
+        "fc2.bias": "Replicate()",
+    }
 
 
 @pytest.mark.timeout(600)
 def test_sequence_parallel_norm_gradients_are_partial_until_two_more_all_reduces(tp4):
     claims = tp4["claims"]
-    assert claims["sequence_parallel_norm_grads_partial"]["value"] >= 0.75  # (tp-1)/tp at tp = 4, at least
+    assert (
+        claims["sequence_parallel_norm_grads_partial"]["value"] >= 0.75
+    )  # (tp-1)/tp at tp = 4, at least
     assert "Partial(sum)" in claims["sequence_parallel_norm_grads_partial"]["text"]
-    assert claims["sequence_parallel_norm_grad_allreduces"]["value"] == 2  # the norm's weight and bias
+    assert (
+        claims["sequence_parallel_norm_grad_allreduces"]["value"] == 2
+    )  # the norm's weight and bias
     assert claims["sequence_parallel_norm_grads_equal_after"]["value"] <= 1e-5
-    assert tp4["sequence_parallel_norm_step_allreduces"] == 2  # the optimizer step reduces them itself
+    assert (
+        tp4["sequence_parallel_norm_step_allreduces"] == 2
+    )  # the optimizer step reduces them itself
 
 
 @pytest.mark.timeout(600)
@@ -69,7 +100,9 @@ def test_the_last_line_counts_the_checks_that_hold(tp4_run):
 
 @pytest.mark.timeout(600)
 def test_dtensor_attention_sums_q_k_v_input_gradients_separately(tp4):
-    assert tp4["dtensor_attention_backward_allreduces"] == 3  # one per ColwiseParallel projection; by hand 1
+    assert (
+        tp4["dtensor_attention_backward_allreduces"] == 3
+    )  # one per ColwiseParallel projection; by hand 1
     assert tp4["claims"]["sequence_parallel_saves_less"]["value"] > 0
 
 
@@ -99,10 +132,15 @@ def test_a_diverged_run_fails_its_equality_claims_and_exits_1():
     run = run_lesson(LESSON, nproc=2, args=["--lr", "1e30"], timeout_s=240)
     assert run.returncode != 0, run.stdout
     claims = run.results["claims"]
-    failed = {"training_follows_unsplit", "training_params_equal_unsplit", "training_test_loss_equals_unsplit"}
+    failed = {
+        "training_follows_unsplit",
+        "training_params_equal_unsplit",
+        "training_test_loss_equals_unsplit",
+    }
     assert {name for name, c in claims.items() if not c["holds"]} == failed
     assert run.stdout.splitlines()[-1] == f"3 of {len(claims)} checks do not hold: " + ", ".join(
-        name for name in claims if name in failed)
+        name for name in claims if name in failed
+    )
     assert "diverged at step" in run.stdout
 
 

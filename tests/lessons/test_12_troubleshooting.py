@@ -4,6 +4,7 @@ The whole module launches the lesson 6 times: --list (plain python), --show all 
 uneven_batches_without_join (torchrun, 2 processes), --show collectives on 3 processes (every count follows the
 world size) and --show training on 3 processes, and one bad --show name.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -36,7 +37,9 @@ def exhibit(run, name: str) -> dict:
 
 @pytest.mark.timeout(120)
 def test_list_shows_every_exhibit():
-    run = run_lesson("12_troubleshooting", nproc=None, args=["--list"], timeout_s=120, results=False).check()
+    run = run_lesson(
+        "12_troubleshooting", nproc=None, args=["--list"], timeout_s=120, results=False
+    ).check()
     names = [line.split()[0] for line in run.stdout.splitlines() if line.strip()]
     assert names == list(EXHIBITS) and len(names) >= 14
     assert all(f"lesson {ex.lesson}" in run.stdout for ex in EXHIBITS.values())
@@ -54,9 +57,17 @@ def test_every_exhibit_shown_and_every_claim_holds(shown):
 
 @pytest.mark.timeout(960)
 def test_mismatched_collectives(shown):
-    c = claims_of(shown, "mismatched_collectives", {"broken_aborts", "op_mismatch_raises",
-                                                     "detail_names_shapes", "monitored_barrier_names_the_others",
-                                                     "fixed_sum"})
+    c = claims_of(
+        shown,
+        "mismatched_collectives",
+        {
+            "broken_aborts",
+            "op_mismatch_raises",
+            "detail_names_shapes",
+            "monitored_barrier_names_the_others",
+            "fixed_sum",
+        },
+    )
     assert c["fixed_sum"] == 34.0
     ex = exhibit(shown, "mismatched_collectives")
     assert "Is there a distributed collective mismatch" in ex["symptom"][1]
@@ -66,9 +77,15 @@ def test_mismatched_collectives(shown):
 
 @pytest.mark.timeout(960)
 def test_rank_skips_step(shown):
-    claims_of(shown, "rank_skips_step", {"broken_times_out", "fixed_steps_equal", "fixed_replicas_identical"})
+    claims_of(
+        shown,
+        "rank_skips_step",
+        {"broken_times_out", "fixed_steps_equal", "fixed_replicas_identical"},
+    )
     lines = exhibit(shown, "rank_skips_step")["symptom"]
-    assert "Timed out waiting 2000ms" in lines[0] and lines[1] == "finished: 2"  # rank 1 ran on, silently
+    assert (
+        "Timed out waiting 2000ms" in lines[0] and lines[1] == "finished: 2"
+    )  # rank 1 ran on, silently
 
 
 @pytest.mark.timeout(960)
@@ -76,15 +93,24 @@ def test_unused_parameter(shown):
     c = claims_of(shown, "unused_parameter", {"broken_raises", "info_names_aux", "fixed_trains"})
     assert (c["broken_raises"], c["info_names_aux"], c["fixed_trains"]) == (2, 2, 4)
     ex = exhibit(shown, "unused_parameter")
-    assert all("Expected to have finished reduction in the prior iteration" in l for l in ex["symptom"])
+    assert all(
+        "Expected to have finished reduction in the prior iteration" in line
+        for line in ex["symptom"]
+    )
     assert ex["unused"] == ["aux.bias, aux.weight"] * 2  # named by TORCH_DISTRIBUTED_DEBUG=INFO
-    assert {"unused_parameter_find_unused_parameters_ms", "unused_parameter_static_graph_ms"} <= set(shown.results)
+    assert {
+        "unused_parameter_find_unused_parameters_ms",
+        "unused_parameter_static_graph_ms",
+    } <= set(shown.results)
 
 
 @pytest.mark.timeout(960)
 def test_rank0_work_past_timeout(shown):
-    c = claims_of(shown, "rank0_work_past_timeout", {"broken_rank1_times_out", "fixed_finishes",
-                                                     "fixed_wait_past_timeout"})
+    c = claims_of(
+        shown,
+        "rank0_work_past_timeout",
+        {"broken_rank1_times_out", "fixed_finishes", "fixed_wait_past_timeout"},
+    )
     assert c["fixed_finishes"] == 2 and c["fixed_wait_past_timeout"] == 1
     assert exhibit(shown, "rank0_work_past_timeout")["fixed_wait_s"] >= 2.0  # --timeout-s 2
     assert "Timed out waiting 2000ms" in exhibit(shown, "rank0_work_past_timeout")["symptom"][1]
@@ -92,7 +118,9 @@ def test_rank0_work_past_timeout(shown):
 
 @pytest.mark.timeout(960)
 def test_uneven_batches_without_join(shown):
-    claims_of(shown, "uneven_batches_without_join", {"broken_rank0_times_out", "fixed_replicas_identical"})
+    claims_of(
+        shown, "uneven_batches_without_join", {"broken_rank0_times_out", "fixed_replicas_identical"}
+    )
     assert exhibit(shown, "uneven_batches_without_join")["symptom"][1] == "finished: 2"
 
 
@@ -100,7 +128,10 @@ def test_uneven_batches_without_join(shown):
 def test_eval_through_ddp_on_empty_rank(shown):
     c = claims_of(shown, "eval_through_ddp_on_empty_rank", {"broken_raises", "fixed_count"})
     assert c["broken_raises"] == 2 and c["fixed_count"] == 1.0
-    assert any("Timed out waiting 2000ms" in l for l in exhibit(shown, "eval_through_ddp_on_empty_rank")["symptom"])
+    assert any(
+        "Timed out waiting 2000ms" in line
+        for line in exhibit(shown, "eval_through_ddp_on_empty_rank")["symptom"]
+    )
 
 
 @pytest.mark.timeout(960)
@@ -115,7 +146,10 @@ def test_checkpoints(shown):
     assert "consume_prefix_in_state_dict_if_present" in shown.stdout
     assert "Unexpected key(s) in state_dict" in shown.stdout and '"module.weight"' in shown.stdout
     claims_of(shown, "checkpoint_weights_only", {"broken_raises", "fixed_loads"})
-    assert "Unsupported global: GLOBAL argparse.Namespace" in exhibit(shown, "checkpoint_weights_only")["symptom"]
+    assert (
+        "Unsupported global: GLOBAL argparse.Namespace"
+        in exhibit(shown, "checkpoint_weights_only")["symptom"]
+    )
 
 
 @pytest.mark.timeout(960)
@@ -123,7 +157,9 @@ def test_accumulation_mistakes(shown):
     c = claims_of(shown, "no_sync_around_backward_only", {"broken_allreduces", "fixed_allreduces"})
     assert (c["broken_allreduces"], c["fixed_allreduces"]) == (4, 1)
     c = claims_of(shown, "loss_not_divided_by_k", {"broken_gradient_ratio", "fixed_gradient_diff"})
-    assert c["broken_gradient_ratio"] == 4.0 and c["fixed_gradient_diff"] <= 1e-6  # vs the global batch
+    assert (
+        c["broken_gradient_ratio"] == 4.0 and c["fixed_gradient_diff"] <= 1e-6
+    )  # vs the global batch
     claims_of(shown, "unscale_twice", {"broken_raises", "fixed_finite"})
     assert "unscale_() has already been called" in exhibit(shown, "unscale_twice")["symptom"]
 
@@ -131,46 +167,81 @@ def test_accumulation_mistakes(shown):
 @pytest.mark.timeout(960)
 def test_batchnorm_exhibits(shown):
     claims_of(shown, "batchnorm_batch_of_one", {"broken_raises", "fixed_smallest_batch"})
-    assert "Expected more than 1 value per channel when training" in exhibit(shown, "batchnorm_batch_of_one")[
-        "symptom"]
+    assert (
+        "Expected more than 1 value per channel when training"
+        in exhibit(shown, "batchnorm_batch_of_one")["symptom"]
+    )
     claims_of(shown, "syncbatchnorm_on_cpu", {"broken_raises", "fixed_global_mean"})
-    assert "SyncBatchNorm layers only work with GPU modules" in exhibit(shown, "syncbatchnorm_on_cpu")["symptom"][1]
+    assert (
+        "SyncBatchNorm layers only work with GPU modules"
+        in exhibit(shown, "syncbatchnorm_on_cpu")["symptom"][1]
+    )
 
 
 @pytest.mark.timeout(960)
 def test_too_many_threads(shown):
-    c = claims_of(shown, "too_many_threads", {"broken_threads_vs_alone", "dataloader_worker_threads",
-                                              "fixed_threads_per_process"})
-    assert c["broken_threads_vs_alone"] == 2.0  # mp.spawn: 2 processes, each with all a lone process takes
+    c = claims_of(
+        shown,
+        "too_many_threads",
+        {"broken_threads_vs_alone", "dataloader_worker_threads", "fixed_threads_per_process"},
+    )
+    assert (
+        c["broken_threads_vs_alone"] == 2.0
+    )  # mp.spawn: 2 processes, each with all a lone process takes
     assert (c["dataloader_worker_threads"], c["fixed_threads_per_process"]) == (1, 1)
 
 
 @pytest.mark.timeout(960)
 def test_nan_spreads_to_all_ranks(shown):
-    c = claims_of(shown, "nan_spreads_to_all_ranks", {"broken_ranks_with_nan", "fixed_finite",
-                                                       "fixed_replicas_identical"})
+    c = claims_of(
+        shown,
+        "nan_spreads_to_all_ranks",
+        {"broken_ranks_with_nan", "fixed_finite", "fixed_replicas_identical"},
+    )
     assert c["broken_ranks_with_nan"] == 2  # only rank 1's input held a NaN
 
 
 @pytest.mark.timeout(960)
 def test_nan_gradient_with_finite_loss(shown):
-    c = claims_of(shown, "nan_gradient_with_finite_loss", {"broken_loss_finite", "broken_ranks_with_nan",
-                                                            "anomaly_names_sqrt", "fixed_skipped",
-                                                            "fixed_params_unchanged"})
+    c = claims_of(
+        shown,
+        "nan_gradient_with_finite_loss",
+        {
+            "broken_loss_finite",
+            "broken_ranks_with_nan",
+            "anomaly_names_sqrt",
+            "fixed_skipped",
+            "fixed_params_unchanged",
+        },
+    )
     assert (c["broken_loss_finite"], c["broken_ranks_with_nan"], c["fixed_skipped"]) == (2, 2, 2)
     errors = exhibit(shown, "nan_gradient_with_finite_loss")["diagnosis"]
-    assert errors[0] == "" and "Function 'SqrtBackward0' returned nan values" in errors[1]  # the outlier's rank
+    assert (
+        errors[0] == "" and "Function 'SqrtBackward0' returned nan values" in errors[1]
+    )  # the outlier's rank
 
 
 @pytest.mark.timeout(960)
 def test_launch_mistakes(shown):
     claims_of(shown, "legacy_launcher_local_rank", {"broken_rejected", "fixed_parses"})
-    assert "unrecognized arguments: --local-rank=0" in exhibit(shown, "legacy_launcher_local_rank")["symptom"]
-    claims_of(shown, "local_rank_from_global_rank", {"broken_invalid_indices", "fixed_invalid_indices"})
-    assert exhibit(shown, "local_rank_from_global_rank")["ranks"] == [[0, 0], [1, 1], [2, 0], [3, 1]]
+    assert (
+        "unrecognized arguments: --local-rank=0"
+        in exhibit(shown, "legacy_launcher_local_rank")["symptom"]
+    )
+    claims_of(
+        shown, "local_rank_from_global_rank", {"broken_invalid_indices", "fixed_invalid_indices"}
+    )
+    assert exhibit(shown, "local_rank_from_global_rank")["ranks"] == [
+        [0, 0],
+        [1, 1],
+        [2, 0],
+        [3, 1],
+    ]
     claims_of(shown, "mp_spawn_inline_function", {"broken_child_fails", "fixed_ranks"})
-    assert "Can't get attribute 'worker' on <module '__main__'" in exhibit(shown, "mp_spawn_inline_function")[
-        "symptom"]
+    assert (
+        "Can't get attribute 'worker' on <module '__main__'"
+        in exhibit(shown, "mp_spawn_inline_function")["symptom"]
+    )
 
 
 @pytest.mark.timeout(960)
@@ -179,35 +250,63 @@ def test_second_job_on_the_same_machine(shown):
     assert "EADDRINUSE" in exhibit(shown, "rendezvous_port_taken")["symptom"]
     claims_of(shown, "second_job_joins_first", {"broken_first_job_killed", "fixed_jobs_alone"})
     assert "closing signal SIGTERM" in exhibit(shown, "second_job_joins_first")["symptom"]
-    claims_of(shown, "second_job_loses_store", {"broken_second_job_dies", "fixed_second_job_finishes"})
-    assert ("RendezvousConnectionError: The connection to the C10d store has failed"
-            in exhibit(shown, "second_job_loses_store")["symptom"])
+    claims_of(
+        shown, "second_job_loses_store", {"broken_second_job_dies", "fixed_second_job_finishes"}
+    )
+    assert (
+        "RendezvousConnectionError: The connection to the C10d store has failed"
+        in exhibit(shown, "second_job_loses_store")["symptom"]
+    )
 
 
 @pytest.mark.timeout(1200)
 def test_three_ranks_every_count_follows_the_world_size():
     """At 3 ranks rank 0 (or rank 1) is still the odd one out and the others behave alike: every claim holds."""
-    run = run_lesson("12_troubleshooting", nproc=3, args=["--show", "collectives"], timeout_s=720).check()
-    c = claims_of(run, "mismatched_collectives", {"op_mismatch_raises", "detail_names_shapes",
-                                                   "monitored_barrier_names_the_others", "fixed_sum"})
+    run = run_lesson(
+        "12_troubleshooting", nproc=3, args=["--show", "collectives"], timeout_s=720
+    ).check()
+    c = claims_of(
+        run,
+        "mismatched_collectives",
+        {
+            "op_mismatch_raises",
+            "detail_names_shapes",
+            "monitored_barrier_names_the_others",
+            "fixed_sum",
+        },
+    )
     assert (c["op_mismatch_raises"], c["fixed_sum"]) == (3, 6.0 + 2 * 28.0)
-    assert "Ranks 1, 2 failed to pass monitoredBarrier" in exhibit(run, "mismatched_collectives")[
-        "diagnosis_monitored"][0]
+    assert (
+        "Ranks 1, 2 failed to pass monitoredBarrier"
+        in exhibit(run, "mismatched_collectives")["diagnosis_monitored"][0]
+    )
     assert claims_of(run, "unused_parameter", {"fixed_trains"})["fixed_trains"] == 6
     assert claims_of(run, "eval_through_ddp_on_empty_rank", {"broken_raises"})["broken_raises"] == 3
-    run = run_lesson("12_troubleshooting", nproc=3, args=["--show", "training"], timeout_s=400).check()
+    run = run_lesson(
+        "12_troubleshooting", nproc=3, args=["--show", "training"], timeout_s=400
+    ).check()
     assert_claims(run.results, set())  # every recorded claim holds
-    assert claims_of(run, "nan_spreads_to_all_ranks", {"broken_ranks_with_nan"})["broken_ranks_with_nan"] == 3
+    assert (
+        claims_of(run, "nan_spreads_to_all_ranks", {"broken_ranks_with_nan"})[
+            "broken_ranks_with_nan"
+        ]
+        == 3
+    )
     assert claims_of(run, "nan_gradient_with_finite_loss", {"fixed_skipped"})["fixed_skipped"] == 3
 
 
 @pytest.mark.timeout(240)
 def test_one_exhibit_alone_ends_within_its_timeout():
-    run = run_lesson("12_troubleshooting", nproc=2, args=["--show", "uneven_batches_without_join"],
-                     timeout_s=180).check()
+    run = run_lesson(
+        "12_troubleshooting", nproc=2, args=["--show", "uneven_batches_without_join"], timeout_s=180
+    ).check()
     assert run.results["shown"] == ["uneven_batches_without_join"]
-    claims_of(run, "uneven_batches_without_join", {"broken_rank0_times_out", "fixed_replicas_identical"})
-    assert run.results["uneven_batches_without_join_s"] < 30  # bounded by --timeout-s 2, never a real hang
+    claims_of(
+        run, "uneven_batches_without_join", {"broken_rank0_times_out", "fixed_replicas_identical"}
+    )
+    assert (
+        run.results["uneven_batches_without_join_s"] < 30
+    )  # bounded by --timeout-s 2, never a real hang
 
 
 @pytest.mark.timeout(240)

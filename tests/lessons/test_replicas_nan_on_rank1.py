@@ -1,6 +1,7 @@
 """Lesson 12's exhibits whose fix claims identical replicas, launched with a NaN in rank 1's replica while they
 compare (tests/_nan_on_rank1.py): the claim does not hold and the lesson exits 1. Lessons 03, 05 and 07 have
 the same test in their own files; the helper itself is tested in tests/unit/test_differences.py."""
+
 from __future__ import annotations
 
 import math
@@ -27,5 +28,10 @@ def test_every_exhibit_that_compares_replicas_is_launched_above():
     import inspect
 
     from common.exhibits.frame import load_exhibits
-    compares = [n for n, ex in load_exhibits().items() if "max_param_diff_across_ranks" in inspect.getsource(ex.fn)]
+
+    compares = [
+        n
+        for n, ex in load_exhibits().items()
+        if "max_param_diff_across_ranks" in inspect.getsource(ex.fn)
+    ]
     assert sorted(compares) == sorted(EXHIBITS)

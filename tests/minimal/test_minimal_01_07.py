@@ -4,6 +4,7 @@
 Every launch runs on CPU (the minimal scripts with CUDA_VISIBLE_DEVICES="", the lessons with --device cpu), so
 both choose gloo and the comparison does not depend on GPU kernels.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,12 @@ TOL = 1e-6  # the loss history equal within 1e-6 (measured: 0.0 for 01, 03, 04, 
 
 def minimal(name: str, nproc: int | None = 2, args: list[str] = ()) -> tuple[list[dict], str]:
     """Launch minimal/<name>.py (nproc None: plain python), check exit 0; return its JSON lines and stdout."""
-    run = run_lesson(REPO_ROOT / "minimal" / f"{name}.py", nproc, list(args), TIMEOUT_S, env=CPU,
-                     results=False).check()
-    return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")], run.stdout
+    run = run_lesson(
+        REPO_ROOT / "minimal" / f"{name}.py", nproc, list(args), TIMEOUT_S, env=CPU, results=False
+    ).check()
+    return [
+        json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")
+    ], run.stdout
 
 
 def lesson(name: str, nproc: int | None = 2, args: list[str] = ()) -> tuple[dict, str]:
@@ -60,7 +64,10 @@ def test_02_collectives_and_ring_equal_pytorch(nproc):
     _, stdout = minimal("02_collectives", nproc, ["--lengths", *lengths])
     n = nproc or 1
     assert f"all checks hold on {n} rank(s)" in stdout
-    assert f"all_gather      rank 0 received {[[float(100 * k + i) for i in range(4)] for k in range(n)]}" in stdout
+    assert (
+        f"all_gather      rank 0 received {[[float(100 * k + i) for i in range(4)] for k in range(n)]}"
+        in stdout
+    )
 
 
 @pytest.mark.timeout(1200)
@@ -86,12 +93,16 @@ def test_04_sampler_by_hand_trains_like_distributed_sampler(lesson03_2):
 @pytest.mark.timeout(1200)
 def test_05_unpadded_evaluation_and_join_reproduce_lesson_05():
     results, stdout = lesson("05_uneven_data", 2)
-    got, _ = minimal("05_uneven_data", 2, ["--epochs", "1"])  # exit 0: replicas identical after Join
+    got, _ = minimal(
+        "05_uneven_data", 2, ["--epochs", "1"]
+    )  # exit 0: replicas identical after Join
     evaluation, epoch = got
     assert abs(evaluation["test_loss"] - results["eval_unpadded"]["loss"]) <= TOL
     assert abs(evaluation["test_accuracy"] - results["eval_unpadded"]["accuracy"]) <= TOL
     assert results["join_steps"] == [4, 5]  # the shards minimal/05 cuts too: 4 + rank batches of 16
-    join_loss = float(re.search(r"mean training loss (\S+)", stdout).group(1))  # printed with 4 decimals
+    join_loss = float(
+        re.search(r"mean training loss (\S+)", stdout).group(1)
+    )  # printed with 4 decimals
     assert abs(epoch["train_loss"] - join_loss) <= 5e-5
 
 
@@ -103,19 +114,24 @@ def test_06_sync_batchnorm_reproduces_lesson_06():
     got, _ = minimal("06_sync_batchnorm", 2, ["--epochs", "1", "--batch-size", "32"])
     syncbn = results["variants"]["syncbn"]
     assert syncbn["steps"] == 23
-    assert abs(got[0]["last_loss"] - syncbn["final_loss"]) <= TOL  # rank 0's last step, after 23 steps
+    assert (
+        abs(got[0]["last_loss"] - syncbn["final_loss"]) <= TOL
+    )  # rank 0's last step, after 23 steps
 
 
 @pytest.mark.timeout(1200)
 def test_07_accumulation_equals_one_step_and_k1_is_lesson_03(lesson03_2):
-    minimal("07_gradient_accumulation", 2, ["--epochs", "1"])  # exit 0: k = 2 micro-steps == one step
+    minimal(
+        "07_gradient_accumulation", 2, ["--epochs", "1"]
+    )  # exit 0: k = 2 micro-steps == one step
     got, _ = minimal("07_gradient_accumulation", 2, ["--epochs", "2", "--grad-accum-steps", "1"])
     assert_same_losses(got, lesson03_2["history"])
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("name", ["04_custom_sampler", "05_uneven_data", "06_sync_batchnorm",
-                                  "07_gradient_accumulation"])
+@pytest.mark.parametrize(
+    "name", ["04_custom_sampler", "05_uneven_data", "06_sync_batchnorm", "07_gradient_accumulation"]
+)
 def test_plain_python_world_of_one(name):
     got, _ = minimal(name, None, ["--epochs", "1"])  # exit 0: the script's own check holds
     assert got

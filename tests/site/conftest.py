@@ -4,6 +4,7 @@ Debian's /usr/bin/chromium is driven through Selenium with /usr/bin/chromedriver
 CI (CI=true) a missing browser or site package fails the tests; elsewhere they skip with one line naming the
 install command. Screenshots go to build/site-screenshots/ (or $SITE_ARTIFACTS).
 """
+
 from __future__ import annotations
 
 import functools
@@ -56,7 +57,9 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture(scope="session")
 def server(site):
     """The site served on 127.0.0.1 (a free port), as a static host would serve it."""
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site)))
+    httpd = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site))
+    )
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
@@ -76,10 +79,20 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,900", "--no-first-run", "--disable-extensions",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-default-apps", "--lang=en-US"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,900",
+        "--no-first-run",
+        "--disable-extensions",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-default-apps",
+        "--lang=en-US",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)

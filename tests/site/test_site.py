@@ -9,6 +9,7 @@ and nothing else), and carries its minimal script, measured lesson, exercise and
 
 One file, so that pytest-xdist's --dist loadfile builds the site once, on one worker.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,7 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
-REDIRECT_FOLDERS = ("lessons", "notebooks")  # numbered names, e.g. lessons/03_ddp.html: redirects only
+REDIRECT_FOLDERS = (
+    "lessons",
+    "notebooks",
+)  # numbered names, e.g. lessons/03_ddp.html: redirects only
 
 
 def pages(site: Path) -> list[str]:
@@ -49,7 +53,8 @@ def settle(driver, timeout_s: float = 30.0):
         done = driver.execute_script(
             "return document.readyState === 'complete' && "
             "Array.from(document.images).every(i => i.complete) && "
-            "(!document.querySelector('.math') || !!document.querySelector('mjx-container'));")
+            "(!document.querySelector('.math') || !!document.querySelector('mjx-container'));"
+        )
         if done:
             break
         time.sleep(0.1)
@@ -78,23 +83,35 @@ def visit(driver, url: str) -> dict:
         elif method == "Network.responseReceived" and params["response"]["status"] >= 400:
             bad_status.append(f"{params['response']['status']} {params['response']['url']}")
     width = driver.execute_script(
-        "return [document.documentElement.scrollWidth, document.documentElement.clientWidth];")
+        "return [document.documentElement.scrollWidth, document.documentElement.clientWidth];"
+    )
     clipped = driver.execute_script(  # text cut off at the edge, not only scrolled
         "return Array.from(document.querySelectorAll('.bd-article :is(h1, h2, h3, p, li)'))"
-        ".filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.slice(0, 40));")
+        ".filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.slice(0, 40));"
+    )
     images = driver.execute_script(
         "return Array.from(document.querySelectorAll('img')).map("
-        "i => [i.getAttribute('src'), i.naturalWidth, !!i.closest('.cell_output')]);")
-    return {"console": [e["message"] for e in console if e["level"] == "SEVERE"], "requests": requests,
-            "failed": failed, "bad_status": bad_status, "images": images, "width": width, "clipped": clipped}
+        "i => [i.getAttribute('src'), i.naturalWidth, !!i.closest('.cell_output')]);"
+    )
+    return {
+        "console": [e["message"] for e in console if e["level"] == "SEVERE"],
+        "requests": requests,
+        "failed": failed,
+        "bad_status": bad_status,
+        "images": images,
+        "width": width,
+        "clipped": clipped,
+    }
 
 
 @pytest.fixture(scope="session")
 def visits(browser, site, server) -> dict[str, dict]:
     """Every page, loaded once on a 375-pixel-wide phone screen: what the browser logged and requested while
     loading it, its images, and how wide its content is."""
-    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                            {"width": 375, "height": 812, "deviceScaleFactor": 2, "mobile": True})
+    browser.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": 375, "height": 812, "deviceScaleFactor": 2, "mobile": True},
+    )
     try:
         return {rel: visit(browser, f"{server}/{rel}") for rel in pages(site)}
     finally:
@@ -105,9 +122,15 @@ def test_every_page_loads_with_no_error_and_nothing_from_outside(visits, server)
     assert len(visits) > 60, sorted(visits)
     problems = []
     for rel, seen in visits.items():
-        outside = [u for u in seen["requests"] if not u.startswith((server + "/", "data:", "blob:"))]
-        for kind, items in (("console error", seen["console"]), ("request to outside the site", outside),
-                            ("failed request", seen["failed"]), ("HTTP error", seen["bad_status"])):
+        outside = [
+            u for u in seen["requests"] if not u.startswith((server + "/", "data:", "blob:"))
+        ]
+        for kind, items in (
+            ("console error", seen["console"]),
+            ("request to outside the site", outside),
+            ("failed request", seen["failed"]),
+            ("HTTP error", seen["bad_status"]),
+        ):
             problems += [f"{rel}: {kind}: {item}" for item in items]
     assert not problems, "\n".join(problems[:40])
 
@@ -118,14 +141,22 @@ def test_math_is_typeset_from_the_site(visits, server, browser):
     browser.get(f"{server}/{page}")
     settle(browser)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not browser.find_elements("css selector", "mjx-container"):
+    while time.monotonic() < deadline and not browser.find_elements(
+        "css selector", "mjx-container"
+    ):
         time.sleep(0.2)
-    assert browser.find_elements("css selector", "mjx-container"), "MathJax typeset nothing on notebook 06"
+    assert browser.find_elements("css selector", "mjx-container"), (
+        "MathJax typeset nothing on notebook 06"
+    )
 
 
 def test_every_notebook_image_renders(visits, site):
-    lesson_pages = [rel for rel in visits if rel.startswith("en/lessons/") and rel != "en/lessons/index.html"]
-    assert len(lesson_pages) == len(list((site.parent / "site-src" / "en" / "lessons").glob("*/index.ipynb")))
+    lesson_pages = [
+        rel for rel in visits if rel.startswith("en/lessons/") and rel != "en/lessons/index.html"
+    ]
+    assert len(lesson_pages) == len(
+        list((site.parent / "site-src" / "en" / "lessons").glob("*/index.ipynb"))
+    )
     shown = 0
     for rel in lesson_pages:
         for src, width, in_output in visits[rel]["images"]:
@@ -150,21 +181,31 @@ def results(driver, server: str, rel: str, query: str) -> list[str]:
 # set_epoch is in the body of several lessons' pages (no title holds it); Sphinx ranks equal matches by title,
 # so the first is the lesson that introduces it (03, DDP's DistributedSampler), then 04, the sampler lesson.
 # The Chinese terms are in their guide's title: jieba keeps them whole with the course's words (course_words).
-@pytest.mark.parametrize("lang,query,pages", [
-    ("en", "set_epoch", ["/en/lessons/ddp/index.html", "/en/lessons/custom-sampler/index.html"]),
-    ("zh", "梯度累积", ["/zh/lessons/gradient-accumulation/index.html"]),
-    ("zh", "同步批归一化", ["/zh/lessons/sync-batchnorm/index.html"]),
-])
+@pytest.mark.parametrize(
+    "lang,query,pages",
+    [
+        (
+            "en",
+            "set_epoch",
+            ["/en/lessons/ddp/index.html", "/en/lessons/custom-sampler/index.html"],
+        ),
+        ("zh", "梯度累积", ["/zh/lessons/gradient-accumulation/index.html"]),
+        ("zh", "同步批归一化", ["/zh/lessons/sync-batchnorm/index.html"]),
+    ],
+)
 def test_search_finds_the_right_page_first(browser, server, visits, lang, query, pages):
     found = results(browser, server, f"{lang}/search.html", query)
-    assert found[:len(pages)] == pages, f"search for {query!r} listed {found[:5]}"
+    assert found[: len(pages)] == pages, f"search for {query!r} listed {found[:5]}"
 
 
-@pytest.mark.parametrize("start,counterpart", [
-    ("en/lessons/ddp/index.html", "zh/lessons/ddp/index.html"),
-    ("en/docs/glossary/index.html", "zh/docs/glossary/index.html"),
-    ("en/index.html", "zh/index.html"),
-])
+@pytest.mark.parametrize(
+    "start,counterpart",
+    [
+        ("en/lessons/ddp/index.html", "zh/lessons/ddp/index.html"),
+        ("en/docs/glossary/index.html", "zh/docs/glossary/index.html"),
+        ("en/index.html", "zh/index.html"),
+    ],
+)
 def test_language_switch_round_trips(browser, server, visits, start, counterpart):
     browser.get(f"{server}/{start}")
     browser.find_element("id", "lang-switch").click()
@@ -177,8 +218,9 @@ def test_language_switch_round_trips(browser, server, visits, start, counterpart
 
 def test_numbered_names_redirect_to_the_slug(browser, server, visits):
     for old, new in (
-            ("en/notebooks/03_ddp.html", "en/lessons/ddp/index.html"),
-            ("zh/lessons/07_gradient_accumulation.html", "zh/lessons/gradient-accumulation/index.html")):
+        ("en/notebooks/03_ddp.html", "en/lessons/ddp/index.html"),
+        ("zh/lessons/07_gradient_accumulation.html", "zh/lessons/gradient-accumulation/index.html"),
+    ):
         browser.get(f"{server}/{old}")
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not browser.current_url.endswith(new):
@@ -201,9 +243,11 @@ def test_no_page_scrolls_sideways_on_a_phone(visits):
 def test_screenshots(browser, server, visits):
     """Written for a person to open: an English lesson, a Chinese guide, the home page."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    for rel, name in (("en/lessons/ddp/index.html", "en-lesson-ddp.png"),
-                      ("zh/lessons/gradient-accumulation/index.html", "zh-guide-gradient-accumulation.png"),
-                      ("en/index.html", "en-home.png")):
+    for rel, name in (
+        ("en/lessons/ddp/index.html", "en-lesson-ddp.png"),
+        ("zh/lessons/gradient-accumulation/index.html", "zh-guide-gradient-accumulation.png"),
+        ("en/index.html", "en-home.png"),
+    ):
         browser.get(f"{server}/{rel}")
         settle(browser)
         assert browser.save_screenshot(str(ARTIFACTS / name))
@@ -267,7 +311,9 @@ def test_lesson_pages_hold_script_lesson_exercise_and_neighbours(site):
         assert soup.find(id=f"{lang}-ddp-minimal") and soup.find(id=f"{lang}-ddp-lesson")
         assert soup.find(id=f"{lang}-ddp-exercise")
         assert "+++ minimal/03_ddp.py" in text and "init_process_group" in text  # the diff from 01
-        assert "torchrun --standalone --nproc_per_node=2 lessons/03_ddp.py --check-equivalence" in text
+        assert (
+            "torchrun --standalone --nproc_per_node=2 lessons/03_ddp.py --check-equivalence" in text
+        )
         assert "replicas_identical" in text  # a claim's name, parsed from the lesson's source
         assert "python -m exercises ddp_by_hand" in text
         solution = soup.find("details", class_="sd-dropdown", string=None)
@@ -283,7 +329,9 @@ def test_redirects_cover_every_numbered_name(site):
             for folder in ("lessons", "notebooks"):
                 page = (site / lang / folder / f"{lesson.stem}.html").read_text()
                 target = f"../lessons/{lesson.slug}/index.html"
-                assert f'url={target}"' in page and (site / lang / folder / target).resolve().exists()
+                assert (
+                    f'url={target}"' in page and (site / lang / folder / target).resolve().exists()
+                )
 
 
 def test_generated_text_reads_right_in_both_languages(site):
@@ -308,8 +356,14 @@ def test_generated_text_reads_right_in_both_languages(site):
         cells = [tr.select("td")[2].get_text() for tr in index.select("article table tbody tr")]
         assert len(cells) == len(lessons) and not any("--" in c for c in cells), cells
         assert not index.select("article table strong")
-        footer = soup(f"{lang}/lessons/ddp/index.html").select_one("footer p.copyright").get_text(strip=True)
-        assert footer == ("© Copyright the course's authors." if lang == "en" else "© 版权归本课程的作者所有。")
+        footer = (
+            soup(f"{lang}/lessons/ddp/index.html")
+            .select_one("footer p.copyright")
+            .get_text(strip=True)
+        )
+        assert footer == (
+            "© Copyright the course's authors." if lang == "en" else "© 版权归本课程的作者所有。"
+        )
         for lesson in lessons:
             page = soup(f"{lang}/{lesson.page}.html")
             to_exercise = page.select(f'article p a[href="#{lang}-{lesson.slug}-exercise"]')
@@ -321,7 +375,13 @@ def test_generated_text_reads_right_in_both_languages(site):
     assert labels == ["notebook（英文）"] * len(lessons), labels
     assert "build/site/index.html" not in zh_home.get_text() + soup("en/index.html").get_text()
     ddp = soup("zh/lessons/ddp/index.html")
-    assert "全部导读" not in ddp.get_text() and "上一课：" in ddp.get_text() and "上一课:" not in ddp.get_text()
+    assert (
+        "全部导读" not in ddp.get_text()
+        and "上一课：" in ddp.get_text()
+        and "上一课:" not in ddp.get_text()
+    )
     first = ddp.select_one("article h1").find_next("p")
-    assert first.find("a", string="术语对照") and first.find_next("p").find("a", string="← 02") is None
+    assert (
+        first.find("a", string="术语对照") and first.find_next("p").find("a", string="← 02") is None
+    )
     assert "时间：" in soup("zh/routes/train-on-2-8-gpus/index.html").get_text()

@@ -3,6 +3,7 @@ changed notebook shows at the next build), slugs come from the lesson names, and
 where a page has no counterpart. The generated text of the staged pages: route goals linked, lesson lists that
 say what each lesson covers, the home page without the README's line about the READMEs, the Chinese pages'
 own words in Chinese, one row of links under a lesson's title, no nbval markers in the code shown."""
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,9 @@ def test_a_changed_notebook_changes_its_staged_page(tmp_path, monkeypatch):
     before = page.read_text()
     path = sources / "notebooks" / "03_ddp.ipynb"
     nb = json.loads(path.read_text())
-    cell = next(c for c in nb["cells"] if any(o["output_type"] == "stream" for o in c.get("outputs", [])))
+    cell = next(
+        c for c in nb["cells"] if any(o["output_type"] == "stream" for o in c.get("outputs", []))
+    )
     stream = next(o for o in cell["outputs"] if o["output_type"] == "stream")
     stream["text"] = ["a line the committed notebook never printed\n"]
     path.write_text(json.dumps(nb))
@@ -58,8 +61,12 @@ def test_language_switch_says_so_where_a_page_has_no_counterpart():
     import jinja2
 
     template = jinja2.Template((ROOT / "website/templates/lang-switch.html").read_text())
-    missing = template.render(website_lang="zh", other_docnames={"index"}, pagename="lessons/ddp/index")
-    assert "No English version of this page" in missing and 'href="../../../en/index.html"' in missing
+    missing = template.render(
+        website_lang="zh", other_docnames={"index"}, pagename="lessons/ddp/index"
+    )
+    assert (
+        "No English version of this page" in missing and 'href="../../../en/index.html"' in missing
+    )
     page = "lessons/ddp/index"
     found = template.render(website_lang="en", other_docnames={page}, pagename=page)
     assert 'href="../../../zh/lessons/ddp/index.html"' in found and "中文" in found
@@ -75,8 +82,13 @@ def staged(tmp_path_factory) -> dict[str, Path]:
 
 def test_first_sentence_of_a_docstring():
     doc = "Lesson 02: collectives -- a group, a ring from send/recv,\nno server. Then more.\n\nNext one."
-    assert site_build.first_sentence(doc) == "Collectives — a group, a ring from send/recv, no server."
-    assert site_build.first_sentence("Lesson 18: plans -- will it fit? A model.") == "Plans — will it fit?"
+    assert (
+        site_build.first_sentence(doc) == "Collectives — a group, a ring from send/recv, no server."
+    )
+    assert (
+        site_build.first_sentence("Lesson 21: plans -- will it fit? A model.")
+        == "Plans — will it fit?"
+    )
     assert site_build.plain("__len__, [x](y) | z") == r"\_\_len\_\_, \[x\]\(y\) \| z"
 
 
@@ -84,14 +96,19 @@ def test_first_sentence_of_a_docstring():
 def test_route_goals_link_to_their_route_pages(staged, lang):
     """The routes index and the home page's routes table link each goal to its page; a route's lessons and
     links are rewritten as on the home page, the route's own link is left as it is."""
-    index, home = (staged[lang] / "routes/index.md").read_text(), (staged[lang] / "index.md").read_text()
+    index, home = (
+        (staged[lang] / "routes/index.md").read_text(),
+        (staged[lang] / "index.md").read_text(),
+    )
     routes = site_build.routes(lang)
     assert len(routes) == 4
     for route in routes:
         assert f"- [{route['goal']}]({route['slug']}/index.md)" in index
         assert f"| [{route['goal']}](routes/{route['slug']}/index.md) |" in home
         assert (staged[lang] / f"routes/{route['slug']}/index.md").exists()
-    assert "/index.md`)" not in index and "(`" not in index  # no target left unresolved as "label (`path`)"
+    assert (
+        "/index.md`)" not in index and "(`" not in index
+    )  # no target left unresolved as "label (`path`)"
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
@@ -157,7 +174,7 @@ def test_chinese_lesson_pages_have_one_row_of_links(staged):
 def test_exercise_link_only_where_a_lesson_has_one(lang):
     lessons = site_build.curriculum()
     without = [lesson.number for lesson in lessons if not lesson.exercises]
-    assert without == ["01", "08", "11", "12", "15"]
+    assert without == ["01", "08", "11", "12", "17"]
     for lesson in lessons:
         line = site_build.nav_line(lesson, lessons, lang, lesson.page)
         assert (f"(#{lang}-{lesson.slug}-exercise)" in line) == bool(lesson.exercises), line
@@ -177,8 +194,9 @@ def test_staged_notebooks_have_no_nbval_markers(staged):
             before = "".join(before["source"])
             marked += "NBVAL_" in before
             assert "NBVAL_" not in after["source"]
-            assert after["source"] == "\n".join(line for line in before.split("\n")
-                                                if line.strip() != "# NBVAL_IGNORE_OUTPUT")
+            assert after["source"] == "\n".join(
+                line for line in before.split("\n") if line.strip() != "# NBVAL_IGNORE_OUTPUT"
+            )
     assert marked >= 30
 
 

@@ -1,5 +1,6 @@
 """Lesson 07's pieces in one process (no torchrun): batch arithmetic, the variants against one global step,
 and the micro-batch stream the training loop and its replay share."""
+
 from __future__ import annotations
 
 import importlib
@@ -11,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import TensorDataset
 
+from common.harness.env import LessonError
 from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
 from common.measure.precision import max_diff
-from common.harness.env import LessonError
 
 lesson = importlib.import_module("lessons.07_gradient_accumulation")
 
@@ -55,8 +56,15 @@ def _grads(model, variant, batches):
     return [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("name, right", [("accumulate", True), ("accumulate_always_sync", True),
-                                         ("accumulate_no_divide", False), ("accumulate_running_divide", False)])
+@pytest.mark.parametrize(
+    "name, right",
+    [
+        ("accumulate", True),
+        ("accumulate_always_sync", True),
+        ("accumulate_no_divide", False),
+        ("accumulate_running_divide", False),
+    ],
+)
 def test_variants_in_one_process(setup, name, right):
     model, x, y, ref = setup
     even = list(zip(x.split(4), y.split(4)))  # k = 4 micro-batches of 4
@@ -79,13 +87,17 @@ def test_no_sync_unless_is_a_no_op_without_ddp(setup):
 def test_micro_batch_streams_cover_each_epoch_once_across_ranks():
     data = TensorDataset(torch.arange(24.0).unsqueeze(1), torch.zeros(24, dtype=torch.long))
     streams = [micro_batch_stream(data, 3, 2, r, seed=0) for r in range(2)]
-    epoch0 = [next(s)[0] for s in streams for _ in range(4)]  # 2 ranks x 4 micro-batches of 3 = 24 samples
+    epoch0 = [
+        next(s)[0] for s in streams for _ in range(4)
+    ]  # 2 ranks x 4 micro-batches of 3 = 24 samples
     assert sorted(torch.cat(epoch0).flatten().tolist()) == list(range(24))
     epoch1 = [next(streams[0])[0] for _ in range(4)]  # set_epoch(1): a new order on rank 0
     assert torch.cat(epoch1).flatten().tolist() != torch.cat(epoch0[:4]).flatten().tolist()
 
 
-@pytest.mark.parametrize("argv", [["--grad-accum-steps", "1"], ["--global-batch", "2"], ["--steps", "10"]])
+@pytest.mark.parametrize(
+    "argv", [["--grad-accum-steps", "1"], ["--global-batch", "2"], ["--steps", "10"]]
+)
 def test_parse_args_refuses_what_would_make_a_claim_fail(argv, monkeypatch):
     """k = 1: every wrong variant equals the right one; --steps < 20: one loss report, nothing can fall."""
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):

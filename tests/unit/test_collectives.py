@@ -1,6 +1,7 @@
 """Lesson 02's subject matter without a process group: the ring schedule, chunking, the simulated ring, the bytes a
 ring and a parameter server put on their links, bandwidth formulas, per-call timing, the backend table; and the
 MAX over ranks that lessons 10-11 compare with, in a spawned world of 3 whose ranks disagree."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,9 +11,20 @@ from hypothesis import strategies as st
 
 import common.collectives.ring as ring
 from common.collectives.backends import BACKEND_OPS, BACKEND_SUPPORT, backend_table
-from common.measure.bandwidth import bandwidths, bus_bandwidth_factor, five_number_summary, time_calls
-from common.collectives.ring import (chunk_bounds, ring_link_bytes, ring_schedule, server_link_bytes,
-                                     simulate_ring_all_reduce, simulation_equals_sum)
+from common.collectives.ring import (
+    chunk_bounds,
+    ring_link_bytes,
+    ring_schedule,
+    server_link_bytes,
+    simulate_ring_all_reduce,
+    simulation_equals_sum,
+)
+from common.measure.bandwidth import (
+    bandwidths,
+    bus_bandwidth_factor,
+    five_number_summary,
+    time_calls,
+)
 from common.measure.differences import max_over_ranks
 from tests._rank_workers import max_over_ranks_of_different_values
 from tests._workers import run_world
@@ -70,8 +82,9 @@ def test_simulation_can_fail_when_the_schedule_is_wrong(monkeypatch):
     """The check has teeth: a schedule that adds the wrong chunk gives a wrong sum, and the lesson's claim drops."""
     assert simulation_equals_sum(range(1, 5), [1, 3, 7, 1001])
     real = ring.ring_schedule
-    monkeypatch.setattr(ring, "ring_schedule",
-                        lambda r, n, phase, step: (real(r, n, phase, step)[0],) * 2)  # ignores the neighbour
+    monkeypatch.setattr(
+        ring, "ring_schedule", lambda r, n, phase, step: (real(r, n, phase, step)[0],) * 2
+    )  # ignores the neighbour
     inputs = [torch.full((6,), float(r + 1)) for r in range(3)]
     with pytest.raises(AssertionError):
         results, _ = ring.simulate_ring_all_reduce(inputs)
@@ -88,7 +101,9 @@ def test_link_bytes_counted_from_the_simulated_schedule_match_the_formula(n):
     assert ring_link_bytes(n, 4 * psi) == 4 * (n - 1) * 4 * psi / n
 
 
-@pytest.mark.parametrize("n, ring_bytes, server_bytes", [(2, 8192, 8192), (4, 12288, 24576), (8, 14336, 57344)])
+@pytest.mark.parametrize(
+    "n, ring_bytes, server_bytes", [(2, 8192, 8192), (4, 12288, 24576), (8, 14336, 57344)]
+)
 def test_server_link_carries_n_over_2_times_a_ring_link(n, ring_bytes, server_bytes):
     assert ring_link_bytes(n, 4096) == ring_bytes
     assert server_link_bytes(n, 4096) == server_bytes
@@ -113,11 +128,19 @@ def test_bus_bandwidth_factors_follow_nccl_tests():
 
 def test_time_calls_times_each_call_after_warmup_and_five_number_summary_summarises():
     calls = []
-    times = time_calls(lambda: calls.append(1), iters=20, warmup=3, device=torch.device("cpu"), distributed=False)
+    times = time_calls(
+        lambda: calls.append(1), iters=20, warmup=3, device=torch.device("cpu"), distributed=False
+    )
     assert len(calls) == 23 and len(times) == 20 and all(t >= 0 for t in times)
     s = five_number_summary([5.0, 1.0, 2.0, 4.0, 3.0])
     assert s["median"] == 3.0 and s["min"] == 1.0 and s["max"] == 5.0 and s["q1"] <= 3.0 <= s["q3"]
-    assert five_number_summary([2.0]) == {"median": 2.0, "q1": 2.0, "q3": 2.0, "min": 2.0, "max": 2.0}
+    assert five_number_summary([2.0]) == {
+        "median": 2.0,
+        "q1": 2.0,
+        "q3": 2.0,
+        "min": 2.0,
+        "max": 2.0,
+    }
     with pytest.raises(ValueError):
         time_calls(lambda: None, iters=0, warmup=0, device=torch.device("cpu"), distributed=False)
 
@@ -130,10 +153,25 @@ def test_backend_table_matches_the_docs_on_key_facts():
     lines = backend_table({"gloo": True, "nccl": False, "mpi": False})
     assert len(lines) == 1 + len(BACKEND_OPS) + 1
     assert lines[-1].split() == ["built", "here", "yes", "yes", "no", "no", "no", "no"]
-    assert lines[1 + BACKEND_OPS.index("reduce_scatter")].split() == ["reduce_scatter", "yes", "yes", "no", "no",
-                                                                      "no", "yes"]
+    assert lines[1 + BACKEND_OPS.index("reduce_scatter")].split() == [
+        "reduce_scatter",
+        "yes",
+        "yes",
+        "no",
+        "no",
+        "no",
+        "yes",
+    ]
     # the docs' all_to_all row: not on gloo (although gloo on CPU runs it in torch 2.13: common/collectives/backends.py)
-    assert lines[1 + BACKEND_OPS.index("all_to_all")].split() == ["all_to_all", "no", "no", "yes", "?", "no", "yes"]
+    assert lines[1 + BACKEND_OPS.index("all_to_all")].split() == [
+        "all_to_all",
+        "no",
+        "no",
+        "yes",
+        "?",
+        "no",
+        "yes",
+    ]
 
 
 @pytest.mark.timeout(120)

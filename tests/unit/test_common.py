@@ -1,23 +1,24 @@
 """Unit and property tests of common/: setup choices, sampler contract, metric reduction, checkpoints, data."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler
 
+from common.data import digits_split, load_digits, synthetic_images
 from common.harness import env as cd
 from common.harness.atomic import atomic_write, load_checkpoint, save_checkpoint
-from common.data import digits_split, load_digits, synthetic_images
 from common.harness.env import DistInfo, LessonError, choose_backend_and_device, read_torchrun_env
 from common.harness.metrics import is_padding
 from common.models import DigitsCNN, mlp
 from tests._workers import accuracy_4_3_3, eval_ten_samples, param_diff, run_world
 
-
 # ---- torchrun environment, backend and device ----------------------------------------------------------------
+
 
 def test_plain_python_run_is_a_world_of_one():
     assert read_torchrun_env({}) == (0, 0, 1, 1)
@@ -28,8 +29,14 @@ def test_second_node_rank_differs_from_local_rank():
     assert read_torchrun_env(env) == (3, 1, 4, 2)
 
 
-@pytest.mark.parametrize("env", [{"RANK": "4", "WORLD_SIZE": "4"}, {"RANK": "0"},
-                                 {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"RANK": "4", "WORLD_SIZE": "4"},
+        {"RANK": "0"},
+        {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
+    ],
+)
 def test_inconsistent_torchrun_environment_is_rejected(env):
     with pytest.raises(LessonError):
         read_torchrun_env(env)
@@ -50,8 +57,12 @@ def test_device_index_is_local_rank_on_a_second_node(monkeypatch):
     # global rank 3 on a node with 2 GPUs: the GPU is cuda:1 (LOCAL_RANK), not cuda:3 (RANK)
     _fake_gpus(monkeypatch, 2)
     rank, local_rank, world, local_world = read_torchrun_env(
-        {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})
-    assert choose_backend_and_device("auto", "auto", local_rank, local_world) == ("nccl", torch.device("cuda:1"))
+        {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    )
+    assert choose_backend_and_device("auto", "auto", local_rank, local_world) == (
+        "nccl",
+        torch.device("cuda:1"),
+    )
 
 
 def test_too_few_gpus_falls_back_to_cpu_or_errors_when_cuda_is_forced(monkeypatch):
@@ -77,32 +88,51 @@ def test_impossible_requests_on_cpu_only_machine(monkeypatch, backend, device):
 
 # ---- DistributedSampler contract (the sampler every lesson relies on) -----------------------------------------
 
-@given(n=st.integers(1, 200), world=st.integers(1, 8), shuffle=st.booleans(), drop_last=st.booleans(),
-       epoch=st.integers(0, 5), seed=st.integers(0, 2**16))
+
+@given(
+    n=st.integers(1, 200),
+    world=st.integers(1, 8),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+    epoch=st.integers(0, 5),
+    seed=st.integers(0, 2**16),
+)
 def test_distributed_sampler_contract(n, world, shuffle, drop_last, epoch, seed):
     data = range(n)
-    samplers = [DistributedSampler(data, num_replicas=world, rank=r, shuffle=shuffle, drop_last=drop_last,
-                                   seed=seed) for r in range(world)]
+    samplers = [
+        DistributedSampler(
+            data, num_replicas=world, rank=r, shuffle=shuffle, drop_last=drop_last, seed=seed
+        )
+        for r in range(world)
+    ]
     for s in samplers:
         s.set_epoch(epoch)
     per_rank = [list(s) for s in samplers]
     lengths = {len(p) for p in per_rank}
-    assert len(lengths) == 1                                             # equal lengths on every rank
-    assert all(len(s) == len(p) for s, p in zip(samplers, per_rank))     # len() is what iteration yields
+    assert len(lengths) == 1  # equal lengths on every rank
+    assert all(
+        len(s) == len(p) for s, p in zip(samplers, per_rank)
+    )  # len() is what iteration yields
     flat = [i for p in per_rank for i in p]
     assert all(0 <= i < n for i in flat)
     if drop_last:
-        assert len(flat) == (n // world) * world and len(set(flat)) == len(flat)  # no overlap, tail dropped
+        assert len(flat) == (n // world) * world and len(set(flat)) == len(
+            flat
+        )  # no overlap, tail dropped
     else:
-        assert set(flat) == set(range(n))                                # the union covers the dataset
-        assert len(flat) - len(set(flat)) == len(flat) - n               # repeats are exactly the padding
+        assert set(flat) == set(range(n))  # the union covers the dataset
+        assert len(flat) - len(set(flat)) == len(flat) - n  # repeats are exactly the padding
         padding = sum(int(is_padding(n, world, r).sum()) for r in range(world))
         assert padding == len(flat) - n
-    again = [DistributedSampler(data, num_replicas=world, rank=r, shuffle=shuffle, drop_last=drop_last, seed=seed)
-             for r in range(world)]
+    again = [
+        DistributedSampler(
+            data, num_replicas=world, rank=r, shuffle=shuffle, drop_last=drop_last, seed=seed
+        )
+        for r in range(world)
+    ]
     for s in again:
         s.set_epoch(epoch)
-    assert [list(s) for s in again] == per_rank                          # same order when rerun
+    assert [list(s) for s in again] == per_rank  # same order when rerun
 
 
 @given(n=st.integers(12, 200), world=st.integers(1, 4), epoch=st.integers(0, 5))
@@ -111,13 +141,18 @@ def test_set_epoch_gives_a_new_order(n, world, epoch):
     s.set_epoch(epoch)
     before = list(s)
     s.set_epoch(epoch + 1)
-    assert list(s) != before  # 12! orders: a collision is (practically) impossible, so this cannot be flaky
+    assert (
+        list(s) != before
+    )  # 12! orders: a collision is (practically) impossible, so this cannot be flaky
 
 
 def test_ten_samples_over_three_ranks_padding_positions():
     # rank r reads positions r, r+3, r+6, r+9: positions 10 (rank 1) and 11 (rank 2) are padding
     assert [is_padding(10, 3, r).tolist() for r in range(3)] == [
-        [False, False, False, False], [False, False, False, True], [False, False, False, True]]
+        [False, False, False, False],
+        [False, False, False, True],
+        [False, False, False, True],
+    ]
 
 
 @pytest.mark.timeout(120)
@@ -135,7 +170,9 @@ def test_evaluation_counts_padded_duplicates_once(tmp_path):
 def test_accuracy_reduced_by_sum_and_count_not_by_mean_of_means(tmp_path):
     out = run_world(accuracy_4_3_3, 3, tmp_path)
     assert [o["global"] for o in out] == pytest.approx([0.4, 0.4, 0.4])
-    assert np.mean([o["mean_of_means_part"] for o in out]) == pytest.approx(1 / 3)  # what averaging would say
+    assert np.mean([o["mean_of_means_part"] for o in out]) == pytest.approx(
+        1 / 3
+    )  # what averaging would say
 
 
 @pytest.mark.timeout(120)
@@ -147,25 +184,30 @@ def test_param_check_detects_one_diverged_rank(tmp_path, perturb):
 
 # ---- checkpoints and results ------------------------------------------------------------------------------------
 
+
 def test_checkpoint_roundtrip_and_atomic_failure_keeps_previous(tmp_path):
     path = tmp_path / "ckpt.pt"
     info = DistInfo()
     model = DigitsCNN()
     assert save_checkpoint({"model": model.state_dict(), "epoch": 1}, path, info)
     with pytest.raises(RuntimeError):
+
         def broken(f):
             f.write(b"partial")
             raise RuntimeError("crash while writing")
+
         atomic_write(path, broken)
-    loaded = load_checkpoint(path)                                 # the previous checkpoint is intact
+    loaded = load_checkpoint(path)  # the previous checkpoint is intact
     assert loaded["epoch"] == 1
-    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]     # no temporary file left behind
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left behind
     for k, v in model.state_dict().items():
         assert torch.equal(loaded["model"][k], v)
 
 
 def test_only_rank_zero_writes(tmp_path):
-    assert not save_checkpoint({"x": torch.ones(1)}, tmp_path / "a.pt", DistInfo(rank=1, world_size=2))
+    assert not save_checkpoint(
+        {"x": torch.ones(1)}, tmp_path / "a.pt", DistInfo(rank=1, world_size=2)
+    )
     assert not (tmp_path / "a.pt").exists()
 
 
@@ -176,6 +218,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
 
 # ---- data and models ---------------------------------------------------------------------------------------------
 
+
 def test_bundled_digits_and_stratified_split():
     x, y = load_digits()
     assert x.shape == (1797, 1, 8, 8) and x.dtype == torch.float32 and 0 <= x.min() and x.max() <= 1
@@ -183,9 +226,13 @@ def test_bundled_digits_and_stratified_split():
     train, test = digits_split()
     assert (len(train), len(test)) == (1438, 359)
     test_counts = torch.bincount(test.tensors[1], minlength=10).float()
-    assert (test_counts / torch.bincount(y).float() - 0.2).abs().max() < 0.01  # every class split 80/20
+    assert (
+        test_counts / torch.bincount(y).float() - 0.2
+    ).abs().max() < 0.01  # every class split 80/20
     train2, test2 = digits_split()
-    assert torch.equal(test.tensors[0], test2.tensors[0])  # identical on every call (and so on every rank)
+    assert torch.equal(
+        test.tensors[0], test2.tensors[0]
+    )  # identical on every call (and so on every rank)
 
 
 def test_missing_or_foreign_data_file(tmp_path):

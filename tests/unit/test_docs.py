@@ -8,6 +8,7 @@ What the tests read (plain markdown, no markers):
   (`## 本机复现`) has the exhibit's name in backticks in its third column, and a section `## GPU only (NCCL)`
   (`## 仅限 GPU（NCCL）`) quotes NCCL's own texts, marked as not reproduced.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -47,7 +48,9 @@ def lesson_map(text: str) -> dict[str, list[str]]:
     """{"03": ["torchrun ... lessons/03_ddp.py ..."], ...} from the lesson-map table(s)."""
     out: dict[str, list[str]] = {}
     for cells in table_rows(text):
-        if re.fullmatch(r"\d\d", cells[0]) and LESSON_FILE.search(" ".join(cells)):  # not a table of numbers
+        if re.fullmatch(r"\d\d", cells[0]) and LESSON_FILE.search(
+            " ".join(cells)
+        ):  # not a table of numbers
             spans = re.findall(r"`([^`]+)`", " | ".join(cells[1:]))
             out[cells[0]] = [s for s in spans if LESSON_FILE.search(s)]
     return out
@@ -67,8 +70,10 @@ def index_exhibits(text: str, heading: str) -> list[str]:
     return [n[0] for n in names]
 
 
-SYMPTOM_PAGES = (("docs/symptoms.md", "## Reproduced here", "## GPU only (NCCL): not reproduced here"),
-                 ("docs/zh/symptoms.md", "## 本机复现", "## 仅限 GPU（NCCL）：本机未复现"))
+SYMPTOM_PAGES = (
+    ("docs/symptoms.md", "## Reproduced here", "## GPU only (NCCL): not reproduced here"),
+    ("docs/zh/symptoms.md", "## 本机复现", "## 仅限 GPU（NCCL）：本机未复现"),
+)
 
 
 def test_every_exhibit_is_in_the_symptom_index_and_every_row_exists():
@@ -87,16 +92,25 @@ def test_symptom_index_pages_list_the_exhibits_in_the_same_order():
 
 def test_english_symptom_table_is_the_generated_one():
     lesson = importlib.import_module("lessons.12_troubleshooting")
-    assert section(read("docs/symptoms.md"), "## Reproduced here").strip().endswith(lesson.symptom_index())
+    assert (
+        section(read("docs/symptoms.md"), "## Reproduced here")
+        .strip()
+        .endswith(lesson.symptom_index())
+    )
 
 
 def test_gpu_only_block_quotes_nccl_texts_and_says_it_is_not_reproduced():
     for name, _, heading in SYMPTOM_PAGES:
         block = section(read(name), heading)
-        for text in ("Watchdog caught collective operation timeout: WorkNCCL(", "unhandled system error",
-                     "Heartbeat monitor timed out!"):
+        for text in (
+            "Watchdog caught collective operation timeout: WorkNCCL(",
+            "unhandled system error",
+            "Heartbeat monitor timed out!",
+        ):
             assert text in block, f"{name}: the GPU-only block lacks {text!r}"
-        assert not re.search(r"`[a-z0-9_]+`", "".join(c[2] for c in table_rows(block)[1:] if len(c) > 3)), name
+        assert not re.search(
+            r"`[a-z0-9_]+`", "".join(c[2] for c in table_rows(block)[1:] if len(c) > 3)
+        ), name
 
 
 def test_chinese_lesson_map_matches_the_english_one():
@@ -106,7 +120,10 @@ def test_chinese_lesson_map_matches_the_english_one():
 
 
 def test_chinese_readme_mentions_every_lesson_file_of_the_english_one():
-    en, zh = set(LESSON_FILE.findall(read("README.md"))), set(LESSON_FILE.findall(read("README.zh-CN.md")))
+    en, zh = (
+        set(LESSON_FILE.findall(read("README.md"))),
+        set(LESSON_FILE.findall(read("README.zh-CN.md"))),
+    )
     assert sorted(en - zh) == []
 
 
@@ -147,7 +164,9 @@ def anchors(text: str) -> set[str]:
 def local_links(page: Path) -> list[tuple[str, str]]:
     """[(target path relative to the root, anchor)] for every relative link on the page."""
     out = []
-    for target in LINK.findall(re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)):
+    for target in LINK.findall(
+        re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    ):
         if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
             continue
         path, _, anchor = target.partition("#")
@@ -163,7 +182,9 @@ def pending(target: str) -> bool:
 
 def test_readme_is_a_map_of_at_most_1500_words():
     words = len(read("README.md").split())  # what `wc -w README.md` counts
-    assert words <= README_MAX_WORDS, f"README.md has {words} words; move detail to a page under docs/"
+    assert words <= README_MAX_WORDS, (
+        f"README.md has {words} words; move detail to a page under docs/"
+    )
 
 
 def test_readmes_have_start_here_with_the_routes_by_goal():
@@ -185,15 +206,21 @@ def start_here_times() -> tuple[dict[str, int], dict[str, int], int, str]:
     """From README.md's Start here: ({lesson: exercise minutes}, {lesson: minutes on the whole path}, the path's
     hours, the section's text)."""
     text = section(read("README.md"), "## Start here")
-    exercises = dict(re.findall(r"(\d\d): (\d+)", re.search(r"minutes by lesson: ([^)]*)\)", text).group(1)))
+    exercises = dict(
+        re.findall(r"(\d\d): (\d+)", re.search(r"minutes by lesson: ([^)]*)\)", text).group(1))
+    )
     path = re.search(r"take about (\d+) hours:\s*(.*?)\.\n", text, re.S)
     per_lesson = dict(re.findall(r"(\d\d) \((\d+)(?: min)?\)", path.group(2)))
-    return ({k: int(v) for k, v in exercises.items()}, {k: int(v) for k, v in per_lesson.items()},
-            int(path.group(1)), text)
+    return (
+        {k: int(v) for k, v in exercises.items()},
+        {k: int(v) for k, v in per_lesson.items()},
+        int(path.group(1)),
+        text,
+    )
 
 
 def minutes(span: str) -> int:
-    """"5 h 35 min" -> 335, "1 h" -> 60, "35 min" -> 35."""
+    """ "5 h 35 min" -> 335, "1 h" -> 60, "35 min" -> 35."""
     hours, mins = re.search(r"(?:(\d+) h)?\s*(?:(\d+) min)?", span.strip()).groups()
     return 60 * int(hours or 0) + int(mins or 0)
 
@@ -201,47 +228,74 @@ def minutes(span: str) -> int:
 def test_each_exercise_takes_about_a_minute_per_line_of_its_stub():
     exercises = importlib.import_module("exercises").EXERCISES
     stated, _, _, _ = start_here_times()
-    stubs = {lesson: len(read(f"exercises/{name}.py").splitlines()) for name, (lesson, _) in exercises.items()}
-    assert sorted(stated) == sorted(stubs), "README's exercise minutes name each lesson that has an exercise"
+    stubs = {
+        lesson: len(read(f"exercises/{name}.py").splitlines())
+        for name, (lesson, _) in exercises.items()
+    }
+    assert sorted(stated) == sorted(stubs), (
+        "README's exercise minutes name each lesson that has an exercise"
+    )
     for lesson, lines in stubs.items():
-        assert abs(stated[lesson] - lines) <= 5, f"exercise of lesson {lesson}: {lines} stub lines, " \
-                                                 f"README says {stated[lesson]} min: update both READMEs"
+        assert abs(stated[lesson] - lines) <= 5, (
+            f"exercise of lesson {lesson}: {lines} stub lines, "
+            f"README says {stated[lesson]} min: update both READMEs"
+        )
 
 
 def test_start_here_times_add_up_from_the_lesson_table_and_the_exercises():
     """Each lesson on the path is read + run + study + exercise, to the nearest 5 minutes; the path and the
     routes are the sums of those."""
     exercises, per_lesson, hours, text = start_here_times()
-    table = {c[0]: c for c in table_rows(read("README.md")) if re.fullmatch(r"\d\d", c[0]) and len(c) == 5}
+    table = {
+        c[0]: c
+        for c in table_rows(read("README.md"))
+        if re.fullmatch(r"\d\d", c[0]) and len(c) == 5
+    }
     assert sorted(per_lesson) == sorted(table), "the path names every lesson of the table"
     for lesson, cells in table.items():
         read_min = int(re.search(r"(\d+) min", cells[2]).group(1))
         run_s = int(re.search(r", (\d+) s", cells[3]).group(1))
         study = int(re.search(r"(\d+) min", cells[4]).group(1))
         exact = read_min + run_s / 60 + study + exercises.get(lesson, 0)
-        assert per_lesson[lesson] % 5 == 0 and abs(per_lesson[lesson] - exact) <= 2.5, \
-            f"lesson {lesson}: read {read_min} + run {run_s} s + study {study} + exercise " \
+        assert per_lesson[lesson] % 5 == 0 and abs(per_lesson[lesson] - exact) <= 2.5, (
+            f"lesson {lesson}: read {read_min} + run {run_s} s + study {study} + exercise "
             f"{exercises.get(lesson, 0)} = {exact:.1f} min, the path says {per_lesson[lesson]}"
-    assert abs(sum(per_lesson.values()) / 60 - hours) <= 0.5, f"the path sums to {sum(per_lesson.values())} min"
+        )
+    assert abs(sum(per_lesson.values()) / 60 - hours) <= 0.5, (
+        f"the path sums to {sum(per_lesson.values())} min"
+    )
     for cells in table_rows(text)[1:]:
         lessons, time = re.sub(r"\]\([^)]*\)", "]", cells[1]), cells[2]
         main, _, extra = lessons.partition("(")
-        assert minutes(time.split("(")[0]) == sum(per_lesson[n] for n in re.findall(r"\d\d", main)), cells
+        assert minutes(time.split("(")[0]) == sum(
+            per_lesson[n] for n in re.findall(r"\d\d", main)
+        ), cells
         if extra:
-            assert minutes(time.split("(+")[1]) == sum(per_lesson[n] for n in re.findall(r"\d\d", extra)), cells
+            assert minutes(time.split("(+")[1]) == sum(
+                per_lesson[n] for n in re.findall(r"\d\d", extra)
+            ), cells
 
 
 def row_links(text: str) -> dict[str, list[str]]:
     """{"03": ["minimal/03_ddp.py", "notebooks/03_ddp.ipynb"], ...}: each lesson-table row's link targets."""
-    return {c[0]: LINK.findall(" | ".join(c)) for c in table_rows(text)
-            if re.fullmatch(r"\d\d", c[0]) and LESSON_FILE.search(" ".join(c))}
+    return {
+        c[0]: LINK.findall(" | ".join(c))
+        for c in table_rows(text)
+        if re.fullmatch(r"\d\d", c[0]) and LESSON_FILE.search(" ".join(c))
+    }
 
 
 def test_lesson_table_reads_the_minimal_script_and_studies_the_notebook():
     for number, links in row_links(read("README.md")).items():
-        assert any(re.fullmatch(rf"notebooks/{number}_\w+\.ipynb", t) for t in links), f"{number}: study"
-        assert any(re.fullmatch(rf"(minimal|lessons)/{number}_\w+\.py", t) for t in links), f"{number}: read"
-    assert row_links(read("README.zh-CN.md")) == row_links(read("README.md")), "same links in Chinese"
+        assert any(re.fullmatch(rf"notebooks/{number}_\w+\.ipynb", t) for t in links), (
+            f"{number}: study"
+        )
+        assert any(re.fullmatch(rf"(minimal|lessons)/{number}_\w+\.py", t) for t in links), (
+            f"{number}: read"
+        )
+    assert row_links(read("README.zh-CN.md")) == row_links(read("README.md")), (
+        "same links in Chinese"
+    )
 
 
 def test_stated_minimal_script_lengths_match_the_files():
@@ -251,13 +305,22 @@ def test_stated_minimal_script_lengths_match_the_files():
         if m and (ROOT / m.group(1)).is_file():
             lines = len(read(m.group(1)).splitlines())
             said = f"README.md says {m.group(1)} has {m.group(2)} lines, it has {lines}"
-            assert lines == int(m.group(2)), f"{said}: update both READMEs (read time: 12 lines a minute)"
+            assert lines == int(m.group(2)), (
+                f"{said}: update both READMEs (read time: 12 lines a minute)"
+            )
 
 
 def test_every_docs_page_linked_from_the_readme_exists():
     linked = {t for t, _ in local_links(ROOT / "README.md") if t.startswith("docs/")}
-    assert {"docs/README.md", "docs/glossary.md", "docs/myths.md", "docs/symptoms.md", "docs/launchers.md",
-            "docs/gpus-and-nodes.md", "docs/speed.md"} <= linked
+    assert {
+        "docs/README.md",
+        "docs/glossary.md",
+        "docs/myths.md",
+        "docs/symptoms.md",
+        "docs/launchers.md",
+        "docs/gpus-and-nodes.md",
+        "docs/speed.md",
+    } <= linked
     missing = sorted(t for t in linked if not (ROOT / t).is_file() and not pending(t))
     assert missing == [], f"README.md links docs pages that do not exist: {missing}"
 
@@ -287,7 +350,9 @@ def test_every_relative_link_resolves():
 def test_docs_and_docs_zh_mirror_each_other():
     en = {p.name for p in (ROOT / "docs").glob("*.md")}
     zh = {p.name for p in (ROOT / "docs" / "zh").glob("*.md")}
-    assert sorted(en ^ zh) == [], "each page under docs/ has its Chinese counterpart under docs/zh/ and back"
+    assert sorted(en ^ zh) == [], (
+        "each page under docs/ has its Chinese counterpart under docs/zh/ and back"
+    )
 
 
 def code_lines(text: str) -> set[str]:
@@ -304,13 +369,17 @@ def code_lines(text: str) -> set[str]:
 def commands(text: str) -> set[str]:
     """Backticked commands and paths: what a reader copies, kept verbatim in every language."""
     spans = set(re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S)))
-    return {s for s in spans if re.search(r"^(python|torchrun|bash|pip)\b|\w/\w|^--", s)} | code_lines(text)
+    return {
+        s for s in spans if re.search(r"^(python|torchrun|bash|pip)\b|\w/\w|^--", s)
+    } | code_lines(text)
 
 
 def numbers(text: str) -> Counter:
     """Each number with how often it occurs (so that changing one "30 minutes" of two is caught); link targets
     left out."""
-    return Counter(re.findall(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?", re.sub(r"\]\([^)]*\)", "]", text)))
+    return Counter(
+        re.findall(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?", re.sub(r"\]\([^)]*\)", "]", text))
+    )
 
 
 def sections(text: str) -> list[str]:
@@ -321,25 +390,38 @@ def sections(text: str) -> list[str]:
 
 def english_and_chinese_pages() -> list[tuple[Path, Path]]:
     pairs = [(ROOT / "README.md", ROOT / "README.zh-CN.md")]
-    return pairs + [(p, ROOT / "docs" / "zh" / p.name) for p in sorted((ROOT / "docs").glob("*.md"))
-                    if (ROOT / "docs" / "zh" / p.name).is_file() and p.name != "symptoms.md"]  # its own tests
+    return pairs + [
+        (p, ROOT / "docs" / "zh" / p.name)
+        for p in sorted((ROOT / "docs").glob("*.md"))
+        if (ROOT / "docs" / "zh" / p.name).is_file() and p.name != "symptoms.md"
+    ]  # its own tests
 
 
 def test_chinese_pages_keep_every_section_command_and_number_of_the_english_ones():
     for en, zh in english_and_chinese_pages():
         en_text, zh_text = en.read_text("utf-8"), zh.read_text("utf-8")
-        assert sorted(commands(en_text) - commands(zh_text)) == [], f"{rel(zh)} lacks commands of {rel(en)}"
+        assert sorted(commands(en_text) - commands(zh_text)) == [], (
+            f"{rel(zh)} lacks commands of {rel(en)}"
+        )
         en_sections, zh_sections = sections(en_text), sections(zh_text)
-        assert len(zh_sections) == len(en_sections), f"{rel(zh)}: one section per section of {rel(en)}"
+        assert len(zh_sections) == len(en_sections), (
+            f"{rel(zh)}: one section per section of {rel(en)}"
+        )
         for i, (en_part, zh_part) in enumerate(zip(en_sections, zh_sections)):
             lacking = numbers(en_part) - numbers(zh_part)
-            assert not lacking, f"{rel(zh)}, section {i}: lacks numbers of {rel(en)}: {dict(lacking)}"
+            assert not lacking, (
+                f"{rel(zh)}, section {i}: lacks numbers of {rel(en)}: {dict(lacking)}"
+            )
 
 
 def glossary_terms(text: str) -> set[str]:
     """The terms the English glossary defines (its bold spans), each alias on its own: "rank / world_size"."""
-    return {part.strip("` ").lower() for term in re.findall(r"\*\*([^*]+)\*\*", text)
-            for part in re.split(r",\s*|\s+/\s+", term) if len(part.strip("` ")) > 1}
+    return {
+        part.strip("` ").lower()
+        for term in re.findall(r"\*\*([^*]+)\*\*", text)
+        for part in re.split(r",\s*|\s+/\s+", term)
+        if len(part.strip("` ")) > 1
+    }
 
 
 def test_chinese_glossary_has_a_row_for_every_english_term():
@@ -362,14 +444,25 @@ def test_chinese_symptom_rows_quote_the_same_error_texts_and_point_at_the_same_l
     for (en_texts, en_lessons), (zh_texts, zh_lessons) in zip(en, zh):
         lacking = sorted(set(en_texts) - set(zh_texts))
         assert lacking == [], f"docs/zh/symptoms.md lacks the English text {lacking}"
-        assert zh_lessons == en_lessons, f"docs/zh/symptoms.md: row of {en_texts[0][:50]!r} names lessons " \
-                                         f"{zh_lessons}, the English {en_lessons}"
+        assert zh_lessons == en_lessons, (
+            f"docs/zh/symptoms.md: row of {en_texts[0][:50]!r} names lessons "
+            f"{zh_lessons}, the English {en_lessons}"
+        )
 
 
 # --- The Chinese reading guide of each lesson: docs/zh/lessons/NN_x.md ---
 
-NOTEBOOKS = ROOT / "notebooks"  # the checkout's, also when a drift test points ROOT at a copy of the pages
-GUIDE_SECTIONS = ("## 这一课讲什么", "## 术语", "## 命令", "## 输出里看什么", "## 纠正的误区", "## 练习与最小脚本")
+NOTEBOOKS = (
+    ROOT / "notebooks"
+)  # the checkout's, also when a drift test points ROOT at a copy of the pages
+GUIDE_SECTIONS = (
+    "## 这一课讲什么",
+    "## 术语",
+    "## 命令",
+    "## 输出里看什么",
+    "## 纠正的误区",
+    "## 练习与最小脚本",
+)
 
 
 def flat(text: str) -> str:
@@ -383,8 +476,12 @@ def notebook_output(stem: str) -> str:
         return ""
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     outputs = [o for c in cells if c["cell_type"] == "code" for o in c.get("outputs", [])]
-    return flat("\n".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
-                          for o in outputs))
+    return flat(
+        "\n".join(
+            "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+            for o in outputs
+        )
+    )
 
 
 def quoted_output_lines(guide: str) -> list[str]:
@@ -398,7 +495,12 @@ def test_every_lesson_has_a_chinese_guide_linked_from_the_chinese_index():
     guides = sorted(p.stem for p in (ROOT / "docs" / "zh" / "lessons").glob("*.md"))
     assert guides == lessons, "one guide docs/zh/lessons/NN_x.md per lessons/NN_x.py, and no other"
     linked = {t for t, _ in local_links(ROOT / "docs" / "zh" / "README.md")}
-    assert sorted(f"docs/zh/lessons/{s}.md" for s in lessons if f"docs/zh/lessons/{s}.md" not in linked) == []
+    assert (
+        sorted(
+            f"docs/zh/lessons/{s}.md" for s in lessons if f"docs/zh/lessons/{s}.md" not in linked
+        )
+        == []
+    )
 
 
 def test_each_chinese_guide_has_its_sections_commands_exercise_and_minimal_script():
@@ -406,20 +508,26 @@ def test_each_chinese_guide_has_its_sections_commands_exercise_and_minimal_scrip
     readme = lesson_map(read("README.md"))
     for path in sorted((ROOT / "docs" / "zh" / "lessons").glob("*.md")):
         guide, stem, name = path.read_text("utf-8"), path.stem, rel(path)
-        assert guide.startswith(f"# 第 {stem[:2]} 课导读："), f"{name}: title '# 第 {stem[:2]} 课导读：...'"
+        assert guide.startswith(f"# 第 {stem[:2]} 课导读："), (
+            f"{name}: title '# 第 {stem[:2]} 课导读：...'"
+        )
         for heading in GUIDE_SECTIONS:
             section(guide, heading)  # fails naming the heading
         docstring = flat(importlib.import_module(f"lessons.{stem}").__doc__ or "")
         block = section(guide, "## 命令")
         for command in sorted(code_lines(block)):
-            assert flat(command) in docstring, f"{name}: {command!r} is not a command of lessons/{stem}.py"
+            assert flat(command) in docstring, (
+                f"{name}: {command!r} is not a command of lessons/{stem}.py"
+            )
         for command in readme.get(stem[:2], []):
             assert command in code_lines(block), f"{name}: lacks the README's command {command!r}"
         runs = [c for c in code_lines(block) if f"lessons/{stem}.py" in c]
         assert runs, f"{name}: no command runs the lesson"
         for exercise, (lesson, _) in exercises.items():
             if lesson == stem[:2]:
-                assert f"python -m exercises {exercise}" in guide, f"{name}: lacks its exercise {exercise}"
+                assert f"python -m exercises {exercise}" in guide, (
+                    f"{name}: lacks its exercise {exercise}"
+                )
         if (ROOT / "minimal" / f"{stem}.py").is_file():
             assert f"minimal/{stem}.py" in guide, f"{name}: lacks its minimal script"
 
@@ -431,7 +539,9 @@ def test_each_chinese_guide_quotes_output_lines_the_lessons_notebook_printed():
         quoted, printed = quoted_output_lines(path.read_text("utf-8")), notebook_output(path.stem)
         assert len(quoted) >= 3, f"{rel(path)}: quote at least 3 lines of the lesson's output"
         missing = [line for line in quoted if flat(line) not in printed]
-        assert missing == [], f"{rel(path)}: lines that notebooks/{path.stem}.ipynb never printed: {missing}"
+        assert missing == [], (
+            f"{rel(path)}: lines that notebooks/{path.stem}.ipynb never printed: {missing}"
+        )
 
 
 PARITY = test_chinese_pages_keep_every_section_command_and_number_of_the_english_ones
@@ -445,28 +555,81 @@ GUIDE_OUTPUT = test_each_chinese_guide_quotes_output_lines_the_lessons_notebook_
 DRIFTS = {
     "myths deleted from the Chinese": ("docs/zh/myths.md", r"(?s)\n1\. .*", "\n", PARITY),
     "30 minutes made 5 in the Chinese": ("docs/zh/myths.md", "默认 30 分钟", "默认 5 分钟", PARITY),
-    "a section added to the English only": ("docs/launchers.md", r"\Z", "\n## New\n\nText.\n", PARITY),
-    "a command changed in the Chinese": ("README.zh-CN.md", "--trace-dir traces", "--trace-dir out",
-                                         test_chinese_lesson_map_matches_the_english_one),
+    "a section added to the English only": (
+        "docs/launchers.md",
+        r"\Z",
+        "\n## New\n\nText.\n",
+        PARITY,
+    ),
+    "a command changed in the Chinese": (
+        "README.zh-CN.md",
+        "--trace-dir traces",
+        "--trace-dir out",
+        test_chinese_lesson_map_matches_the_english_one,
+    ),
     "the Chinese glossary deleted": ("docs/zh/glossary.md", None, None, MIRROR),
-    "a glossary row deleted": ("docs/zh/glossary.md", "| resharding |", "| (gone) |",
-                               test_chinese_glossary_has_a_row_for_every_english_term),
+    "a glossary row deleted": (
+        "docs/zh/glossary.md",
+        "| resharding |",
+        "| (gone) |",
+        test_chinese_glossary_has_a_row_for_every_english_term,
+    ),
     "a page no index links": ("docs/orphan.md", None, "# Orphan\n", LINKED),
-    "a link to a moved page": ("README.md", "docs/myths.md", "docs/m.md", test_every_relative_link_resolves),
-    "a symptom row pointing at the wrong lesson": ("docs/zh/symptoms.md", "| `rank_skips_step` | 第 05 课",
-                                                   "| `rank_skips_step` | 第 03 课", SYMPTOM_ROWS),
-    "an error text lost from a Chinese symptom row": ("docs/zh/symptoms.md", "Received data size doesn't",
-                                                      "Received data size does not", SYMPTOM_ROWS),
+    "a link to a moved page": (
+        "README.md",
+        "docs/myths.md",
+        "docs/m.md",
+        test_every_relative_link_resolves,
+    ),
+    "a symptom row pointing at the wrong lesson": (
+        "docs/zh/symptoms.md",
+        "| `rank_skips_step` | 第 05 课",
+        "| `rank_skips_step` | 第 03 课",
+        SYMPTOM_ROWS,
+    ),
+    "an error text lost from a Chinese symptom row": (
+        "docs/zh/symptoms.md",
+        "Received data size doesn't",
+        "Received data size does not",
+        SYMPTOM_ROWS,
+    ),
     "a lesson guide deleted": ("docs/zh/lessons/07_gradient_accumulation.md", None, None, GUIDES),
-    "a guide's command changed": ("docs/zh/lessons/03_ddp.md", "--spawn 2", "--spawn 3", GUIDE_CONTENT),
-    "a guide's section deleted": ("docs/zh/lessons/09_model_parallel.md", "## 纠正的误区", "纠正的误区",
-                                  GUIDE_CONTENT),
-    "a guide's exercise dropped": ("docs/zh/lessons/02_collectives.md", "python -m exercises ring_allreduce",
-                                   "python -m exercises", GUIDE_CONTENT),
-    "a guide's output number changed": ("docs/zh/lessons/01_single_gpu.md", "final test accuracy 0.9916",
-                                        "final test accuracy 0.9961", GUIDE_OUTPUT),
-    "a guide no index links": ("docs/zh/README.md", "(lessons/05_uneven_data.md)", "(lessons.md)", GUIDES),
-    "a README too long": ("README.md", r"\Z", " word" * 200, test_readme_is_a_map_of_at_most_1500_words),
+    "a guide's command changed": (
+        "docs/zh/lessons/03_ddp.md",
+        "--spawn 2",
+        "--spawn 3",
+        GUIDE_CONTENT,
+    ),
+    "a guide's section deleted": (
+        "docs/zh/lessons/09_model_parallel.md",
+        "## 纠正的误区",
+        "纠正的误区",
+        GUIDE_CONTENT,
+    ),
+    "a guide's exercise dropped": (
+        "docs/zh/lessons/02_collectives.md",
+        "python -m exercises ring_allreduce",
+        "python -m exercises",
+        GUIDE_CONTENT,
+    ),
+    "a guide's output number changed": (
+        "docs/zh/lessons/01_single_gpu.md",
+        "final test accuracy 0.9916",
+        "final test accuracy 0.9961",
+        GUIDE_OUTPUT,
+    ),
+    "a guide no index links": (
+        "docs/zh/README.md",
+        "(lessons/05_uneven_data.md)",
+        "(lessons.md)",
+        GUIDES,
+    ),
+    "a README too long": (
+        "README.md",
+        r"\Z",
+        " word" * 200,
+        test_readme_is_a_map_of_at_most_1500_words,
+    ),
 }
 
 
@@ -480,7 +643,9 @@ def test_the_checks_catch_each_drift(drift, tmp_path, monkeypatch):
         (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / page, tmp_path / page)
     for folder in ("lessons", "minimal", "exercises"):  # the guides link them
-        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__")
+        )
     (tmp_path / "notebooks").mkdir()
     for notebook in (ROOT / "notebooks").glob("*.ipynb"):  # links need the names only
         (tmp_path / "notebooks" / notebook.name).touch()

@@ -1,5 +1,6 @@
 """The Chinese glossary as a table of terms: one row per English term, and the Chinese words readers search
 for present as aliases in the row of the term they name; the Chinese pages use one word per concept."""
+
 import re
 from pathlib import Path
 
@@ -10,20 +11,37 @@ GLOSSARY = ROOT / "docs" / "zh" / "glossary.md"
 
 # alias readers search for -> an English term of the row it belongs to
 ALIASES = {
-    "分布式训练": "distributed training", "单机多卡": "single-node", "多机多卡": "multi-node",
-    "梯度检查点": "activation checkpointing", "全归约": "all-reduce", "集体通信": "collective",
-    "空泡": "bubble", "梯度累加": "gradient accumulation", "全交换": "all-to-all", "全对全": "all-to-all",
+    "分布式训练": "distributed training",
+    "单机多卡": "single-node",
+    "多机多卡": "multi-node",
+    "梯度检查点": "activation checkpointing",
+    "全归约": "all-reduce",
+    "集体通信": "collective",
+    "空泡": "bubble",
+    "梯度累加": "gradient accumulation",
+    "全交换": "all-to-all",
+    "全对全": "all-to-all",
 }
 # words the Chinese pages do not use (outside backticked output and the glossary row that names the alias)
-RETIRED = {"梯度累加": "梯度累积", "展品": "复现案例", "全互换": "全交换（all-to-all）", "一前一后": "一次前向一次反向交替",
-           "预约": "", "排名": "rank（编号）"}
+RETIRED = {
+    "梯度累加": "梯度累积",
+    "展品": "复现案例",
+    "全互换": "全交换（all-to-all）",
+    "一前一后": "一次前向一次反向交替",
+    "预约": "",
+    "排名": "rank（编号）",
+}
 
 
 def rows(text: str) -> list[tuple[list[str], str]]:
     """Each table row below the header as (its English terms, the rest of the row)."""
     out = []
     for line in text.splitlines():
-        if not line.startswith("| ") or re.fullmatch(r"\|[\s:|-]+\|", line) or line.startswith("| English |"):
+        if (
+            not line.startswith("| ")
+            or re.fullmatch(r"\|[\s:|-]+\|", line)
+            or line.startswith("| English |")
+        ):
             continue
         first, rest = line[2:].split(" | ", 1)
         out.append((terms(first), rest))
@@ -48,8 +66,12 @@ def duplicate_terms(text: str) -> list[str]:
 
 def missing_aliases(text: str) -> list[str]:
     table = rows(text)
-    found = {alias for alias, term in ALIASES.items()
-             for names, rest in table if alias in rest and terms(term)[0] in names}
+    found = {
+        alias
+        for alias, term in ALIASES.items()
+        for names, rest in table
+        if alias in rest and terms(term)[0] in names
+    }
     return sorted(set(ALIASES) - found)
 
 

@@ -1,14 +1,19 @@
 """The parallelism grid (common/harness/grid.py): coordinates, groups by name, and one clear error for bad sizes."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 
-from common.harness.grid import Grid, grid_layout
 from common.harness.env import DistInfo, LessonError
+from common.harness.grid import Grid, grid_layout
 from tests._workers import grid_facts, run_world
 
-CASES = [(2, {"dp": 2}), (4, {"dp": 2, "tp": 2}), (4, {"pp": 2, "dp": 1, "tp": 2}), (4, {"dp": 4, "tp": 1})]
+CASES = [
+    (2, {"dp": 2}),
+    (4, {"dp": 2, "tp": 2}),
+    (4, {"pp": 2, "dp": 1, "tp": 2}),
+    (4, {"dp": 4, "tp": 1}),
+]
 
 
 def test_layout_is_row_major_with_the_last_dimension_innermost():
@@ -21,8 +26,10 @@ def test_pp_outermost_puts_each_pipeline_across_nodes_and_tp_inside_one():
     pp group spans both nodes and every tp and dp group stays on one; dp outermost would do the opposite for
     pp and dp."""
     node = {r: r // 4 for r in range(8)}
-    grids = {order: Grid(DistInfo(rank=r, world_size=8), **{k: 2 for k in order}) for order, r in
-             ((("pp", "dp", "tp"), 5), (("dp", "pp", "tp"), 5))}
+    grids = {
+        order: Grid(DistInfo(rank=r, world_size=8), **{k: 2 for k in order})
+        for order, r in ((("pp", "dp", "tp"), 5), (("dp", "pp", "tp"), 5))
+    }
     for order, grid in grids.items():
         nodes = {dim: {node[m] for m in grid.ranks_in(dim)} for dim in order}
         assert nodes["tp"] == {1}
@@ -36,8 +43,16 @@ def test_world_of_one_without_a_process_group():
     assert grid.is_first("pp") and grid.is_last("pp")
 
 
-@pytest.mark.parametrize("world, sizes", [(4, {"dp": 3}), (4, {"dp": 2, "tp": 3}), (8, {"dp": 2, "pp": 2}),
-                                          (2, {"dp": 0, "tp": 2}), (2, {})])
+@pytest.mark.parametrize(
+    "world, sizes",
+    [
+        (4, {"dp": 3}),
+        (4, {"dp": 2, "tp": 3}),
+        (8, {"dp": 2, "pp": 2}),
+        (2, {"dp": 0, "tp": 2}),
+        (2, {}),
+    ],
+)
 def test_sizes_that_do_not_multiply_to_the_world_are_one_clear_error(world, sizes):
     with pytest.raises(LessonError, match="world|positive|at least one"):
         Grid(DistInfo(rank=0, world_size=world, backend="gloo"), **sizes)
@@ -51,14 +66,16 @@ def test_unknown_dimension_names_the_ones_that_exist():
 def _check_world(facts: list[dict], world: int, sizes: dict) -> None:
     layout = grid_layout(sizes)
     for rank, f in enumerate(facts):
-        assert layout[tuple(f["coords"].values())].item() == rank          # coords point back at the rank
+        assert layout[tuple(f["coords"].values())].item() == rank  # coords point back at the rank
         for name in sizes:
             members = f["ranks_in"][name]
-            assert members == f["group_ranks"][name]                     # the grid agrees with the process group
+            assert members == f["group_ranks"][name]  # the grid agrees with the process group
             assert len(members) == sizes[name] and rank in members
-            others = {k: v for k, v in f["coords"].items() if k != name}  # members differ only along `name`
+            others = {
+                k: v for k, v in f["coords"].items() if k != name
+            }  # members differ only along `name`
             assert all({k: facts[m]["coords"][k] for k in others} == others for m in members)
-            assert f["sums"][name] == sum(members)                        # a collective really ran in that group
+            assert f["sums"][name] == sum(members)  # a collective really ran in that group
     assert facts[0]["describe"][0].endswith(f"= {world} ranks")
 
 

@@ -1,4 +1,5 @@
 """The harness through the paths lessons use: atomic save_checkpoint, evaluate's mode and empty data, rank0_only."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,8 @@ from torch.utils.data import TensorDataset
 
 from common.harness import atomic as checkpoint
 from common.harness.atomic import load_checkpoint, save_checkpoint
-from common.harness.metrics import evaluate
 from common.harness.env import DistInfo, LessonError
+from common.harness.metrics import evaluate
 from tests._workers import rank0_phase, run_world
 
 
@@ -25,8 +26,8 @@ def test_save_checkpoint_that_fails_half_way_keeps_the_previous_one(tmp_path, mo
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint({"epoch": torch.tensor(2)}, path, DistInfo())
     monkeypatch.undo()
-    assert load_checkpoint(path)["epoch"].item() == 1              # the previous checkpoint still loads
-    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]     # and no temporary file is left
+    assert load_checkpoint(path)["epoch"].item() == 1  # the previous checkpoint still loads
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # and no temporary file is left
 
 
 @pytest.mark.parametrize("training", [True, False])
@@ -50,7 +51,7 @@ def test_rank0_only_phase_is_not_bounded_by_the_collective_timeout(tmp_path):
     assert run_world(rank0_phase, 2, tmp_path, "rank0_only", timeout_s=90) == [2.0, 2.0]
     (tmp_path / "plain").mkdir()
     plain = run_world(rank0_phase, 2, tmp_path / "plain", "barrier", timeout_s=90)
-    assert plain[1] != "no error"                                  # the old way: the waiting rank times out
+    assert plain[1] != "no error"  # the old way: the waiting rank times out
 
 
 @pytest.mark.timeout(60)
@@ -62,17 +63,23 @@ def test_each_restart_attempt_meets_under_its_own_prefix(monkeypatch):
 
     from common.harness.rendezvous import rendezvous_store
     from tests._workers import free_port
+
     port = free_port()
-    agent = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)  # torchrun's
+    agent = dist.TCPStore(
+        "127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False
+    )  # torchrun's
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     from common.harness import rendezvous
-    monkeypatch.setattr(rendezvous, "_AGREED", [0])  # the attempt every node agreed on (test_session.py)
+
+    monkeypatch.setattr(
+        rendezvous, "_AGREED", [0]
+    )  # the attempt every node agreed on (test_session.py)
     rendezvous_store().set("rank_0_address", "dead peer")
     monkeypatch.setattr(rendezvous, "_AGREED", [1])
     second = rendezvous_store()
-    assert not second.check(["rank_0_address"])               # the dead attempt's key is not seen
+    assert not second.check(["rank_0_address"])  # the dead attempt's key is not seen
     assert agent.get("lessons/attempt_0/rank_0_address") == b"dead peer"

@@ -1,5 +1,6 @@
 """common.run.launch_cache: a configuration is launched once per session, a path or a timeout is never shared,
 and a changed source file, argument or environment variable launches afresh."""
+
 from __future__ import annotations
 
 import tempfile
@@ -19,8 +20,16 @@ def fake_launch(calls: list, wall_s: float = 0.0):
     def launch():
         calls.append(1)
         time.sleep(wall_s)
-        return {"command": ["x"], "returncode": 0, "stdout": f"run {len(calls)}", "stderr": "",
-                "results": None, "wall_s": wall_s, "cpu_s": 0.0}
+        return {
+            "command": ["x"],
+            "returncode": 0,
+            "stdout": f"run {len(calls)}",
+            "stderr": "",
+            "results": None,
+            "wall_s": wall_s,
+            "cpu_s": 0.0,
+        }
+
     return launch
 
 
@@ -32,8 +41,14 @@ def test_the_key_follows_every_part_of_the_configuration():
     base = key(["--device", "cpu"])
     assert base == key(["--device", "cpu"])
     cpu = ["--device", "cpu"]
-    others = [key([*cpu, "--epochs", "1"]), key(["cpu", "--device"]), key(cpu, nproc=4), key(cpu, nproc=None),
-              key(cpu, env={"CUDA_VISIBLE_DEVICES": ""}), key(cpu, results=False)]
+    others = [
+        key([*cpu, "--epochs", "1"]),
+        key(["cpu", "--device"]),
+        key(cpu, nproc=4),
+        key(cpu, nproc=None),
+        key(cpu, env={"CUDA_VISIBLE_DEVICES": ""}),
+        key(cpu, results=False),
+    ]
     assert len({base, *others}) == 1 + len(others)
 
 
@@ -66,6 +81,7 @@ def test_one_launch_then_shared_and_logged(tmp_path):
 def test_a_timed_out_launch_is_not_stored(tmp_path):
     def times_out():
         raise LessonTimeout("did not finish", "")
+
     with pytest.raises(LessonTimeout):
         launch_cache.shared_launch(tmp_path, "k", {}, 10, times_out)
     calls = []
@@ -76,8 +92,14 @@ def test_a_timed_out_launch_is_not_stored(tmp_path):
 @pytest.mark.timeout(60)
 def test_a_second_caller_waits_for_the_first_and_reads_its_run(tmp_path):
     calls, got = [], []
-    threads = [threading.Thread(target=lambda: got.append(
-        launch_cache.shared_launch(tmp_path, "k", {}, 30, fake_launch(calls, wall_s=0.5)))) for _ in range(2)]
+    threads = [
+        threading.Thread(
+            target=lambda: got.append(
+                launch_cache.shared_launch(tmp_path, "k", {}, 30, fake_launch(calls, wall_s=0.5))
+            )
+        )
+        for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -106,12 +128,15 @@ def test_an_inherited_variable_that_can_change_a_launch_changes_the_key(monkeypa
     before = key()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert key() != before
-    monkeypatch.setenv("PYTEST_CURRENT_TEST", "another test")  # cannot change a launch: not in the key
+    monkeypatch.setenv(
+        "PYTEST_CURRENT_TEST", "another test"
+    )  # cannot change a launch: not in the key
     assert key() == key()
 
 
 def test_a_shared_run_longer_than_the_callers_timeout_is_its_timeout(monkeypatch, tmp_path):
     from common.run import launch
+
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     made = launch_cache.make_session_dir()
     monkeypatch.setenv(launch_cache.CACHE_ENV, made)
@@ -119,11 +144,21 @@ def test_a_shared_run_longer_than_the_callers_timeout_is_its_timeout(monkeypatch
 
     def slow(*args):
         calls.append(1)
-        return {"command": ["x"], "returncode": 0, "stdout": "", "stderr": "", "results": None,
-                "wall_s": 50.0, "cpu_s": 0.0}
+        return {
+            "command": ["x"],
+            "returncode": 0,
+            "stdout": "",
+            "stderr": "",
+            "results": None,
+            "wall_s": 50.0,
+            "cpu_s": 0.0,
+        }
+
     monkeypatch.setattr(launch, "_launch", slow)
     assert launch.run_lesson("04_custom_sampler", 2, [], timeout_s=100).wall_s == 50.0
     with pytest.raises(LessonTimeout):
-        launch.run_lesson("04_custom_sampler", 2, [], timeout_s=10)  # the same configuration, a tighter bound
+        launch.run_lesson(
+            "04_custom_sampler", 2, [], timeout_s=10
+        )  # the same configuration, a tighter bound
     launch.run_lesson("04_custom_sampler", 2, [], timeout_s=100, share=False)
     assert len(calls) == 2  # the first launch, and the one that asked not to share

@@ -5,13 +5,14 @@
 - a lesson imports no run tool: importing lesson 01 loads no `common.run` module;
 - no top-level function or class name (private ones included) is defined in two modules of common/.
 """
+
 from __future__ import annotations
 
 import ast
 import re
-from collections import defaultdict
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import common
@@ -48,7 +49,8 @@ def imports(path: Path) -> set[str]:
 def test_the_map_lists_exactly_the_tree():
     assert mapped() == modules(), (
         f"in the tree, not the map: {sorted(modules() - mapped())}; "
-        f"in the map, not the tree: {sorted(mapped() - modules())}")
+        f"in the map, not the tree: {sorted(mapped() - modules())}"
+    )
 
 
 def test_the_harness_imports_no_topic_plot_or_run_tool():
@@ -60,8 +62,12 @@ def test_the_harness_imports_no_topic_plot_or_run_tool():
 def runtime_imports(path: Path) -> set[str]:
     """`imports`, less what an `if TYPE_CHECKING:` block imports for annotations only."""
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+        for n in ast.walk(node)
+    }
     names = set()
     for node in ast.walk(tree):
         if id(node) in typing_only:
@@ -75,7 +81,11 @@ def runtime_imports(path: Path) -> set[str]:
 
 def test_the_instruments_import_only_instruments_and_models():
     for path in sorted((COMMON / "measure").glob("*.py")):
-        wrong = {n for n in runtime_imports(path) if not n.startswith(("common.measure", "common.models"))}
+        wrong = {
+            n
+            for n in runtime_imports(path)
+            if not n.startswith(("common.measure", "common.models"))
+        }
         assert not wrong, f"{path.relative_to(ROOT)} imports {sorted(wrong)}"
 
 
@@ -86,9 +96,13 @@ def test_the_check_sees_an_import_from_above(tmp_path):
 
 
 def test_a_lesson_loads_no_run_tool():
-    code = ("import importlib, sys; importlib.import_module('lessons.01_single_gpu'); "
-            "print(sorted(m for m in sys.modules if m.startswith('common.run')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    code = (
+        "import importlib, sys; importlib.import_module('lessons.01_single_gpu'); "
+        "print(sorted(m for m in sys.modules if m.startswith('common.run')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
 
@@ -105,12 +119,16 @@ def defined_twice(paths) -> dict[str, list[str]]:
 
 def test_no_top_level_name_is_defined_in_two_modules():
     twice = defined_twice(sorted(COMMON.rglob("*.py")))
-    assert not twice, f"defined in more than one module of common/ (keep one, or rename one): {twice}"
+    assert not twice, (
+        f"defined in more than one module of common/ (keep one, or rename one): {twice}"
+    )
 
 
 def test_the_check_sees_a_name_defined_twice(tmp_path):
     (tmp_path / "a.py").write_text("def spread(x):\n    return x\n\nclass Kept:\n    pass\n")
-    (tmp_path / "b.py").write_text("def _local(t):\n    return t\n\nasync def spread(y):\n    return y\n")
+    (tmp_path / "b.py").write_text(
+        "def _local(t):\n    return t\n\nasync def spread(y):\n    return y\n"
+    )
     (tmp_path / "c.py").write_text("class _local:\n    def spread(self):\n        pass\n")
     found = defined_twice(sorted(tmp_path.glob("*.py")))
     assert sorted(found) == ["_local", "spread"]

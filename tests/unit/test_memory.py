@@ -1,4 +1,5 @@
 """common/measure/memory.py, common/measure/precision.py and lesson 08's byte count, in one process (no torchrun)."""
+
 from __future__ import annotations
 
 import importlib
@@ -7,8 +8,12 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from common.measure.memory import (ResidualMLP, residual_mlp_activation_bytes, saved_activation_bytes,
-                                   storage_bytes)
+from common.measure.memory import (
+    ResidualMLP,
+    residual_mlp_activation_bytes,
+    saved_activation_bytes,
+    storage_bytes,
+)
 from common.measure.precision import autocast_context, max_diff
 
 lesson = importlib.import_module("lessons.08_memory")
@@ -52,14 +57,20 @@ def test_bytes_a_rank_holds_with_adam_exactly():
     opt.step()
     held = lesson.bytes_a_rank_holds(model, opt)
     tensors = len(list(model.parameters()))
-    assert held == {"parameters": 4 * n, "gradients": 4 * n, "optimizer_state": 8 * n + 4 * tensors,
-                    "all_three_counted_together": 16 * n + 4 * tensors}
+    assert held == {
+        "parameters": 4 * n,
+        "gradients": 4 * n,
+        "optimizer_state": 8 * n + 4 * tensors,
+        "all_three_counted_together": 16 * n + 4 * tensors,
+    }
 
 
 def test_autocast_context_by_name():
     assert isinstance(autocast_context(torch.device("cpu"), "fp32"), nullcontext)
     with autocast_context(torch.device("cpu"), "bf16"):
-        assert torch.nn.functional.linear(torch.ones(2, 3), torch.ones(4, 3)).dtype == torch.bfloat16
+        assert (
+            torch.nn.functional.linear(torch.ones(2, 3), torch.ones(4, 3)).dtype == torch.bfloat16
+        )
     with pytest.raises(ValueError):
         autocast_context(torch.device("cpu"), "fp8")
 
@@ -72,5 +83,7 @@ def test_bf16_autocast_saves_half_the_activations_plus_weight_copies(width, dept
     plain = saved_activation_bytes(model, lambda: model(x))
     with autocast_context(torch.device("cpu"), "bf16"):
         bf16 = saved_activation_bytes(model, lambda: model(x))
-    copies = 2 * sum(p.numel() for n, p in model.named_parameters() if n.endswith("weight") and n[:4] != "stem")
+    copies = 2 * sum(
+        p.numel() for n, p in model.named_parameters() if n.endswith("weight") and n[:4] != "stem"
+    )
     assert bf16 == plain // 2 + copies

@@ -1,4 +1,5 @@
 """The notebooks print each minimal script's diff from its base, read from the files at run time."""
+
 from common.run.notebooks import MINIMAL, MINIMAL_BASE, minimal_diff, minimal_path
 
 

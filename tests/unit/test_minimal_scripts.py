@@ -2,6 +2,7 @@
 at most 120 lines including the docstring, lines of at most 100 characters, imports of torch, numpy and the
 standard library only (no `common`, no `lessons`), and a process group from torchrun's environment that a
 `finally` destroys."""
+
 from __future__ import annotations
 
 import ast
@@ -17,8 +18,15 @@ ALLOWED = {"torch", "numpy"} | set(sys.stdlib_module_names)
 
 def test_minimal_scripts_exist():
     names = {p.stem for p in SCRIPTS}
-    assert {"01_single_gpu", "02_collectives", "03_ddp", "04_custom_sampler", "05_uneven_data",
-            "06_sync_batchnorm", "07_gradient_accumulation"} <= names
+    assert {
+        "01_single_gpu",
+        "02_collectives",
+        "03_ddp",
+        "04_custom_sampler",
+        "05_uneven_data",
+        "06_sync_batchnorm",
+        "07_gradient_accumulation",
+    } <= names
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.stem)
@@ -44,11 +52,16 @@ def test_imports_torch_numpy_and_stdlib_only(path):
 
 
 def _calls(nodes, name: str) -> bool:
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
-               for node in nodes for n in ast.walk(node))
+    return any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
+        for node in nodes
+        for n in ast.walk(node)
+    )
 
 
-@pytest.mark.parametrize("path", [p for p in SCRIPTS if p.stem != "01_single_gpu"], ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", [p for p in SCRIPTS if p.stem != "01_single_gpu"], ids=lambda p: p.stem
+)
 def test_process_group_from_torchrun_env_destroyed_in_finally(path):
     source = path.read_text()
     tree = ast.parse(source)

@@ -1,4 +1,5 @@
 """common/expert_parallel/moe.py in one process: routing, capacity and drops counted, the balance loss, EP at ep = 1."""
+
 from __future__ import annotations
 
 import math
@@ -6,8 +7,17 @@ import math
 import pytest
 import torch
 
-from common.expert_parallel.moe import (ExpertParallelMoE, MoE, balance_loss, capacity, check_moe_options,
-                                        dispatch_plan, histogram, keep_mask, route)
+from common.expert_parallel.moe import (
+    ExpertParallelMoE,
+    MoE,
+    balance_loss,
+    capacity,
+    check_moe_options,
+    dispatch_plan,
+    histogram,
+    keep_mask,
+    route,
+)
 
 
 def test_route_renormalizes_the_top_k_weights():
@@ -15,7 +25,9 @@ def test_route_renormalizes_the_top_k_weights():
     probs, weights, idx = route(logits, 2)
     assert torch.allclose(probs.sum(-1), torch.ones(50))
     assert torch.allclose(weights.sum(-1), torch.ones(50))
-    assert torch.equal(route(logits, 1)[1][:, 0], probs.max(-1).values)  # top-1: the probability itself
+    assert torch.equal(
+        route(logits, 1)[1][:, 0], probs.max(-1).values
+    )  # top-1: the probability itself
     assert (idx[:, 0] == logits.argmax(-1)).all()
     assert (weights[:, 0] >= weights[:, 1]).all()
 
@@ -56,12 +68,18 @@ def test_balance_loss_counts_assignments_not_tokens_at_top_2():
     dividing by the N tokens instead would give k = 2.0 here)."""
     e, n = 4, 8
     uniform = torch.full((n, e), 1 / e)
-    top2 = torch.stack([torch.arange(n) % e, (torch.arange(n) + 1) % e], dim=1)  # each expert 4 times
+    top2 = torch.stack(
+        [torch.arange(n) % e, (torch.arange(n) + 1) % e], dim=1
+    )  # each expert 4 times
     assert histogram(top2, e).tolist() == [4, 4, 4, 4]
     assert math.isclose(balance_loss(uniform, top2).item(), 1.0, rel_tol=1e-6)
-    everyone_on_0_and_1 = torch.tensor([[0, 1]]).repeat(n, 1)  # f = (1/2, 1/2, 0, 0): E x (1/2 + 1/2) / E = 1
+    everyone_on_0_and_1 = torch.tensor([[0, 1]]).repeat(
+        n, 1
+    )  # f = (1/2, 1/2, 0, 0): E x (1/2 + 1/2) / E = 1
     skewed = torch.tensor([[0.4, 0.4, 0.1, 0.1]]).repeat(n, 1)
-    assert balance_loss(skewed, everyone_on_0_and_1).item() == pytest.approx(4 * (0.5 * 0.4 + 0.5 * 0.4))
+    assert balance_loss(skewed, everyone_on_0_and_1).item() == pytest.approx(
+        4 * (0.5 * 0.4 + 0.5 * 0.4)
+    )
 
 
 def test_dispatch_plan_groups_by_destination_rank():
@@ -85,11 +103,16 @@ def test_expert_parallel_at_ep1_equals_the_moe_forward_and_backward():
         assert torch.allclose(p.grad, q.grad, atol=1e-6)
 
 
-@pytest.mark.parametrize("bad", [dict(experts=4, k=5, capacity_factor=1.0),
-                                 dict(experts=4, k=1, capacity_factor=0),
-                                 dict(experts=4, k=1, capacity_factor=1e30),
-                                 dict(experts=4, k=1, capacity_factor=math.nan),
-                                 dict(experts=3, k=1, capacity_factor=1.0, ep=2)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(experts=4, k=5, capacity_factor=1.0),
+        dict(experts=4, k=1, capacity_factor=0),
+        dict(experts=4, k=1, capacity_factor=1e30),
+        dict(experts=4, k=1, capacity_factor=math.nan),
+        dict(experts=3, k=1, capacity_factor=1.0, ep=2),
+    ],
+)
 def test_bad_options_are_refused(bad):
     with pytest.raises(ValueError):
         check_moe_options(**bad)

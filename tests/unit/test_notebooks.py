@@ -4,6 +4,7 @@ The last cell of notebooks/NN_x.ipynb is markdown headed `## Lines to copy`: it 
 from (`minimal/NN_x.py` or `lessons/NN_x.py`) and holds one fenced code block. Every code line of the block is
 a line of that file (a trailing `# comment` and the indentation aside), so the quote cannot rot.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,14 +39,17 @@ def lines_to_copy(cell: dict) -> tuple[str, list[str]]:
 
 
 def test_there_is_one_notebook_per_lesson():
-    assert [p.stem for p in NOTEBOOKS] == sorted(p.stem for p in (ROOT / "lessons").glob("[0-9][0-9]_*.py"))
+    assert [p.stem for p in NOTEBOOKS] == sorted(
+        p.stem for p in (ROOT / "lessons").glob("[0-9][0-9]_*.py")
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_each_notebook_ends_with_the_lines_to_copy_from_its_lesson(path):
     cell = last_cell(path)
-    assert cell["cell_type"] == "markdown" and "".join(cell["source"]).startswith(HEADING), \
+    assert cell["cell_type"] == "markdown" and "".join(cell["source"]).startswith(HEADING), (
         f"{path.name}: the last cell is a markdown cell starting with {HEADING!r}"
+    )
     source, lines = lines_to_copy(cell)
     assert Path(source).stem == path.stem, f"{path.name} quotes {source}, not its own lesson"
     assert len(lines) >= 2, f"{path.name}: at least 2 lines to copy"
@@ -62,7 +66,12 @@ def test_notebook_13_shows_the_fully_shard_lines():
 def test_a_quote_that_drifted_from_its_lesson_fails(tmp_path):
     """The check itself: a quoted line the lesson does not have is reported."""
     cell = last_cell(ROOT / "notebooks" / "03_ddp.ipynb")
-    cell = {**cell, "source": ["".join(cell["source"]).replace("sampler.set_epoch(epoch)", "sampler.set_epoch(0)")]}
+    cell = {
+        **cell,
+        "source": [
+            "".join(cell["source"]).replace("sampler.set_epoch(epoch)", "sampler.set_epoch(0)")
+        ],
+    }
     source, lines = lines_to_copy(cell)
     known = {code(line) for line in (ROOT / source).read_text(encoding="utf-8").splitlines()}
     assert [line for line in lines if not any(line in k for k in known)] == ["sampler.set_epoch(0)"]

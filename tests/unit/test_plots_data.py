@@ -1,16 +1,22 @@
 """The measurements behind notebooks 05-08's pictures (common/plots/data_movement.py, common.data_parallel.seeding.describe_pairs)."""
+
 import torch
 import torch.nn.functional as F
 
+from common.data_parallel.seeding import describe_pairs
 from common.measure.memory import ResidualMLP, residual_mlp_activation_bytes
 from common.plots.data_movement import micro_step_timelines, one_process_group, saved_bytes_timeline
-from common.data_parallel.seeding import describe_pairs
 
 
 def test_describe_pairs_names_the_main_process_and_workers():
-    assert describe_pairs({"identical_pairs": ["r0w-1=r1w-1"]}) == "rank 0 main process = rank 1 main process"
-    assert describe_pairs({"identical_pairs": ["r0w0=r1w0", "r0w1=r1w1"]}) == \
-        "rank 0 worker 0 = rank 1 worker 0; rank 0 worker 1 = rank 1 worker 1"
+    assert (
+        describe_pairs({"identical_pairs": ["r0w-1=r1w-1"]})
+        == "rank 0 main process = rank 1 main process"
+    )
+    assert (
+        describe_pairs({"identical_pairs": ["r0w0=r1w0", "r0w1=r1w1"]})
+        == "rank 0 worker 0 = rank 1 worker 0; rank 0 worker 1 = rank 1 worker 1"
+    )
     assert describe_pairs({"identical_pairs": []}) == "none"
 
 
@@ -29,6 +35,8 @@ def test_no_sync_timeline_one_round_in_the_last_micro_step():
     with one_process_group():
         rows = next(micro_step_timelines(k=3))
     buckets = len(rows["accumulate"])
-    assert buckets >= 1 and rows["accumulate"] == [2] * buckets  # only the last micro-step all-reduces
+    assert (
+        buckets >= 1 and rows["accumulate"] == [2] * buckets
+    )  # only the last micro-step all-reduces
     for wrong in ("accumulate_backward_only_no_sync", "accumulate_always_sync"):
         assert rows[wrong] == [m for m in range(3) for _ in range(buckets)]

@@ -1,4 +1,5 @@
 """The pictures of notebooks 12 and 13 read the state they claim to draw (in process, no launch)."""
+
 import importlib
 
 import matplotlib

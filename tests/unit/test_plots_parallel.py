@@ -1,4 +1,5 @@
 """The tensor-parallel picture finds each rank's shard by value, so a wrong split draws as a wrong picture."""
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -17,7 +18,9 @@ def test_owner_map_finds_column_and_row_shards():
     assert owner_map(full.fc1.weight.detach(), w1, 0)[:, 0].tolist() == [0] * 16 + [1] * 16
     assert owner_map(full.fc2.weight.detach(), w2, 1)[0].tolist() == [0] * 16 + [1] * 16
     h = torch.randn(6, 32)
-    fig = plot_tp_shards(full.fc1.weight.detach(), full.fc2.weight.detach(), w1, w2, h, list(h.chunk(2, 1)))
+    fig = plot_tp_shards(
+        full.fc1.weight.detach(), full.fc2.weight.detach(), w1, w2, h, list(h.chunk(2, 1))
+    )
     assert len(fig.axes) == 3
 
 

@@ -1,4 +1,5 @@
 """Claims recorded once (common/harness/results.py): printed on rank 0 and recorded under the same name."""
+
 from __future__ import annotations
 
 import json
@@ -6,14 +7,24 @@ import json
 import pytest
 import torch
 
-from common.harness.results import Report, holds
 from common.harness.env import DistInfo
+from common.harness.results import Report, holds
 from tests._lessons import assert_claims
 
 
-@pytest.mark.parametrize("value, relation, bound, expected", [
-    (1e-9, "<=", 1e-5, True), (2e-5, "<=", 1e-5, False), (0.9, ">=", 0.85, True), (0.8, ">=", 0.85, False),
-    (0.0, "==", 0.0, True), (1e-12, "==", 0.0, False), (float("nan"), "<=", 1.0, False), (3, "==", 3, True)])
+@pytest.mark.parametrize(
+    "value, relation, bound, expected",
+    [
+        (1e-9, "<=", 1e-5, True),
+        (2e-5, "<=", 1e-5, False),
+        (0.9, ">=", 0.85, True),
+        (0.8, ">=", 0.85, False),
+        (0.0, "==", 0.0, True),
+        (1e-12, "==", 0.0, False),
+        (float("nan"), "<=", 1.0, False),
+        (3, "==", 3, True),
+    ],
+)
 def test_holds(value, relation, bound, expected):
     assert holds(value, relation, bound) is expected
 
@@ -25,7 +36,9 @@ def test_unknown_relation_is_refused():
 
 def test_claim_is_printed_with_its_bound_and_recorded_under_its_name(tmp_path, capsys):
     report = Report(DistInfo())
-    assert report.claim("ddp_equals_one_process", torch.tensor(3e-9), "<=", 1e-5, "max |diff| = {value:.1e}")
+    assert report.claim(
+        "ddp_equals_one_process", torch.tensor(3e-9), "<=", 1e-5, "max |diff| = {value:.1e}"
+    )
     assert not report.claim("too_slow", 0.5, ">=", 0.85, "efficiency {value:.2f}", perf=True)
     report.value("final_test_accuracy", 0.9833, "final test_acc {value:.4f}")
     report.perf("samples_per_s", 1234.5, "{value:.0f} samples/s")
@@ -35,8 +48,13 @@ def test_claim_is_printed_with_its_bound_and_recorded_under_its_name(tmp_path, c
     assert out[2:] == ["final test_acc 0.9833", "[perf] 1234 samples/s"]
     report.write(tmp_path / "r.json")
     r = json.loads((tmp_path / "r.json").read_text())
-    assert r["claims"]["ddp_equals_one_process"] == {"value": pytest.approx(3e-9), "bound": 1e-5, "relation": "<=",
-                                                     "holds": True, "text": "max |diff| = 3.0e-09"}
+    assert r["claims"]["ddp_equals_one_process"] == {
+        "value": pytest.approx(3e-9),
+        "bound": 1e-5,
+        "relation": "<=",
+        "holds": True,
+        "text": "max |diff| = 3.0e-09",
+    }
     assert r["final_test_accuracy"] == 0.9833 and r["samples_per_s"] == 1234.5
     with pytest.raises(AssertionError, match="too_slow"):
         assert_claims(r, {"ddp_equals_one_process"})
@@ -59,13 +77,16 @@ def test_only_rank0_prints_and_writes(tmp_path, capsys):
 
 def test_assert_claims_names_the_missing_claim():
     with pytest.raises(AssertionError, match="not recorded: \\['b'\\]"):
-        assert_claims({"claims": {"a": {"value": 1, "bound": 1, "relation": "==", "holds": True}}}, {"a", "b"})
+        assert_claims(
+            {"claims": {"a": {"value": 1, "bound": 1, "relation": "==", "holds": True}}}, {"a", "b"}
+        )
 
 
 @pytest.fixture
 def exit_status():
     """common.harness.session's pending exit status, restored after the test (finish sets it)."""
     from common.harness import session
+
     yield session
     session.set_exit_status(0)
 
@@ -87,13 +108,18 @@ def test_finish_names_the_claims_that_do_not_hold_and_sets_status_1(tmp_path, ca
     report.claim("loss_falls", 0.9, "<=", 0.8, "ratio {value}")
     assert report.failing() == ["equals_one_process", "loss_falls"]
     assert report.finish(tmp_path / "r.json") == 1
-    assert capsys.readouterr().out.splitlines()[-1] == "2 of 3 checks do not hold: equals_one_process, loss_falls"
+    assert (
+        capsys.readouterr().out.splitlines()[-1]
+        == "2 of 3 checks do not hold: equals_one_process, loss_falls"
+    )
     assert exit_status._exit_status == 1
     assert not json.loads((tmp_path / "r.json").read_text())["claims"]["loss_falls"]["holds"]
 
 
 def test_finish_on_another_rank_prints_nothing_but_sets_the_status(tmp_path, capsys, exit_status):
-    report = Report(DistInfo(rank=1, world_size=2))  # no process group: no collective, this rank's own claims
+    report = Report(
+        DistInfo(rank=1, world_size=2)
+    )  # no process group: no collective, this rank's own claims
     report.claim("x", 2, "==", 1, "x")
     assert report.finish(tmp_path / "r.json") == 1
     assert capsys.readouterr().out == "" and not (tmp_path / "r.json").exists()
@@ -102,9 +128,12 @@ def test_finish_on_another_rank_prints_nothing_but_sets_the_status(tmp_path, cap
 def test_run_main_exits_1_after_finish_finds_a_claim_that_does_not_hold(tmp_path):
     import subprocess
     import sys
-    code = ("from common.harness.results import Report\nfrom common.harness.session import run_main\n"
-            "def main():\n    r = Report()\n    r.claim('equal', float('nan'), '<=', 1e-5, 'd {value}')\n"
-            "    r.finish(None)\n    print('main returned')\nrun_main(main)\n")
+
+    code = (
+        "from common.harness.results import Report\nfrom common.harness.session import run_main\n"
+        "def main():\n    r = Report()\n    r.claim('equal', float('nan'), '<=', 1e-5, 'd {value}')\n"
+        "    r.finish(None)\n    print('main returned')\nrun_main(main)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert done.stdout.splitlines()[-2:] == ["1 of 1 checks do not hold: equal", "main returned"]
@@ -114,6 +143,7 @@ def test_run_main_exits_1_after_finish_finds_a_claim_that_does_not_hold(tmp_path
 def test_rank0s_claims_decide_the_status_of_every_rank(tmp_path):
     from tests._tp_workers import finish_statuses
     from tests._workers import run_world
+
     assert run_world(finish_statuses, 2, tmp_path) == [{"rank0_holds": 0, "rank0_fails": 1}] * 2
 
 
@@ -122,4 +152,7 @@ def test_a_whole_bound_prints_whole_and_a_small_one_short(capsys):
     report.claim("bytes_exact", 2182180, "==", 2182180, "bytes {value}")
     report.claim("small", 3e-9, "<=", 1e-5, "diff {value:.1e}")
     out = capsys.readouterr().out.splitlines()
-    assert out == ["bytes 2182180  [claim == 2182180: holds]", "diff 3.0e-09  [claim <= 1e-05: holds]"]
+    assert out == [
+        "bytes 2182180  [claim == 2182180: holds]",
+        "diff 3.0e-09  [claim <= 1e-05: holds]",
+    ]

@@ -1,6 +1,7 @@
 """common/context_parallel/ring_attention.py, common/context_parallel/ulysses.py and the causal transformer of common/models.py: the log-sum-exp
 merge, the splits' positions and exact work counts in one process; ring and Ulysses attention (forward and
 q, k, v gradients) equal to SDPA on the whole sequence in spawned gloo worlds of 2 and 4; NaN stays NaN."""
+
 from __future__ import annotations
 
 import math
@@ -9,11 +10,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common.context_parallel.ring_attention import (
+    RingStats,
+    Split,
+    block_attention,
+    causal_pairs,
+    merge,
+    owners,
+    ring_attention,
+)
 from common.data import PIXEL_VOCAB, digit_sequences, next_token_targets
 from common.measure.differences import max_abs_diff
 from common.models import CausalTransformer
-from common.context_parallel.ring_attention import (RingStats, Split, block_attention, causal_pairs, merge,
-                                                    owners, ring_attention)
 from tests._cp_workers import ring_vs_sdpa
 from tests._workers import run_world
 
@@ -38,8 +46,10 @@ def test_two_blocks_merged_by_log_sum_exp_equal_attention_on_both():
 def test_a_nan_in_one_block_makes_the_difference_nan_not_small():
     q, k, v = qkv()
     k[0, 0, 3, 0] = float("nan")
-    out, _ = merge(*block_attention(q, k[:, :, :8], v[:, :, :8], False),
-                   *block_attention(q, k[:, :, 8:], v[:, :, 8:], False))
+    out, _ = merge(
+        *block_attention(q, k[:, :, :8], v[:, :, :8], False),
+        *block_attention(q, k[:, :, 8:], v[:, :, 8:], False),
+    )
     assert math.isnan(max_abs_diff(out, F.scaled_dot_product_attention(*qkv())))
     out1 = ring_attention(q, k, v, Split("zigzag", 1))  # cp = 1: one process, the same rule
     assert math.isnan(max_abs_diff(out1, F.scaled_dot_product_attention(*qkv(), is_causal=True)))
@@ -97,7 +107,7 @@ def test_transformer_positions_default_to_the_whole_sequence_and_attention_is_sw
 @pytest.mark.slow  # three spawned worlds of 4 processes: about 10 s, kept out of the fast subset
 @pytest.mark.timeout(240)
 def test_ring_and_ulysses_equal_sdpa_and_count_their_bytes_and_pairs(tmp_path):
-    world_size = 4  # (cp = 2 is launched by tests/lessons/test_16_context_parallel.py, in float32)
+    world_size = 4  # (cp = 2 is launched by tests/lessons/test_19_context_parallel.py, in float32)
     blk = 2 * 4 * (16 // world_size) * 8 * 8  # k (or v) of one rank: (2, 4, 16/cp, 8) float64
     for kind in ("contiguous", "zigzag", "ulysses"):
         (tmp_path / kind).mkdir()
@@ -105,12 +115,17 @@ def test_ring_and_ulysses_equal_sdpa_and_count_their_bytes_and_pairs(tmp_path):
         ranks = run_world(ring_vs_sdpa, world_size, tmp_path / kind, kind)
         for r in ranks:
             assert max(r["diffs"]) <= 1e-12, r
-            want = {"forward": (world_size - 1) * 2 * blk, "backward": (2 * world_size - 1) * 2 * blk}
+            want = {
+                "forward": (world_size - 1) * 2 * blk,
+                "backward": (2 * world_size - 1) * 2 * blk,
+            }
             assert r["sent"] == want
         pairs = [r["pairs"] for r in ranks]
         assert sum(pairs) == causal_pairs(16)
         assert (max(pairs) == min(pairs)) == (kind == "zigzag")
-        for rank, r in enumerate(ranks):  # rank 1 holds 1, 0, 3, 2: the block of rank r - s, by its values
+        for rank, r in enumerate(
+            ranks
+        ):  # rank 1 holds 1, 0, 3, 2: the block of rank r - s, by its values
             assert r["held"] == [(rank - s) % world_size for s in range(world_size)]
     for r in run_world(ring_vs_sdpa, world_size, tmp_path / "ulysses", "contiguous", True):
         assert max(r["diffs"]) <= 1e-12, r
@@ -123,7 +138,8 @@ def test_a_nan_input_makes_the_lessons_equality_claims_fail(monkeypatch):
     from common.harness.env import DistInfo
     from common.harness.grid import Grid
     from common.harness.results import Report
-    lesson = importlib.import_module("lessons.16_context_parallel")
+
+    lesson = importlib.import_module("lessons.19_context_parallel")
     args = lesson.parse_args([])
     clean = lesson.qkv
 
@@ -137,6 +153,9 @@ def test_a_nan_input_makes_the_lessons_equality_claims_fail(monkeypatch):
     runs = lesson.ring_equals_full(report, grid, args)
     assert math.isnan(runs["zigzag"]["diff"])
     claims = report.results["claims"]
-    assert not claims["ring_zigzag_equals_sdpa"]["holds"] and not claims["ring_contiguous_equals_sdpa"]["holds"]
+    assert (
+        not claims["ring_zigzag_equals_sdpa"]["holds"]
+        and not claims["ring_contiguous_equals_sdpa"]["holds"]
+    )
     lesson.ulysses(report, grid, args, runs)
     assert not report.results["claims"]["ulysses_equals_sdpa"]["holds"]

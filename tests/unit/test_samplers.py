@@ -1,6 +1,7 @@
 """Unit tests of the samplers and seeding helpers (common/data_parallel/samplers.py, common/data_parallel/bucketing.py, common/data_parallel/seeding.py) and of
 lesson 04's and 05's pure functions: hypothesis properties, given cases, bad input. No torchrun: a sampler takes
 (num_replicas, rank) directly, so every rank of a world is built in this one process."""
+
 import importlib
 import runpy
 from collections import Counter
@@ -9,18 +10,37 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset, WeightedRandomSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+)
 
-from common.data_parallel.bucketing import (LengthGroupedDistributedBatchSampler, padded_token_fraction,
-                                            padded_tokens)
-from common.run.launch import REPO_ROOT
-from common.harness.metrics import evaluate
-from common.data_parallel.samplers import (DistributedSamplerByHand, UnpaddedDistributedSampler,
-                                           WeightedDistributedSampler, distributed_indices)
-from common.data_parallel.seeding import (augmentation_streams, generator_draws, loader_generator, rank_seed,
-                                          seed_data_rngs, stream_summary)
-from common.harness.session import set_seed
+from common.data_parallel.bucketing import (
+    LengthGroupedDistributedBatchSampler,
+    padded_token_fraction,
+    padded_tokens,
+)
+from common.data_parallel.samplers import (
+    DistributedSamplerByHand,
+    UnpaddedDistributedSampler,
+    WeightedDistributedSampler,
+    distributed_indices,
+)
+from common.data_parallel.seeding import (
+    augmentation_streams,
+    generator_draws,
+    loader_generator,
+    rank_seed,
+    seed_data_rngs,
+    stream_summary,
+)
 from common.harness.env import DistInfo, LessonError
+from common.harness.metrics import evaluate
+from common.harness.session import set_seed
+from common.run.launch import REPO_ROOT
 
 lesson04 = importlib.import_module("lessons.04_custom_sampler")
 
@@ -46,7 +66,9 @@ def all_ranks(make, world_size, epoch=0):
 @given(n=sizes, w=worlds, shuffle=st.booleans(), drop_last=st.booleans(), seed=seeds, epoch=epochs)
 def test_by_hand_equals_torch_distributed_sampler(n, w, shuffle, drop_last, seed, epoch):
     for r in range(w):
-        ref = DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        ref = DistributedSampler(
+            range(n), num_replicas=w, rank=r, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
         ref.set_epoch(epoch)
         mine = DistributedSamplerByHand(n, w, r, shuffle, seed, drop_last)
         mine.set_epoch(epoch)
@@ -57,23 +79,33 @@ def test_by_hand_equals_torch_distributed_sampler(n, w, shuffle, drop_last, seed
 
 @given(n=st.integers(1, 200), w=worlds, drop_last=st.booleans(), seed=seeds, epoch=epochs)
 def test_by_hand_coverage_padding_and_determinism(n, w, drop_last, seed, epoch):
-    per_rank = all_ranks(lambda r: DistributedSamplerByHand(n, w, r, True, seed, drop_last), w, epoch)
+    per_rank = all_ranks(
+        lambda r: DistributedSamplerByHand(n, w, r, True, seed, drop_last), w, epoch
+    )
     assert len({len(p) for p in per_rank}) == 1  # the same number of samples on every rank
     counts = Counter(i for p in per_rank for i in p)
     total = sum(counts.values())
     if drop_last:
-        assert total == n - n % w and max(counts.values(), default=1) == 1  # the tail dropped, nothing repeated
+        assert (
+            total == n - n % w and max(counts.values(), default=1) == 1
+        )  # the tail dropped, nothing repeated
     else:
         assert set(counts) == set(range(n))  # no sample lost
         assert total - n == (-n) % w  # repeats are exactly the padding
-    assert per_rank == all_ranks(lambda r: DistributedSamplerByHand(n, w, r, True, seed, drop_last), w, epoch)
+    assert per_rank == all_ranks(
+        lambda r: DistributedSamplerByHand(n, w, r, True, seed, drop_last), w, epoch
+    )
 
 
 def test_set_epoch_changes_order():
-    for make in (lambda: DistributedSamplerByHand(100, 2, 1, seed=3),
-                 lambda: UnpaddedDistributedSampler(100, 2, 1, shuffle=True, seed=3),
-                 lambda: WeightedDistributedSampler(torch.ones(100), 2, 1, seed=3),
-                 lambda: LengthGroupedDistributedBatchSampler(torch.arange(100), 4, 2, 1, seed=3, pool_batches=5)):
+    for make in (
+        lambda: DistributedSamplerByHand(100, 2, 1, seed=3),
+        lambda: UnpaddedDistributedSampler(100, 2, 1, shuffle=True, seed=3),
+        lambda: WeightedDistributedSampler(torch.ones(100), 2, 1, seed=3),
+        lambda: LengthGroupedDistributedBatchSampler(
+            torch.arange(100), 4, 2, 1, seed=3, pool_batches=5
+        ),
+    ):
         s = make()
         first = list(s)
         s.set_epoch(1)
@@ -91,12 +123,16 @@ def test_unpadded_every_sample_once_shards_differ_by_at_most_one(n, w, shuffle, 
 
 
 # --------------------------------------------- weighted sampler ---------------------------------------------
-weights_st = st.lists(st.floats(0, 10, allow_nan=False), min_size=1, max_size=60).filter(lambda w: sum(w) > 0)
+weights_st = st.lists(st.floats(0, 10, allow_nan=False), min_size=1, max_size=60).filter(
+    lambda w: sum(w) > 0
+)
 
 
 @given(weights=weights_st, w=worlds, seed=seeds, epoch=epochs, num=st.integers(1, 150))
 def test_weighted_lengths_support_and_equality_with_torch(weights, w, seed, epoch, num):
-    per_rank = all_ranks(lambda r: WeightedDistributedSampler(weights, w, r, num_samples=num, seed=seed), w, epoch)
+    per_rank = all_ranks(
+        lambda r: WeightedDistributedSampler(weights, w, r, num_samples=num, seed=seed), w, epoch
+    )
     assert len({len(p) for p in per_rank}) == 1
     assert all(weights[i] > 0 for p in per_rank for i in p)  # zero weight: never drawn
     # Interleaving the ranks gives exactly WeightedRandomSampler's draw from a generator seeded seed + epoch.
@@ -108,8 +144,12 @@ def test_weighted_lengths_support_and_equality_with_torch(weights, w, seed, epoc
 
 @given(n=st.integers(1, 60), w=worlds, seed=seeds)
 def test_weighted_without_replacement_repeats_only_padding(n, w, seed):
-    weights = torch.rand(n, generator=torch.Generator().manual_seed(seed)) + 0.01  # the same on every rank
-    per_rank = all_ranks(lambda r: WeightedDistributedSampler(weights, w, r, replacement=False, seed=seed), w)
+    weights = (
+        torch.rand(n, generator=torch.Generator().manual_seed(seed)) + 0.01
+    )  # the same on every rank
+    per_rank = all_ranks(
+        lambda r: WeightedDistributedSampler(weights, w, r, replacement=False, seed=seed), w
+    )
     counts = Counter(i for p in per_rank for i in p)
     assert set(counts) == set(range(n)) and sum(counts.values()) - n == (-n) % w
 
@@ -119,13 +159,22 @@ def test_weighted_ranks_draw_different_streams_and_rebalance():
     weights = 1.0 / torch.bincount(labels)[labels].double()
     a, b = (list(WeightedDistributedSampler(weights, 2, r, seed=0)) for r in range(2))
     assert a != b
-    share = labels[torch.tensor(a)].float().mean().item()  # class 1 is 10% of the data, ~50% of the draws
+    share = (
+        labels[torch.tensor(a)].float().mean().item()
+    )  # class 1 is 10% of the data, ~50% of the draws
     assert 0.4 < share < 0.6
 
 
 # ------------------------------------------ length-grouped batch sampler ------------------------------------------
-@given(lengths=st.lists(st.integers(0, 300), min_size=0, max_size=150), b=st.integers(1, 9), w=worlds,
-       pool=st.integers(1, 6), drop_last=st.booleans(), seed=seeds, epoch=epochs)
+@given(
+    lengths=st.lists(st.integers(0, 300), min_size=0, max_size=150),
+    b=st.integers(1, 9),
+    w=worlds,
+    pool=st.integers(1, 6),
+    drop_last=st.booleans(),
+    seed=seeds,
+    epoch=epochs,
+)
 def test_length_grouped_batches(lengths, b, w, pool, drop_last, seed, epoch):
     make = lambda r: LengthGroupedDistributedBatchSampler(lengths, b, w, r, seed, pool, drop_last)  # noqa: E731
     per_rank = all_ranks(make, w, epoch)
@@ -146,9 +195,11 @@ def test_length_grouped_cuts_padding_by_more_than_half():
     g = torch.Generator().manual_seed(0)
     lengths = (torch.randn(4000, generator=g) * 0.8 + 4).exp().round().clamp(4, 512).long()
     rand = list(DistributedSampler(range(4000), 2, 0, seed=0))
-    random_batches = [rand[i:i + 16] for i in range(0, len(rand), 16)]
+    random_batches = [rand[i : i + 16] for i in range(0, len(rand), 16)]
     grouped = list(LengthGroupedDistributedBatchSampler(lengths, 16, 2, 0, seed=0))
-    assert padded_token_fraction(grouped, lengths) < 0.5 * padded_token_fraction(random_batches, lengths)
+    assert padded_token_fraction(grouped, lengths) < 0.5 * padded_token_fraction(
+        random_batches, lengths
+    )
 
 
 def test_padded_tokens_worked_example():
@@ -161,8 +212,12 @@ def test_eleven_samples_batch_two_two_ranks():
     for drop_last in (False, True):
         yielded = []
         for r in range(2):
-            loader = DataLoader(range(11), batch_size=2, drop_last=drop_last,
-                                sampler=DistributedSamplerByHand(11, 2, r, seed=0))
+            loader = DataLoader(
+                range(11),
+                batch_size=2,
+                drop_last=drop_last,
+                sampler=DistributedSamplerByHand(11, 2, r, seed=0),
+            )
             n_batches = sum(1 for _ in loader)
             assert len(loader) == n_batches == 3
             yielded.append(n_batches)
@@ -174,18 +229,24 @@ def test_eleven_samples_batch_two_two_ranks():
 
 
 # --------------------------------------------- bad input ---------------------------------------------
-@pytest.mark.parametrize("make, message", [
-    (lambda: DistributedSamplerByHand(10, 0, 0), "num_replicas"),
-    (lambda: DistributedSamplerByHand(10, 2, 2), "rank must be in [0, 2)"),
-    (lambda: UnpaddedDistributedSampler(10, 2, -1), "rank must be in [0, 2)"),
-    (lambda: WeightedDistributedSampler([1.0, -0.5], 2, 0), "weights must be >= 0"),
-    (lambda: WeightedDistributedSampler([0.0, 0.0], 2, 0), "all zero"),
-    (lambda: WeightedDistributedSampler([1.0, float("nan")], 2, 0), "finite"),
-    (lambda: WeightedDistributedSampler([1.0, 0.0], 1, 0, num_samples=2, replacement=False), "without replacement"),
-    (lambda: LengthGroupedDistributedBatchSampler([3, 4], 0, 2, 0), "batch_size"),
-    (lambda: LengthGroupedDistributedBatchSampler([3, 4], 2, 0, 0), "num_replicas"),
-    (lambda: LengthGroupedDistributedBatchSampler([3, -4], 2, 1, 0), "lengths must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: DistributedSamplerByHand(10, 0, 0), "num_replicas"),
+        (lambda: DistributedSamplerByHand(10, 2, 2), "rank must be in [0, 2)"),
+        (lambda: UnpaddedDistributedSampler(10, 2, -1), "rank must be in [0, 2)"),
+        (lambda: WeightedDistributedSampler([1.0, -0.5], 2, 0), "weights must be >= 0"),
+        (lambda: WeightedDistributedSampler([0.0, 0.0], 2, 0), "all zero"),
+        (lambda: WeightedDistributedSampler([1.0, float("nan")], 2, 0), "finite"),
+        (
+            lambda: WeightedDistributedSampler([1.0, 0.0], 1, 0, num_samples=2, replacement=False),
+            "without replacement",
+        ),
+        (lambda: LengthGroupedDistributedBatchSampler([3, 4], 0, 2, 0), "batch_size"),
+        (lambda: LengthGroupedDistributedBatchSampler([3, 4], 2, 0, 0), "num_replicas"),
+        (lambda: LengthGroupedDistributedBatchSampler([3, -4], 2, 1, 0), "lengths must be >= 0"),
+    ],
+)
 def test_bad_input_raises_one_clear_line(make, message):
     with pytest.raises(ValueError) as e:
         make()
@@ -200,31 +261,50 @@ def test_weighted_without_replacement_is_torch_draw_plus_padding(n, w, seed, epo
     divides num_samples (the old promise said always)."""
     weights = (torch.rand(n, generator=torch.Generator().manual_seed(seed)) + 0.01).tolist()
     num = data.draw(st.integers(1, n))
-    per_rank = all_ranks(lambda r: WeightedDistributedSampler(weights, w, r, num, False, seed), w, epoch)
+    per_rank = all_ranks(
+        lambda r: WeightedDistributedSampler(weights, w, r, num, False, seed), w, epoch
+    )
     union = [per_rank[k % w][k // w] for k in range(w * len(per_rank[0]))]
     g = lambda: torch.Generator().manual_seed(seed + epoch)  # noqa: E731
-    assert union[:num] == list(WeightedRandomSampler(weights, num, replacement=False, generator=g()))
-    assert union[num:] == union[:len(union) - num]  # the padding repeats the start
+    assert union[:num] == list(
+        WeightedRandomSampler(weights, num, replacement=False, generator=g())
+    )
+    assert union[num:] == union[: len(union) - num]  # the padding repeats the start
     assert len(set(union[:num])) == num  # no sample twice before the padding
-    if len(union) <= n and num % w:  # the old promise, where torch can draw that many: it does not hold
-        assert union != list(WeightedRandomSampler(weights, len(union), replacement=False, generator=g()))
+    if (
+        len(union) <= n and num % w
+    ):  # the old promise, where torch can draw that many: it does not hold
+        assert union != list(
+            WeightedRandomSampler(weights, len(union), replacement=False, generator=g())
+        )
 
 
 # ------------------------------ __len__ and step counts of the blog sampler (lesson 04) ------------------------------
 @given(n=st.integers(1, 120), w=worlds, b=st.integers(1, 9), drop_last=st.booleans())
 def test_blog_step_rule_matches_what_ranks_run(n, w, b, drop_last):
-    steps = [len(list(BatchSampler(lesson04.BlogShardSampler(n, w, r), b, drop_last))) for r in range(w)]
+    steps = [
+        len(list(BatchSampler(lesson04.BlogShardSampler(n, w, r), b, drop_last))) for r in range(w)
+    ]
     assert (len(set(steps)) > 1) == lesson04.blog_steps_differ(n, w, b, drop_last)
-    loader = DataLoader(range(n), batch_size=b, sampler=lesson04.BlogShardSampler(n, w, 0), drop_last=drop_last)
-    assert len(loader) == (n // b if drop_last else -(-n // b))  # the dataset's batches, whatever rank 0 yields
+    loader = DataLoader(
+        range(n), batch_size=b, sampler=lesson04.BlogShardSampler(n, w, 0), drop_last=drop_last
+    )
+    assert len(loader) == (
+        n // b if drop_last else -(-n // b)
+    )  # the dataset's batches, whatever rank 0 yields
 
 
 def test_blog_sampler_given_case_says_6_yields_3():
     """11 samples, batch 2, 2 ranks: len(DataLoader) says 6, each rank yields 3; with drop_last [3, 2] steps."""
     rows = [lesson04.len_vs_yield(lesson04.BlogShardSampler(11, 2, r), 2, False) for r in range(2)]
     assert rows == [{"len": 6, "yielded": 3}] * 2
-    assert [lesson04.len_vs_yield(lesson04.BlogShardSampler(11, 2, r), 2, True)["yielded"] for r in range(2)] == [3, 2]
-    assert not lesson04.blog_steps_differ(11, 2, 2, False) and lesson04.blog_steps_differ(9, 2, 2, False)
+    assert [
+        lesson04.len_vs_yield(lesson04.BlogShardSampler(11, 2, r), 2, True)["yielded"]
+        for r in range(2)
+    ] == [3, 2]
+    assert not lesson04.blog_steps_differ(11, 2, 2, False) and lesson04.blog_steps_differ(
+        9, 2, 2, False
+    )
 
 
 def test_by_hand_matches_torch_on_the_lesson_grid():
@@ -246,8 +326,14 @@ def test_metrics_evaluate_refuses_an_empty_dataset():
 
 # ------------------------------------ seeding ------------------------------------
 def test_rank_seed_and_loader_generator():
-    assert rank_seed(0, 0) == rank_seed(0, 0) and len({rank_seed(s, r) for s in range(3) for r in range(3)}) == 9
-    draws = [torch.empty((), dtype=torch.int64).random_(generator=loader_generator(5, r)).item() for r in (0, 1, 0)]
+    assert (
+        rank_seed(0, 0) == rank_seed(0, 0)
+        and len({rank_seed(s, r) for s in range(3) for r in range(3)}) == 9
+    )
+    draws = [
+        torch.empty((), dtype=torch.int64).random_(generator=loader_generator(5, r)).item()
+        for r in (0, 1, 0)
+    ]
     assert draws[0] != draws[1] and draws[0] == draws[2]
 
 
@@ -270,7 +356,9 @@ def test_seed_data_rngs_gives_each_rank_its_own_streams(workers):
     assert all(v == 2 * max(workers, 1) for v in fixed["distinct_per_library"].values())
     assert ranks_streams(workers, fix=True) == fixed  # reproducible
     # loader_generator alone: enough with workers, but with 0 workers both ranks draw the same augmentations
-    assert ranks_streams(workers, fix=False)["identical_pairs"] == ([] if workers else ["r0w-1=r1w-1"])
+    assert ranks_streams(workers, fix=False)["identical_pairs"] == (
+        [] if workers else ["r0w-1=r1w-1"]
+    )
 
 
 @pytest.mark.timeout(60)
@@ -284,7 +372,9 @@ def test_base_seed_drawn_per_epoch_except_with_persistent_workers():
 # --------------------------------------------- the benchmark ---------------------------------------------
 @pytest.mark.timeout(60)
 def test_sampler_benchmark_prints_perf_lines_only(capsys):
-    bench = runpy.run_path(str(REPO_ROOT / "benchmarks" / "sampler_speed.py"))  # its globals; main() not run
+    bench = runpy.run_path(
+        str(REPO_ROOT / "benchmarks" / "sampler_speed.py")
+    )  # its globals; main() not run
     threads = torch.get_num_threads()
     try:
         bench["main"](["--size", "10000", "--repeats", "1"])
@@ -292,4 +382,6 @@ def test_sampler_benchmark_prints_perf_lines_only(capsys):
         torch.set_num_threads(threads)  # main() sets 1 thread for the whole process
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 5 and all(line.startswith("[perf]") for line in lines)
-    assert "5000 items" in lines[0] and "157 items" in lines[-1]  # 10^4 / 2 samples; ceil(ceil(10^4 / 32) / 2) batches
+    assert (
+        "5000 items" in lines[0] and "157 items" in lines[-1]
+    )  # 10^4 / 2 samples; ceil(ceil(10^4 / 32) / 2) batches

@@ -1,14 +1,22 @@
 """Hand-built tensor parallelism (common/tensor_parallel/layers.py) and the DTensor counter (common/measure/dtensor_counts.py):
 split = unsplit, one all-reduce forward and one backward per block, 1/tp of the weights, one clear error."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from common.harness.env import LessonError
-from common.tensor_parallel.layers import (MLP, ColumnParallelLinear, RowParallelLinear, TPMLP,
-                                           check_tp_degree, digits_transformer, max_shard_diff,
-                                           tensor_parallelize)
+from common.tensor_parallel.layers import (
+    MLP,
+    TPMLP,
+    ColumnParallelLinear,
+    RowParallelLinear,
+    check_tp_degree,
+    digits_transformer,
+    max_shard_diff,
+    tensor_parallelize,
+)
 from tests._tp_workers import dtensor_mlp_counts, hand_built_blocks
 from tests._workers import run_world
 
@@ -23,8 +31,12 @@ def test_world_of_one_is_the_unsplit_module_and_shards_are_chunks():
     x = torch.randn(2, 3, 8)
     assert torch.equal(split(x), full(x))
     col, row = ColumnParallelLinear(full.fc1, 1, 4), RowParallelLinear(full.fc2, 1, 4, None)
-    assert torch.equal(col.weight, full.fc1.weight[8:16]) and torch.equal(col.bias, full.fc1.bias[8:16])
-    assert torch.equal(row.weight, full.fc2.weight[:, 8:16]) and torch.equal(row.bias, full.fc2.bias)
+    assert torch.equal(col.weight, full.fc1.weight[8:16]) and torch.equal(
+        col.bias, full.fc1.bias[8:16]
+    )
+    assert torch.equal(row.weight, full.fc2.weight[:, 8:16]) and torch.equal(
+        row.bias, full.fc2.bias
+    )
     model = digits_transformer(8, 2, 1)
     split = tensor_parallelize(model, 0, 1, None)
     assert max_shard_diff(model, split, 0) == 0.0
@@ -46,8 +58,16 @@ def test_hand_built_split_equals_unsplit_at_tp2(tmp_path):
             f = facts[name]
             assert f["out"] <= TOL and f["in_grad"] <= TOL and f["w_grad"] <= TOL, (rank, name, f)
             # one all-reduce forward (g) and one backward (f), each of the whole activation, in the tp group
-            assert f["fwd"] == ({"all_reduce": 1}, {"all_reduce": ACT_BYTES}, {("all_reduce", (0, 1)): 1})
-            assert f["bwd"] == ({"all_reduce": 1}, {"all_reduce": ACT_BYTES}, {("all_reduce", (0, 1)): 1})
+            assert f["fwd"] == (
+                {"all_reduce": 1},
+                {"all_reduce": ACT_BYTES},
+                {("all_reduce", (0, 1)): 1},
+            )
+            assert f["bwd"] == (
+                {"all_reduce": 1},
+                {"all_reduce": ACT_BYTES},
+                {("all_reduce", (0, 1)): 1},
+            )
             assert f["weight_numel"] * 2 == f["full_weight_numel"]
         assert facts["model"]["w_grad"] <= TOL and facts["model"]["names"]
 
@@ -56,5 +76,13 @@ def test_hand_built_split_equals_unsplit_at_tp2(tmp_path):
 def test_dtensor_counter_sees_parallelize_modules_all_reduces(tmp_path):
     for facts in run_world(dtensor_mlp_counts, 2, tmp_path):
         assert facts["out"] <= TOL
-        assert facts["fwd"] == ({"all_reduce": 1}, {"all_reduce": ACT_BYTES}, {("all_reduce", (0, 1)): 1})
-        assert facts["bwd"] == ({"all_reduce": 1}, {"all_reduce": ACT_BYTES}, {("all_reduce", (0, 1)): 1})
+        assert facts["fwd"] == (
+            {"all_reduce": 1},
+            {"all_reduce": ACT_BYTES},
+            {("all_reduce", (0, 1)): 1},
+        )
+        assert facts["bwd"] == (
+            {"all_reduce": 1},
+            {"all_reduce": ACT_BYTES},
+            {("all_reduce", (0, 1)): 1},
+        )

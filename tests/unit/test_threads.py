@@ -1,5 +1,6 @@
 """A plain `python lessons/NN_x.py` computes on one thread, as torchrun and the notebooks do, unless told otherwise:
 with one thread per core lesson 01 printed other losses than its notebook (and ran slower on 2 shared cores)."""
+
 import torch
 
 from common.harness.session import one_thread_unless_told
@@ -13,8 +14,11 @@ def test_unset_means_one_thread_said_once_and_inherited(monkeypatch, capsys):
         torch.set_num_threads(2)
         one_thread_unless_told()
         assert torch.get_num_threads() == 1
-        assert capsys.readouterr().out.startswith("note: OMP_NUM_THREADS is unset: 1 compute thread")
+        assert capsys.readouterr().out.startswith(
+            "note: OMP_NUM_THREADS is unset: 1 compute thread"
+        )
         import os
+
         assert os.environ["OMP_NUM_THREADS"] == "1"  # what mp.spawn's children start with
     finally:
         torch.set_num_threads(before)

@@ -1,4 +1,5 @@
 """Wrong: the loss is not divided at all (the update is about k times too large)."""
+
 import contextlib
 
 from torch import nn

@@ -1,5 +1,6 @@
 """Wrong: lesson 07's minimal script copied: each micro-batch's mean loss divided by k, right only for equal
 micro-batches (here 5, 5, 5, 1: the 1-sample micro-batch weighs as much as a 5-sample one)."""
+
 import contextlib
 
 from torch import nn

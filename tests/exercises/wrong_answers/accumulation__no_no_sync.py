@@ -1,5 +1,6 @@
 """Wrong: no no_sync: DDP all-reduces after every micro-batch's backward (the result is right, the traffic
 k times larger)."""
+
 from torch import nn
 
 

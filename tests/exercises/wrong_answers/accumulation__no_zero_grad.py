@@ -1,4 +1,5 @@
 """Wrong: no zero_grad after the step: the next step's gradients add to this one's."""
+
 import contextlib
 
 from torch import nn

@@ -1,4 +1,5 @@
 """Wrong: correct averages, but every all-reduce waits until backward has finished (no overlap)."""
+
 import torch.distributed as dist
 
 from exercises.solutions.ddp_by_hand import DataParallelByHand as _Right

@@ -1,5 +1,6 @@
 """Wrong: async all-reduces, but all launched from finish_gradient_sync, after backward has finished: nothing
 overlaps backward."""
+
 import torch
 import torch.distributed as dist
 

@@ -1,5 +1,6 @@
 """Wrong: a bucket closed before it would pass the cap ("at most c bytes"), not as soon as it holds at least
 c bytes (the contract's rule, DDP's)."""
+
 from exercises.solutions.ddp_by_hand import DataParallelByHand as _Right
 
 
@@ -11,7 +12,7 @@ class DataParallelByHand(_Right):
         buckets, current, size = [], [], 0
         for p in params:
             nbytes = p.numel() * p.element_size()
-            if current and size + nbytes > cap_mb * 2 ** 20:  # the bug: the other rule
+            if current and size + nbytes > cap_mb * 2**20:  # the bug: the other rule
                 buckets.append(current)
                 current, size = [], 0
             current.append(p)

@@ -1,5 +1,6 @@
 """Wrong: every parameter broadcast at wrap time, but not the buffers (a BatchNorm's running statistics, the
 model's `scale`): each rank keeps its own."""
+
 import torch
 
 from exercises.solutions.ddp_by_hand import DataParallelByHand as _Right

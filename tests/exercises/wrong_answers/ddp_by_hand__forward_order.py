@@ -1,5 +1,6 @@
 """Wrong: the buckets filled in the forward order of module.parameters(): the first layers' gradients,
 which backward produces last, share a bucket with the last layers'."""
+
 from exercises.solutions.ddp_by_hand import DataParallelByHand as _Right
 
 

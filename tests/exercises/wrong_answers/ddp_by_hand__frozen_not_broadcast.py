@@ -1,5 +1,6 @@
 """Wrong: only the trainable parameters (and the buffers) broadcast at wrap time: the frozen layer keeps each
 rank's own initial weights, and the replicas compute different forwards."""
+
 import torch
 
 from exercises.solutions.ddp_by_hand import DataParallelByHand as _Right

@@ -1,5 +1,6 @@
 """Wrong: the buckets all-reduced and waited on, but the averaged flat tensor never copied back into the
 .grad of its parameters: each rank steps on its own gradient."""
+
 from exercises.solutions.ddp_by_hand import DataParallelByHand as _Right
 
 

@@ -1,5 +1,6 @@
 """Wrong: each bucket's flat tensor allocated once, at its first backward, and all-reduced again at every
 later one without copying the new gradients in: the first step is right, the next ones reuse old sums."""
+
 import torch
 import torch.distributed as dist
 
@@ -14,4 +15,6 @@ class DataParallelByHand(_Right):
             cache = self.__dict__.setdefault("flats", {})
             if i not in cache:  # the bug: filled once, never refilled
                 cache[i] = torch.cat([q.grad.flatten() for q in self.buckets[i]])
-            self.pending.append((dist.all_reduce(cache[i], async_op=True), cache[i], self.buckets[i]))
+            self.pending.append(
+                (dist.all_reduce(cache[i], async_op=True), cache[i], self.buckets[i])
+            )

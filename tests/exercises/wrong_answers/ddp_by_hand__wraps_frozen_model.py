@@ -1,5 +1,6 @@
 """Wrong: a module with no trainable parameter wrapped silently (torch's DDP raises RuntimeError: there is
 nothing to average, and a model frozen by mistake then trains nothing without a word)."""
+
 from torch import nn
 
 from exercises.solutions.ddp_by_hand import DataParallelByHand as _Right

@@ -1,11 +1,18 @@
 """Wrong: no padding, so ranks yield different numbers of indices when the data does not divide evenly."""
+
 import torch
 
 
 class MyDistributedSampler:
     def __init__(self, dataset_len, num_replicas, rank, shuffle=True, seed=0, drop_last=False):
         self.n, self.replicas, self.rank, self.shuffle, self.seed, self.epoch = (
-            dataset_len, num_replicas, rank, shuffle, seed, 0)
+            dataset_len,
+            num_replicas,
+            rank,
+            shuffle,
+            seed,
+            0,
+        )
 
     def set_epoch(self, epoch):
         self.epoch = epoch
@@ -17,7 +24,7 @@ class MyDistributedSampler:
         return torch.randperm(self.n, generator=g).tolist()
 
     def __iter__(self):
-        return iter(self._order()[self.rank::self.replicas])
+        return iter(self._order()[self.rank :: self.replicas])
 
     def __len__(self):
-        return len(self._order()[self.rank::self.replicas])
+        return len(self._order()[self.rank :: self.replicas])

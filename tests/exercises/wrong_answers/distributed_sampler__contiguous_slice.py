@@ -1,4 +1,5 @@
 """Wrong: rank r takes a contiguous block of the (padded) order instead of every num_replicas-th index."""
+
 import torch
 
 from exercises.solutions.distributed_sampler import MyDistributedSampler as _Right
@@ -12,6 +13,6 @@ class MyDistributedSampler(_Right):
         else:
             order = list(range(self.dataset_len))
         while len(order) < self.total_size:
-            order += order[:self.total_size - len(order)]
+            order += order[: self.total_size - len(order)]
         start = self.rank * self.num_samples  # the bug: a block, not order[rank::num_replicas]
-        return iter(order[start:start + self.num_samples])
+        return iter(order[start : start + self.num_samples])

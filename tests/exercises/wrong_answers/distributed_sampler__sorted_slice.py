@@ -1,4 +1,5 @@
 """Wrong: the right indices for the rank, sorted ("for locality"): the shuffle is undone within the rank."""
+
 from exercises.solutions.distributed_sampler import MyDistributedSampler as _Right
 
 

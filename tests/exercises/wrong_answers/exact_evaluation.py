@@ -1,4 +1,5 @@
 """Wrong: the mean of the ranks' accuracies (an empty shard skipped), overall and per class."""
+
 import torch
 import torch.distributed as dist
 

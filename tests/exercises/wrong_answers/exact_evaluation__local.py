@@ -1,4 +1,5 @@
 """Wrong: nothing reduced: each rank returns its own shard's accuracy (the empty one 0.0)."""
+
 import torch
 
 

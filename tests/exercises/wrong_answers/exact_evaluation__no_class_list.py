@@ -1,5 +1,6 @@
 """Wrong: the per-class accuracies only for the classes this rank saw (a dict's values, or a bincount
 without minlength): fewer than num_classes values."""
+
 from exercises.solutions.exact_evaluation import global_accuracy as _right
 
 

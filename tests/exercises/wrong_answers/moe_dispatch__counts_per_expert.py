@@ -1,4 +1,5 @@
 """Wrong: send_counts counted per expert, not per destination rank."""
+
 import torch
 
 

@@ -1,5 +1,6 @@
 """Wrong: the right counts and order, but the counts added up with scatter_add_ into torch.zeros (float32):
 [2.0, 1.0] equals [2, 1] in Python, yet no split size or index is a float."""
+
 import torch
 
 

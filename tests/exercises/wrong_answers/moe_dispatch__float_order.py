@@ -1,4 +1,5 @@
 """Wrong: the right order, stored in a torch.zeros buffer (float32): no tensor of floats can index x."""
+
 import torch
 
 

@@ -1,5 +1,6 @@
 """Wrong: bincount without minlength: a rank that gets no row (the last ones, under a skewed routing) has no
 entry at all."""
+
 import torch
 
 

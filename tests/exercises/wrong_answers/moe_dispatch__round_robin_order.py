@@ -1,5 +1,6 @@
 """Wrong: the right counts, but the rows ordered by (e % ep, e), the round-robin placement: with ep > 1 the
 ranks' rows are interleaved instead of grouped."""
+
 import torch
 
 

@@ -1,4 +1,5 @@
 """Wrong: the sorted experts returned as the order (torch.sort's values, not argsort's indices)."""
+
 import torch
 
 

@@ -1,5 +1,6 @@
 """Wrong: sorted by expert with the ties broken the wrong way (the later row first): rows of one expert do
 not keep their token order."""
+
 import torch
 
 

@@ -1,5 +1,6 @@
 """Wrong: ZeRO-1 counted as if it sharded the gradients too (it shards only the optimizer state; backward
 still leaves every gradient on every rank until the step)."""
+
 import math
 
 
@@ -10,5 +11,8 @@ def bytes_per_rank(units, world_size, stage):
     if stage == 0:
         tensors = sum(len(list(u.parameters())) for u in units)
         return {"parameters": 4 * P, "gradients": 4 * P, "optimizer_state": 8 * P + 4 * tensors}
-    return {"parameters": 4 * (shard if stage == 3 else N * shard), "gradients": 4 * shard,
-            "optimizer_state": 8 * shard + 4 * len(numels)}
+    return {
+        "parameters": 4 * (shard if stage == 3 else N * shard),
+        "gradients": 4 * shard,
+        "optimizer_state": 8 * shard + 4 * len(numels),
+    }

@@ -1,6 +1,7 @@
 """Wrong: the whole model padded as ONE flat buffer, N x ceil(P / N), instead of each unit on its own,
 sum of N x ceil(n / N): equal whenever every unit happens to divide by N, short by up to N - 1 elements per
 unit otherwise."""
+
 import math
 
 
@@ -12,6 +13,8 @@ def bytes_per_rank(units, world_size, stage):
     if stage == 0:
         tensors = sum(len(list(u.parameters())) for u in units)
         return {"parameters": 4 * P, "gradients": 4 * P, "optimizer_state": 8 * P + 4 * tensors}
-    return {"parameters": 4 * (shard if stage == 3 else N * shard),
-            "gradients": 4 * (P if stage == 1 else shard),
-            "optimizer_state": 8 * shard + 4 * len(numels)}
+    return {
+        "parameters": 4 * (shard if stage == 3 else N * shard),
+        "gradients": 4 * (P if stage == 1 else shard),
+        "optimizer_state": 8 * shard + 4 * len(numels),
+    }

@@ -1,5 +1,6 @@
 """Wrong: Adam's state counted as one fp32 tensor the size of the parameters (exp_avg only; exp_avg_sq
 forgotten)."""
+
 from exercises.solutions.predict_memory import bytes_per_rank as _right
 
 

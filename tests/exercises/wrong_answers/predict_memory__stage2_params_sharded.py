@@ -1,4 +1,5 @@
 """Wrong: stage 2 counted as if it sharded the parameters at rest too (that is stage 3)."""
+
 from exercises.solutions.predict_memory import bytes_per_rank as _right
 
 

@@ -1,4 +1,5 @@
 """Wrong: the three numbers returned as a tuple, not the dict the contract names."""
+
 from exercises.solutions.predict_memory import bytes_per_rank as _right
 
 

@@ -1,4 +1,5 @@
 """Wrong: the ring runs the other way (send to rank - 1, receive from rank + 1) with the forward schedule."""
+
 import torch
 import torch.distributed as dist
 

@@ -1,5 +1,6 @@
 """Wrong: dist.all_reduce bound at import (`from torch.distributed import all_reduce`), out of reach of a
 ban that patches only torch.distributed."""
+
 import torch
 import torch.distributed as dist
 from torch.distributed import all_reduce as _sum_everywhere  # bound before the grader patches dist

@@ -1,4 +1,5 @@
 """Wrong: all_gather_object (a collective of pickled objects) instead of a ring of isend/irecv."""
+
 import torch
 import torch.distributed as dist
 

@@ -1,4 +1,5 @@
 """Wrong: the reduce-scatter stops one step early (n - 2 steps): each rank's chunk misses one rank."""
+
 import torch
 import torch.distributed as dist
 

@@ -1,5 +1,6 @@
 """Wrong: the WHOLE tensor passed around the ring n - 1 times: the right sums, but (n-1) x N bytes sent
 per rank instead of (n-1)/n x N for the reduce-scatter."""
+
 import torch
 import torch.distributed as dist
 
@@ -10,8 +11,12 @@ def ring_all_reduce(tensor):
     cur, total = tensor.clone(), tensor.clone()
     for _ in range(n - 1):
         inc = torch.empty_like(cur)
-        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, cur, (rank + 1) % n),
-                                         dist.P2POp(dist.irecv, inc, (rank - 1) % n)]):
+        for w in dist.batch_isend_irecv(
+            [
+                dist.P2POp(dist.isend, cur, (rank + 1) % n),
+                dist.P2POp(dist.irecv, inc, (rank - 1) % n),
+            ]
+        ):
             w.wait()
         total += inc
         cur = inc

@@ -1,4 +1,5 @@
 """Wrong: the two partial outputs averaged, as if each block held half of the softmax's weight."""
+
 import torch
 
 

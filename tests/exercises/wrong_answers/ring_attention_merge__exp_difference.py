@@ -1,5 +1,6 @@
 """Wrong: the weights from exp(lse_a - lse_b), the difference of the two blocks' lse: finite while the
 blocks' lse are within ~709 of each other, inf (then NaN) when one block's scores dwarf the other's."""
+
 import torch
 
 

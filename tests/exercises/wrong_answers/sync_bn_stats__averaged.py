@@ -1,4 +1,5 @@
 """Wrong: the average of the ranks' means and variances."""
+
 import torch
 import torch.distributed as dist
 

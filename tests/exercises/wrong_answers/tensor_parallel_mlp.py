@@ -1,4 +1,5 @@
 """Wrong: f's backward does not all-reduce the input's gradient."""
+
 import torch
 
 from exercises.solutions import tensor_parallel_mlp as right

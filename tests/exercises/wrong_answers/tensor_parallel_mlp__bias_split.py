@@ -1,5 +1,6 @@
 """Wrong: each rank adds b2 / tp before the all-reduce: the output is right, but b2's gradient is 1/tp of
 the unsplit layer's."""
+
 import torch
 import torch.distributed as dist
 

@@ -1,4 +1,5 @@
 """Wrong: b2 added on every rank before the all-reduce: the output holds tp x b2."""
+
 import torch
 
 from exercises.solutions import tensor_parallel_mlp as right
@@ -9,4 +10,6 @@ CopyToParallel, ReduceFromParallel = right.CopyToParallel, right.ReduceFromParal
 class TensorParallelMLP(right.TensorParallelMLP):
     def forward(self, x):
         hidden = torch.nn.functional.gelu(CopyToParallel.apply(x) @ self.w1.T + self.b1)
-        return ReduceFromParallel.apply(hidden @ self.w2.T + self.b2)  # the bug: b2 summed over ranks
+        return ReduceFromParallel.apply(
+            hidden @ self.w2.T + self.b2
+        )  # the bug: b2 summed over ranks

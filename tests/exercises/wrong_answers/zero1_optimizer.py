@@ -1,4 +1,5 @@
 """Wrong: each rank updates its shard but never sends it: the replicas drift apart."""
+
 from exercises.solutions.zero1_optimizer import Zero1Optimizer as _Right
 
 

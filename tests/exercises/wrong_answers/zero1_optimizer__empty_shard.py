@@ -10,6 +10,8 @@ class Zero1Optimizer(_Right):
         original = optimizer_class
 
         def without_empty_groups(groups, **kw):
-            return original([g for g in groups if g["params"]], **kw)  # the bug: [] when a rank owns none
+            return original(
+                [g for g in groups if g["params"]], **kw
+            )  # the bug: [] when a rank owns none
 
         super().__init__(params, without_empty_groups, **kwargs)

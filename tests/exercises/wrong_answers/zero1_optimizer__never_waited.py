@@ -1,5 +1,6 @@
 """Wrong: the broadcasts launched with async_op=True and never waited on: step() returns while the updated
 values may still be on their way (on gloo the receiving thread may not have written them yet)."""
+
 import torch.distributed as dist
 
 from exercises.solutions.zero1_optimizer import Zero1Optimizer as _Right

@@ -1,5 +1,6 @@
 """Wrong: the right optimizer kept under another name (self.optimizer): the contract's self.local is what
 the grader (and a caller that saves its state) reads."""
+
 from exercises.solutions.zero1_optimizer import Zero1Optimizer as _Right
 
 

@@ -1,5 +1,6 @@
 """Wrong: params read as tensors only: parameter-group dicts, which torch.optim takes, raise AttributeError
 ('dict' object has no attribute 'requires_grad')."""
+
 from exercises.solutions.zero1_optimizer import Zero1Optimizer as _Right
 
 

@@ -1,5 +1,6 @@
 """Wrong: the parameters dealt round-robin over 2 ranks (i % 2), written for a 2-rank run: at 3 ranks rank 2
 owns nothing; the result is right, the memory is not sharded over every rank."""
+
 import torch.distributed as dist
 
 from exercises.solutions.zero1_optimizer import Zero1Optimizer as _Right

@@ -1,6 +1,7 @@
 """A wrong answer to exercises/zero1_optimizer.py: the split is written for 2 ranks (rank 0 owns the first
 half of the parameters, every other rank the second half): right at 2, but with 3 ranks ranks 1 and 2 both
 keep state for the second half."""
+
 import torch.distributed as dist
 
 

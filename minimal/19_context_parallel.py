@@ -1,7 +1,7 @@
 """Minimal 16: ring attention -- causal attention over a sequence split across the ranks (forward).
 
-    torchrun --standalone --nproc_per_node=2 minimal/16_context_parallel.py
-    python minimal/16_context_parallel.py                 # plain python: cp = 1, the whole sequence
+    torchrun --standalone --nproc_per_node=2 minimal/19_context_parallel.py
+    python minimal/19_context_parallel.py                 # plain python: cp = 1, the whole sequence
 
 Rank r holds tokens [r*S/cp, (r+1)*S/cp) of every sequence: their queries, keys and values.
 The keys and values travel around the ring (send to r + 1, receive from r - 1, posted at once)
@@ -10,8 +10,9 @@ key blocks merge exactly through their log-sum-exps (lse):
 out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b, with lse = log(e^lse_a + e^lse_b).
 A block of later tokens is wholly masked (causal) and skipped.
 The measured lesson (backward, the zig-zag split, Ulysses, training):
-lessons/16_context_parallel.py.
+lessons/19_context_parallel.py.
 """
+
 import argparse
 import json
 import math
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-B, H, S, D = 2, 4, 64, 8  # lesson 16's attention check: batch, heads, tokens, features per head
+B, H, S, D = 2, 4, 64, 8  # lesson 19's attention check: batch, heads, tokens, features per head
 
 
 def block_attention(q, k, v, causal):
@@ -35,8 +36,9 @@ def block_attention(q, k, v, causal):
 
 def merge(out_a, lse_a, out_b, lse_b):
     lse = torch.logaddexp(lse_a, lse_b)
-    return (torch.exp(lse_a - lse).unsqueeze(-1) * out_a
-            + torch.exp(lse_b - lse).unsqueeze(-1) * out_b), lse
+    return (
+        torch.exp(lse_a - lse).unsqueeze(-1) * out_a + torch.exp(lse_b - lse).unsqueeze(-1) * out_b
+    ), lse
 
 
 def ring_attention(q, k, v, rank, cp, sent):
@@ -47,13 +49,17 @@ def ring_attention(q, k, v, rank, cp, sent):
         if step < cp - 1:  # pass them on while we compute with them
             k_in, v_in = torch.empty_like(k), torch.empty_like(v)
             right, left = (rank + 1) % cp, (rank - 1) % cp
-            ops = [dist.P2POp(dist.isend, k, right), dist.P2POp(dist.isend, v, right),
-                   dist.P2POp(dist.irecv, k_in, left), dist.P2POp(dist.irecv, v_in, left)]
+            ops = [
+                dist.P2POp(dist.isend, k, right),
+                dist.P2POp(dist.isend, v, right),
+                dist.P2POp(dist.irecv, k_in, left),
+                dist.P2POp(dist.irecv, v_in, left),
+            ]
             works = dist.batch_isend_irecv(ops)
             sent[0] += (k.numel() + v.numel()) * k.element_size()
         if owner <= rank:  # a later block is wholly masked
-            o, l = block_attention(q, k, v, causal=owner == rank)
-            out, lse = (o, l) if out is None else merge(out, lse, o, l)
+            o, lse_b = block_attention(q, k, v, causal=owner == rank)
+            out, lse = (o, lse_b) if out is None else merge(out, lse, o, lse_b)
         if step < cp - 1:
             for w in works:
                 w.wait()
@@ -99,10 +105,18 @@ def main() -> None:
         ok = check(diff)
         worst = diff.clone()
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # reported; check() decides
-        if rank == 0:  # one JSON line: lesson 16's ring_contiguous_equals_sdpa, bytes and bound
+        if rank == 0:  # one JSON line: lesson 19's ring_contiguous_equals_sdpa, bytes and bound
             block = 2 * mine[1].numel() * mine[1].element_size()  # k and v of one rank
-            print(json.dumps({"cp": cp, "max_diff": worst.item(), "sent_bytes": sent[0],
-                              "kv_block_bytes": block}))
+            print(
+                json.dumps(
+                    {
+                        "cp": cp,
+                        "max_diff": worst.item(),
+                        "sent_bytes": sent[0],
+                        "kv_block_bytes": block,
+                    }
+                )
+            )
         if not ok:
             raise SystemExit(f"[rank {rank}] ring != SDPA on some rank (here by {diff.item():.1e})")
     finally:

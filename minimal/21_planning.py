@@ -1,15 +1,16 @@
 """Minimal 18: the bytes a data-parallel rank holds, by formula, against tensors built that way.
 
-    torchrun --standalone --nproc_per_node=2 minimal/18_planning.py
-    python minimal/18_planning.py                                 # plain python: a world of one
+    torchrun --standalone --nproc_per_node=2 minimal/21_planning.py
+    python minimal/21_planning.py                                 # plain python: a world of one
 
 DDP with Adam, fp32: parameters 4P, gradients 4P, DDP's buckets 4P (a flat copy of the gradients
 unless gradient_as_bucket_view=True), Adam 8P + 4 bytes of `step` per tensor. ZeRO cuts each unit
 into N shards of s = ceil(n / N) elements: stage 1 shards Adam's state, stage 2 also the gradients,
 stage 3 also the parameters. Mixed precision: 2 + 2 + 12 bytes per parameter. "built": the bytes of
 tensors THIS script builds in each layout, so it checks the formula's arithmetic, not DDP or ZeRO:
-lessons/18_planning.py measures those with lessons 08 and 13's instruments.
+lessons/21_planning.py measures those with lessons 08 and 13's instruments.
 """
+
 import json
 import math
 import os
@@ -35,11 +36,17 @@ def formula(numels, tensors, N, stage):
     """Bytes per rank (fp32, Adam) by formula: predicted before anything is built."""
     P, shard = sum(numels), sum(math.ceil(n / N) for n in numels)
     if stage == 0:  # DDP's buckets: none in a world of one (no DDP to all-reduce for)
-        return {"parameters": 4 * P, "gradients": 4 * P, "ddp_buckets": 4 * P if N > 1 else 0,
-                "optimizer_state": 8 * P + 4 * tensors}
-    return {"parameters": 4 * (shard if stage == 3 else N * shard),
-            "gradients": 4 * (P if stage == 1 else shard),
-            "optimizer_state": 8 * shard + 4 * len(numels)}
+        return {
+            "parameters": 4 * P,
+            "gradients": 4 * P,
+            "ddp_buckets": 4 * P if N > 1 else 0,
+            "optimizer_state": 8 * P + 4 * tensors,
+        }
+    return {
+        "parameters": 4 * (shard if stage == 3 else N * shard),
+        "gradients": 4 * (P if stage == 1 else shard),
+        "optimizer_state": 8 * shard + 4 * len(numels),
+    }
 
 
 def built(units, stage, rank, N, x, y):
@@ -49,8 +56,12 @@ def built(units, stage, rank, N, x, y):
     params = list(model.parameters())
     if stage == 0:  # DDP: everything whole on every rank, and its bucket: the gradients, flat
         bucket = [torch.cat([p.grad.reshape(-1) for p in params])] if N > 1 else []
-        return {"parameters": nbytes(params), "gradients": nbytes(p.grad for p in params),
-                "ddp_buckets": nbytes(bucket), "optimizer_state": adam_state_bytes(params)}
+        return {
+            "parameters": nbytes(params),
+            "gradients": nbytes(p.grad for p in params),
+            "ddp_buckets": nbytes(bucket),
+            "optimizer_state": adam_state_bytes(params),
+        }
     flats, shards = [], []
     for u in units:
         ps = list(u.parameters())
@@ -59,14 +70,17 @@ def built(units, stage, rank, N, x, y):
         flat, full_grad = torch.zeros(N * s), torch.zeros(N * s)  # padded to N x s
         flat[:n] = torch.cat([p.detach().reshape(-1) for p in ps])
         full_grad[:n] = torch.cat([p.grad.reshape(-1) for p in ps])
-        shard = nn.Parameter(flat[rank * s:(rank + 1) * s].clone())
+        shard = nn.Parameter(flat[rank * s : (rank + 1) * s].clone())
         shard.grad = torch.empty(s)
         dist.reduce_scatter_single(shard.grad, full_grad)  # this rank: the sum of its slice
         flats, shards = flats + [flat], shards + [shard]
     held_params = shards if stage == 3 else flats  # stage 3 frees the flat buffers between uses
     gradients = nbytes(p.grad for p in (params if stage == 1 else shards))  # stage 1: all, whole
-    return {"parameters": nbytes(held_params), "gradients": gradients,
-            "optimizer_state": adam_state_bytes(shards)}
+    return {
+        "parameters": nbytes(held_params),
+        "gradients": gradients,
+        "optimizer_state": adam_state_bytes(shards),
+    }
 
 
 def adam_state_bytes(params):
@@ -93,8 +107,11 @@ def check(rank, N):
     y = torch.from_numpy(rng.integers(0, 10, 16))
     numels = [sum(p.numel() for p in u.parameters()) for u in make_units()]
     tensors = sum(len(list(u.parameters())) for u in make_units())  # Adam: a `step` per tensor
-    out = {"world_size": N, "formula": {s: formula(numels, tensors, N, s) for s in range(4)},
-           "built": {s: built(make_units(), s, rank, N, x, y) for s in range(4)}}
+    out = {
+        "world_size": N,
+        "formula": {s: formula(numels, tensors, N, s) for s in range(4)},
+        "built": {s: built(make_units(), s, rank, N, x, y) for s in range(4)},
+    }
     out["mixed_precision_bytes_per_param"] = mixed_precision_bytes(make_units(), x, y)
     ok = out["formula"] == out["built"] and out["mixed_precision_bytes_per_param"] == 16.0
     if rank == 0:

@@ -1,26 +1,43 @@
-"""Lesson 15 (where the time goes): the profile's counts, each knob's counted effect, the comm hooks' bytes and
+"""Lesson 17 (where the time goes): the profile's counts, each knob's counted effect, the comm hooks' bytes and
 accuracy, torch.compile's graph split. One 2-rank launch and one plain-python launch, asserted many ways; no
 assertion reads a time (times are [perf] lines; benchmarks/ddp_knobs.py measures them with their spread)."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from common.run.launch import run_lesson
 from common.measure.profiling import load_trace, step_profiles
+from common.run.launch import run_lesson
 from tests._lessons import assert_claims, assert_fails_on_every_rank
 
-LESSON = "15_performance"
+LESSON = "17_performance"
 PARAM_BYTES = 2_182_184  # ResidualMLP(256, 4): 545,546 fp32 parameters
 TWO_RANK_CLAIMS = {
-    "profile_allreduces_equal_buckets_cap_1mb", "profile_allreduces_equal_buckets_cap_100mb",
-    "backward_nodes_after_first_bucket_issued", "one_bucket_issued_after_last_node", "bucket_sweep_rows_off",
-    "first_step_one_bucket", "static_graph_rebuilds_one_step_later", "grad_as_bucket_view_saves_one_gradient_copy",
-    "no_sync_one_round_per_step", "default_hook_learns", "fp16_hook_halves_bytes", "bf16_hook_halves_bytes",
-    "powersgd1_cuts_bytes_10x", "fp16_accuracy_change", "bf16_accuracy_change", "powersgd1_accuracy_change",
-    "powersgd4_accuracy_change", "compiled_graphs_equal_buckets", "compile_without_ddp_optimizer_one_graph",
-    "powersgd_resume_exact", "compiled_graphs_follow_1mib_first_bucket", "compile_refuses_bucket_cap_below_1mb"}
+    "profile_allreduces_equal_buckets_cap_1mb",
+    "profile_allreduces_equal_buckets_cap_100mb",
+    "backward_nodes_after_first_bucket_issued",
+    "one_bucket_issued_after_last_node",
+    "bucket_sweep_rows_off",
+    "first_step_one_bucket",
+    "static_graph_rebuilds_one_step_later",
+    "grad_as_bucket_view_saves_one_gradient_copy",
+    "no_sync_one_round_per_step",
+    "default_hook_learns",
+    "fp16_hook_halves_bytes",
+    "bf16_hook_halves_bytes",
+    "powersgd1_cuts_bytes_10x",
+    "fp16_accuracy_change",
+    "bf16_accuracy_change",
+    "powersgd1_accuracy_change",
+    "powersgd4_accuracy_change",
+    "compiled_graphs_equal_buckets",
+    "compile_without_ddp_optimizer_one_graph",
+    "powersgd_resume_exact",
+    "compiled_graphs_follow_1mib_first_bucket",
+    "compile_refuses_bucket_cap_below_1mb",
+}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +76,9 @@ def test_profile_counts_one_allreduce_per_bucket_on_every_rank(two_ranks, traces
             steps = step_profiles(load_trace(path))
             assert [len(s.allreduce) for s in steps] == [buckets] * 3, path
             assert all(s.backward_ops > 0 for s in steps)
-            assert "traceEvents" in json.loads(path.read_text())  # opens in Perfetto / chrome://tracing
+            assert "traceEvents" in json.loads(
+                path.read_text()
+            )  # opens in Perfetto / chrome://tracing
         timeline = two_ranks["timeline"][f"{float(cap)}"]
         assert len(timeline) == 2  # one entry per rank, gathered on rank 0
         for rank_profile in timeline:
@@ -71,8 +90,14 @@ def test_profile_counts_one_allreduce_per_bucket_on_every_rank(two_ranks, traces
                 assert all(s <= e for s, e in step["allreduce"])
                 assert 0.0 <= step["hidden_ms"] <= step["allreduce_ms"] + 1e-9
     c = _claims(two_ranks)
-    assert c["backward_nodes_after_first_bucket_issued"] >= 1 and c["one_bucket_issued_after_last_node"] == 0
-    assert two_ranks["trace_files"] == ["trace_rank0_bucket_cap_100mb.json", "trace_rank0_bucket_cap_1mb.json"]
+    assert (
+        c["backward_nodes_after_first_bucket_issued"] >= 1
+        and c["one_bucket_issued_after_last_node"] == 0
+    )
+    assert two_ranks["trace_files"] == [
+        "trace_rank0_bucket_cap_100mb.json",
+        "trace_rank0_bucket_cap_1mb.json",
+    ]
 
 
 @pytest.mark.timeout(600)
@@ -87,7 +112,9 @@ def test_bucket_cap_static_graph_and_no_sync_counts(two_ranks):
     assert c["no_sync_one_round_per_step"] == 2
     assert c["grad_as_bucket_view_saves_one_gradient_copy"] == PARAM_BYTES
     caps = [row for row in r["knobs"] if row["knob"].startswith("bucket_cap_mb")]
-    assert [row["calls"] for row in caps] == [2, 9, 3, 1, 1] and {row["bytes"] for row in caps} == {PARAM_BYTES}
+    assert [row["calls"] for row in caps] == [2, 9, 3, 1, 1] and {row["bytes"] for row in caps} == {
+        PARAM_BYTES
+    }
 
 
 @pytest.mark.timeout(600)
@@ -117,9 +144,16 @@ def test_a_powersgd_run_resumes_exactly_only_with_its_hook_state_and_rebuilt_buc
 @pytest.mark.timeout(600)
 def test_compile_splits_at_buckets(two_ranks):
     c = _claims(two_ranks)
-    assert c["compiled_graphs_equal_buckets"] == 3 and c["compile_without_ddp_optimizer_one_graph"] == 1
+    assert (
+        c["compiled_graphs_equal_buckets"] == 3
+        and c["compile_without_ddp_optimizer_one_graph"] == 1
+    )
     # [graphs, DDP's buckets, DDP's rule with a 1 MiB first bucket]: an explicit 25 has no 1 MiB bucket in DDP
-    assert two_ranks["compiled_graphs_by_cap"] == {"None": [2, 2, 2], "1.0": [3, 3, 3], "25.0": [2, 1, 2]}
+    assert two_ranks["compiled_graphs_by_cap"] == {
+        "None": [2, 2, 2],
+        "1.0": [3, 3, 3],
+        "25.0": [2, 1, 2],
+    }
     assert c["compile_refuses_bucket_cap_below_1mb"] == 1
 
 
@@ -127,12 +161,25 @@ def test_compile_splits_at_buckets(two_ranks):
 def test_options_outside_what_a_claim_needs_drop_the_claim_not_its_truth():
     """--bucket-cap-mb 25 gives this 2.2 MB model one bucket: no several-bucket claim; --steps 20 is not the
     setting the accuracy bounds were measured at: accuracies recorded, not claimed; every claim made holds."""
-    run = run_lesson(LESSON, nproc=2, args=["--bucket-cap-mb", "25", "--compile-backend", "none", "--steps", "20"],
-                     timeout_s=360).check()
-    claims = assert_claims(run.results, {"profile_allreduces_equal_buckets_cap_25mb",
-                                         "one_bucket_issued_after_last_node", "powersgd_resume_exact"})
-    assert not {"backward_nodes_after_first_bucket_issued", "default_hook_learns",
-                "powersgd1_accuracy_change"} & set(claims)
+    run = run_lesson(
+        LESSON,
+        nproc=2,
+        args=["--bucket-cap-mb", "25", "--compile-backend", "none", "--steps", "20"],
+        timeout_s=360,
+    ).check()
+    claims = assert_claims(
+        run.results,
+        {
+            "profile_allreduces_equal_buckets_cap_25mb",
+            "one_bucket_issued_after_last_node",
+            "powersgd_resume_exact",
+        },
+    )
+    assert not {
+        "backward_nodes_after_first_bucket_issued",
+        "default_hook_learns",
+        "powersgd1_accuracy_change",
+    } & set(claims)
     assert "bucket_cap_mb 25 also gives one bucket: no overlap to show" in run.stdout
     assert "here recorded, not claimed" in run.stdout and "accuracy_powersgd1" in run.results
 
@@ -141,8 +188,9 @@ def test_options_outside_what_a_claim_needs_drop_the_claim_not_its_truth():
 def test_one_process_runs_without_communication(one_process):
     r = one_process
     claims = assert_claims(r, {"default_hook_learns", "compiled_graphs_equal_buckets"})
-    assert r["world_size"] == 1 and not set(claims) & (TWO_RANK_CLAIMS - {"default_hook_learns",
-                                                                          "compiled_graphs_equal_buckets"})
+    assert r["world_size"] == 1 and not set(claims) & (
+        TWO_RANK_CLAIMS - {"default_hook_learns", "compiled_graphs_equal_buckets"}
+    )
     assert r["trace_files"] == ["trace_rank0.json"]
     assert r["timeline"]["None"][0]["summary"]["allreduces_per_step"] == [0, 0, 0]
     assert [row["bytes_per_step"] for row in r["knobs"]] == [0]
@@ -151,4 +199,6 @@ def test_one_process_runs_without_communication(one_process):
 @pytest.mark.timeout(240)
 def test_bad_input_fails_on_every_rank():
     run = run_lesson(LESSON, nproc=2, args=["--steps", "2"], timeout_s=180)
-    assert_fails_on_every_rank(run, 2, "--steps >= 3 (PowerSGD compresses from step 3 on); got --steps 2")
+    assert_fails_on_every_rank(
+        run, 2, "--steps >= 3 (PowerSGD compresses from step 3 on); got --steps 2"
+    )

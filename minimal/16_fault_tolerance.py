@@ -1,13 +1,14 @@
 """Minimal 14: fault tolerance -- the whole training state saved atomically, resumed bit for bit.
 
-    torchrun --standalone --nproc_per_node=2 minimal/14_fault_tolerance.py
-    python minimal/14_fault_tolerance.py                            # plain python: a world of one
+    torchrun --standalone --nproc_per_node=2 minimal/16_fault_tolerance.py
+    python minimal/16_fault_tolerance.py                            # plain python: a world of one
 
 A resumed run computes what one that never stopped does only if the checkpoint holds all a step
 reads: model, AdamW's moments, LR schedule, every rank's random stream (dropout), the step (so the
 sampler's epoch and position). Rank 0 writes a temporary file, then renames it: a crash mid-write
-leaves the last checkpoint whole. Lesson: lessons/14_fault_tolerance.py (real crashes, restarts).
+leaves the last checkpoint whole. Lesson: lessons/16_fault_tolerance.py (real crashes, restarts).
 """
+
 import argparse
 import json
 import os
@@ -37,11 +38,19 @@ def load_digits():
 
 def fit(args, rank, world_size, device, until, save_to=None, resume_from=None):
     """Build all as at step 0 (or load `resume_from`), train to step `until`, save to `save_to`."""
-    x, y = (t[:192].to(device) for t in load_digits())  # lesson 14's 192 training digits
+    x, y = (t[:192].to(device) for t in load_digits())  # lesson 16's 192 training digits
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    p = args.dropout  # lesson 14's model
-    raw_model = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Dropout(p),
-                              nn.Linear(64, 64), nn.ReLU(), nn.Dropout(p), nn.Linear(64, 10))
+    p = args.dropout  # lesson 16's model
+    raw_model = nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(64, 64),
+        nn.ReLU(),
+        nn.Dropout(p),
+        nn.Linear(64, 64),
+        nn.ReLU(),
+        nn.Dropout(p),
+        nn.Linear(64, 10),
+    )
     model = DDP(raw_model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(raw_model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=STEPS)
@@ -59,7 +68,7 @@ def fit(args, rank, world_size, device, until, save_to=None, resume_from=None):
     for step in range(start, until):  # --- the training loop, a DistributedSampler by hand ---
         epoch, k = divmod(step, len(y) // (world_size * B))  # the sampler's epoch and position
         g = torch.Generator().manual_seed(args.seed + epoch)  # the epoch's order, on every rank
-        i = torch.randperm(len(y), generator=g)[rank::world_size][k * B:(k + 1) * B]  # my batch k
+        i = torch.randperm(len(y), generator=g)[rank::world_size][k * B : (k + 1) * B]  # my batch k
         loss = F.cross_entropy(model(x[i]), y[i])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -72,8 +81,13 @@ def fit(args, rank, world_size, device, until, save_to=None, resume_from=None):
             mine.append(torch.cuda.get_rng_state(device))
         dist.all_gather_object(rngs, mine)  # every rank's streams, in rank order
         if rank == 0:
-            state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "scheduler": scheduler.state_dict(), "rng": rngs, "step": until}
+            state = {
+                "model": raw_model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": rngs,
+                "step": until,
+            }
             torch.save(state, save_to.with_suffix(".tmp"))
             os.replace(save_to.with_suffix(".tmp"), save_to)  # the old file or the new, never half
         dist.barrier()  # nobody goes on before the checkpoint is complete
@@ -89,7 +103,7 @@ def train(args, rank, world_size, device) -> None:
     # construction-time bucket, the other run a rebuilt one: the ring adds in another order ---
     got, want = (torch.cat([p.detach().flatten() for p in m.parameters()]) for m in (resumed, ref))
     diff = (got - want).abs().max().item()  # every rank checks its own replica below
-    if rank == 0:  # one JSON line; with --dropout 0 the losses are lesson 14's (--no-random-draws)
+    if rank == 0:  # one JSON line; with --dropout 0 the losses are lesson 16's (--no-random-draws)
         print(json.dumps({"resumed_at": 10, "max_diff": diff, "losses": before + after}))
         ckpt.unlink()
     torch.testing.assert_close(got, want, rtol=0, atol=0.0 if world_size <= 2 else 1e-6)

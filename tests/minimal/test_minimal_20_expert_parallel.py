@@ -1,6 +1,7 @@
-"""minimal/17_expert_parallel.py held to lesson 17's MoE layer (common.expert_parallel.moe): launched as users launch it, at
+"""minimal/20_expert_parallel.py held to lesson 20's MoE layer (common.expert_parallel.moe): launched as users launch it, at
 ep = 2 and as plain python, its rows sent per rank pair and its one-process loss are those of common.expert_parallel.moe.MoE
 with top-1 routing and no drops at the same seed; the script checks EP = one process itself (exit 0)."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,8 @@ import math
 import pytest
 import torch
 
-from common.run.launch import REPO_ROOT, run_lesson
 from common.expert_parallel.moe import MoE
+from common.run.launch import REPO_ROOT, run_lesson
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
 H, E, N = 32, 4, 64  # the script's shapes
@@ -19,7 +20,9 @@ H, E, N = 32, 4, 64  # the script's shapes
 def reference(world_size: int, seed: int = 0) -> tuple[list, float]:
     """common.expert_parallel.moe at top-1, capacity factor E (C = N: nothing can be dropped): rows per rank pair, loss."""
     torch.manual_seed(seed)
-    moe = MoE(H, E, k=1, capacity_factor=float(E))  # router, then each expert's fc1 and fc2: the script's order
+    moe = MoE(
+        H, E, k=1, capacity_factor=float(E)
+    )  # router, then each expert's fc1 and fc2: the script's order
     x = torch.randn(world_size, N, H)
     rows, loss = [], 0.0
     with torch.no_grad():
@@ -32,9 +35,10 @@ def reference(world_size: int, seed: int = 0) -> tuple[list, float]:
 
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("nproc", [2, None])
-def test_minimal_17_routes_like_the_lessons_moe_and_equals_one_process(nproc):
-    run = run_lesson(REPO_ROOT / "minimal" / "17_expert_parallel.py", nproc, [], 180, env=CPU,
-                     results=False).check()
+def test_minimal_20_routes_like_the_lessons_moe_and_equals_one_process(nproc):
+    run = run_lesson(
+        REPO_ROOT / "minimal" / "20_expert_parallel.py", nproc, [], 180, env=CPU, results=False
+    ).check()
     (got,) = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     rows, loss = reference(nproc or 1)
     assert got["ep"] == (nproc or 1)

@@ -1,10 +1,10 @@
-"""Lesson 16: context parallelism -- the sequence split over ranks, ring attention by hand, load-balanced.
+"""Lesson 19: context parallelism -- the sequence split over ranks, ring attention by hand, load-balanced.
 
 Run it:
 
-    python lessons/16_context_parallel.py                                      # cp = 1: the whole sequence
-    torchrun --standalone --nproc_per_node=2 lessons/16_context_parallel.py    # cp = 2
-    torchrun --standalone --nproc_per_node=4 lessons/16_context_parallel.py    # cp = 4
+    python lessons/19_context_parallel.py                                      # cp = 1: the whole sequence
+    torchrun --standalone --nproc_per_node=2 lessons/19_context_parallel.py    # cp = 2
+    torchrun --standalone --nproc_per_node=4 lessons/19_context_parallel.py    # cp = 4
 
 All ranks form one cp group (`Grid(info, cp=world_size)`). Every cp rank holds S/cp tokens of the same
 sequences: their queries, keys and values, and their activations in every other layer. The zig-zag split cuts
@@ -36,6 +36,7 @@ DeepSpeed-Ulysses (https://arxiv.org/abs/2309.14509); the Ultra-Scale Playbook's
 (https://huggingface.co/spaces/nanotron/ultrascale-playbook); picotron's context_parallel/; torchtitan's
 context parallelism and https://pytorch.org/tutorials/prototype/context_parallel.html (CUDA only).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,18 +47,23 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from common.measure.counters import count_collectives, saved_tensor_bytes
-from common.data import PIXEL_VOCAB, digit_sequences, next_token_targets
-from common.measure.differences import max_abs_diff, max_abs_diff_all, max_over_ranks, nan_max
-from common.harness.grid import Grid
-from common.models import CausalTransformer
-from common.harness.ranks import all_gather_objects, all_reduce_sum
-from common.harness.results import Report
-from common.context_parallel.ring_attention import RingStats, Split, causal_pairs, owners, ring_attention
-from common.harness.session import add_distributed_args, distributed_session, run_main
-from common.harness.env import LessonError, read_torchrun_env
-from common.harness.session import set_seed
+from common.context_parallel.ring_attention import (
+    RingStats,
+    Split,
+    causal_pairs,
+    owners,
+    ring_attention,
+)
 from common.context_parallel.ulysses import ulysses_attention
+from common.data import PIXEL_VOCAB, digit_sequences, next_token_targets
+from common.harness.env import LessonError, read_torchrun_env
+from common.harness.grid import Grid
+from common.harness.ranks import all_gather_objects
+from common.harness.results import Report
+from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
+from common.measure.counters import count_collectives, saved_tensor_bytes
+from common.measure.differences import max_abs_diff, max_abs_diff_all, max_over_ranks, nan_max
+from common.models import CausalTransformer
 
 TOL = 1e-5  # float32: sums of a few hundred terms in another order differ by ~1e-7 relative
 D_MODEL, LAYERS, SEQ = 32, 2, 64  # the transformer; a digit is 64 pixel tokens
@@ -67,33 +73,66 @@ NAIVE_S = (128, 256)  # where attention written out is measured
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seq-len", type=int, default=64, help="S of the attention checks (<= 1024); 2 x cp must "
-                   "divide it")
-    p.add_argument("--heads", type=int, default=8, help="attention heads; cp must divide them (Ulysses)")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per training step, the same on "
-                   "every cp rank (each holds S/cp tokens of each)")
-    p.add_argument("--steps", type=int, default=30, help="training steps, at least 20 (default %(default)s)")
-    p.add_argument("--timing-seq-len", type=int, default=1024, help="S of the idle-time measurement")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=64,
+        help="S of the attention checks (<= 1024); 2 x cp must divide it",
+    )
+    p.add_argument(
+        "--heads", type=int, default=8, help="attention heads; cp must divide them (Ulysses)"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="sequences per training step, the same on "
+        "every cp rank (each holds S/cp tokens of each)",
+    )
+    p.add_argument(
+        "--steps", type=int, default=30, help="training steps, at least 20 (default %(default)s)"
+    )
+    p.add_argument(
+        "--timing-seq-len", type=int, default=1024, help="S of the idle-time measurement"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
+    p.add_argument(
+        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
+    )
     add_distributed_args(p)
     args = p.parse_args(argv)
-    cp = read_torchrun_env()[2]  # cp = the world size, checked before any process group: all ranks fail alike
-    if not 1 <= args.seq_len <= 1024:  # the bound 1e-5 is absolute: q, k, v gradients sum over S terms
-        raise LessonError(f"--seq-len must be in 1..1024 (got {args.seq_len}): the equality checks hold the "
-                          "ring to 1e-5 absolute, and gradient sums grow with S")
+    cp = read_torchrun_env()[
+        2
+    ]  # cp = the world size, checked before any process group: all ranks fail alike
+    if (
+        not 1 <= args.seq_len <= 1024
+    ):  # the bound 1e-5 is absolute: q, k, v gradients sum over S terms
+        raise LessonError(
+            f"--seq-len must be in 1..1024 (got {args.seq_len}): the equality checks hold the "
+            "ring to 1e-5 absolute, and gradient sums grow with S"
+        )
     if args.steps < 20 or args.batch_size < 1:
-        raise LessonError("--steps must be >= 20 (the loss must have time to fall) and --batch-size >= 1")
+        raise LessonError(
+            "--steps must be >= 20 (the loss must have time to fall) and --batch-size >= 1"
+        )
     if args.heads < 1 or D_MODEL % args.heads:
         raise LessonError(f"--heads must divide the model width {D_MODEL}, got {args.heads}")
     if args.heads % cp:
-        raise LessonError(f"cp = {cp} must divide the head count {args.heads}: Ulysses gives each rank "
-                          "heads/cp whole heads")
-    lengths = (("--seq-len", args.seq_len), ("--timing-seq-len", args.timing_seq_len), ("the digits", SEQ))
+        raise LessonError(
+            f"cp = {cp} must divide the head count {args.heads}: Ulysses gives each rank "
+            "heads/cp whole heads"
+        )
+    lengths = (
+        ("--seq-len", args.seq_len),
+        ("--timing-seq-len", args.timing_seq_len),
+        ("the digits", SEQ),
+    )
     for name, s in lengths:
         if s < 1 or s % (2 * cp):
-            raise LessonError(f"{name}: sequence length {s} is not divisible by 2 x cp = {2 * cp}: the "
-                              "zig-zag split cuts it into 2cp equal chunks")
+            raise LessonError(
+                f"{name}: sequence length {s} is not divisible by 2 x cp = {2 * cp}: the "
+                "zig-zag split cuts it into 2cp equal chunks"
+            )
     return args
 
 
@@ -122,23 +161,46 @@ def activation_memory(report: Report, grid: Grid, args) -> None:
     """Section 1: bytes saved for backward by attention, against S and against cp."""
     cp, cp_rank, group, dev = grid.size("cp"), grid.coords["cp"], grid.group("cp"), grid.info.device
     B, S = 2, args.seq_len
-    naive = {s: saved_by(naive_attention, qkv(args, B, s, dev)) for s in NAIVE_S}  # fixed S: S^2 dominates
+    naive = {
+        s: saved_by(naive_attention, qkv(args, B, s, dev)) for s in NAIVE_S
+    }  # fixed S: S^2 dominates
     (s1, b1), (s2, b2) = naive.items()
-    report.value("naive_saved_bytes", naive, f"attention written out, B={B} H={args.heads} D=8: bytes saved "
-                 f"for backward at S={s1}: {b1}, at S={s2}: {b2}")
-    report.claim("naive_attention_bytes_grow_with_s_squared", b2 / b1, ">=", 3.0,
-                 "  doubling S multiplies them by {value:.2f} (the S x S softmax dominates; linear: 2)")
+    report.value(
+        "naive_saved_bytes",
+        naive,
+        f"attention written out, B={B} H={args.heads} D=8: bytes saved "
+        f"for backward at S={s1}: {b1}, at S={s2}: {b2}",
+    )
+    report.claim(
+        "naive_attention_bytes_grow_with_s_squared",
+        b2 / b1,
+        ">=",
+        3.0,
+        "  doubling S multiplies them by {value:.2f} (the S x S softmax dominates; linear: 2)",
+    )
     split = Split("zigzag", cp)
     whole = qkv(args, B, S, dev)
     one = saved_by(partial(ring_attention, split=Split("zigzag", 1)), whole)
     mine = [split.take(t, cp_rank, 2) for t in whole]
     per_rank = saved_by(partial(ring_attention, split=split, group=group), mine)
-    want = B * args.heads * (S // cp) * (4 * 8 + 1) * 4  # q, k, v, out (D floats a token) + lse (1), float32
-    report.claim("ring_saved_bytes_per_rank", per_rank, "==", want,
-                 f"ring attention at cp={cp}: bytes saved per rank {{value}} = B x H x S/cp x (4D + 1) x 4 "
-                 "(q, k, v, out, log-sum-exp; no S x S matrix)")
-    report.claim("ring_saved_bytes_fall_with_cp", per_rank * cp / one, "==", 1.0,
-                 f"  x cp / the whole sequence on one process ({one} bytes) = {{value}}: 1/cp per rank")
+    want = (
+        B * args.heads * (S // cp) * (4 * 8 + 1) * 4
+    )  # q, k, v, out (D floats a token) + lse (1), float32
+    report.claim(
+        "ring_saved_bytes_per_rank",
+        per_rank,
+        "==",
+        want,
+        f"ring attention at cp={cp}: bytes saved per rank {{value}} = B x H x S/cp x (4D + 1) x 4 "
+        "(q, k, v, out, log-sum-exp; no S x S matrix)",
+    )
+    report.claim(
+        "ring_saved_bytes_fall_with_cp",
+        per_rank * cp / one,
+        "==",
+        1.0,
+        f"  x cp / the whole sequence on one process ({one} bytes) = {{value}}: 1/cp per rank",
+    )
 
 
 def ring_run(args, grid: Grid, kind: str, dout_seed: int = 1) -> dict:
@@ -157,7 +219,12 @@ def ring_run(args, grid: Grid, kind: str, dout_seed: int = 1) -> dict:
     diffs += [max_abs_diff(m.grad, split.take(w.grad, cp_rank, 2)) for m, w in zip(mine, whole)]
     block = sum(t.numel() * t.element_size() for t in mine[1:])  # this rank's k and v
     held = owners(stats.blocks, whole[1].detach(), split)  # whose keys they are, from their values
-    return {"diff": max_over_ranks(nan_max(diffs), group), "stats": stats, "block": block, "held": held}
+    return {
+        "diff": max_over_ranks(nan_max(diffs), group),
+        "stats": stats,
+        "block": block,
+        "held": held,
+    }
 
 
 def ring_equals_full(report: Report, grid: Grid, args) -> dict:
@@ -165,25 +232,51 @@ def ring_equals_full(report: Report, grid: Grid, args) -> dict:
     cp = grid.size("cp")
     runs = {kind: ring_run(args, grid, kind) for kind in ("zigzag", "contiguous")}
     for kind, run in runs.items():
-        report.claim(f"ring_{kind}_equals_sdpa", run["diff"], "<=", TOL,
-                     f"ring attention, {kind} split, cp={cp}, S={args.seq_len}: max |ring - SDPA on the "
-                     "whole sequence| over output and q, k, v gradients = {value:.1e}")
+        report.claim(
+            f"ring_{kind}_equals_sdpa",
+            run["diff"],
+            "<=",
+            TOL,
+            f"ring attention, {kind} split, cp={cp}, S={args.seq_len}: max |ring - SDPA on the "
+            "whole sequence| over output and q, k, v gradients = {value:.1e}",
+        )
     held = all_gather_objects(runs["zigzag"]["held"], grid.info)  # held[r][s]: -1 if nobody's
-    report.value("ring_held", held, "\n".join(f"  rank {r} holds the keys/values of ranks {h} at steps 0.."
-                                              f"{cp - 1}" for r, h in enumerate(held)))
+    report.value(
+        "ring_held",
+        held,
+        "\n".join(
+            f"  rank {r} holds the keys/values of ranks {h} at steps 0..{cp - 1}"
+            for r, h in enumerate(held)
+        ),
+    )
     wrong = sum(h != (r - s) % cp for r, hs in enumerate(held) for s, h in enumerate(hs))
     wrong += sum(abs(len(hs) - cp) for hs in held)  # a step missing or one too many
-    report.claim("ring_holds_rank_r_minus_s", wrong, "==", 0,
-                 "  (rank r, step s) where the block in hand, matched by its values, is not rank (r - s) mod "
-                 "cp's: {value}")
+    report.claim(
+        "ring_holds_rank_r_minus_s",
+        wrong,
+        "==",
+        0,
+        "  (rank r, step s) where the block in hand, matched by its values, is not rank (r - s) mod "
+        "cp's: {value}",
+    )
     run = runs["zigzag"]
     sent, block = run["stats"].sent, run["block"]
-    report.claim("ring_forward_bytes_sent", sent["forward"] / block, "==", cp - 1,
-                 f"  bytes each rank hands to isend in forward: {sent['forward']} = {{value:g}} x its "
-                 f"key/value block ({block} bytes) = cp - 1 blocks, to the next rank only")
-    report.claim("ring_backward_bytes_sent", sent["backward"] / block, "==", 2 * cp - 1 if cp > 1 else 0,
-                 f"  in backward: {sent['backward']} = {{value:g}} blocks = (cp - 1) key/value blocks again "
-                 "+ cp blocks of their gradients dk, dv (they travel on until they are home)")
+    report.claim(
+        "ring_forward_bytes_sent",
+        sent["forward"] / block,
+        "==",
+        cp - 1,
+        f"  bytes each rank hands to isend in forward: {sent['forward']} = {{value:g}} x its "
+        f"key/value block ({block} bytes) = cp - 1 blocks, to the next rank only",
+    )
+    report.claim(
+        "ring_backward_bytes_sent",
+        sent["backward"] / block,
+        "==",
+        2 * cp - 1 if cp > 1 else 0,
+        f"  in backward: {sent['backward']} = {{value:g}} blocks = (cp - 1) key/value blocks again "
+        "+ cp blocks of their gradients dk, dv (they travel on until they are home)",
+    )
     return runs
 
 
@@ -192,18 +285,35 @@ def load_balance(report: Report, grid: Grid, args, runs: dict) -> None:
     cp, S = grid.size("cp"), args.seq_len
     for kind in ("contiguous", "zigzag"):
         pairs = all_gather_objects(runs[kind]["stats"].pairs, grid.info)
-        report.value(f"pairs_{kind}", pairs, f"{kind} split: unmasked query-key pairs per rank {{value}}")
-        report.claim(f"pairs_{kind}_total", sum(pairs), "==", causal_pairs(S),
-                     f"  their sum {{value}} = S (S + 1) / 2 for S={S}: every causal pair once")
+        report.value(
+            f"pairs_{kind}", pairs, f"{kind} split: unmasked query-key pairs per rank {{value}}"
+        )
+        report.claim(
+            f"pairs_{kind}_total",
+            sum(pairs),
+            "==",
+            causal_pairs(S),
+            f"  their sum {{value}} = S (S + 1) / 2 for S={S}: every causal pair once",
+        )
         if kind == "contiguous":
             c = S // cp
             want = ((cp - 1) * c * c + causal_pairs(c)) / causal_pairs(c)
-            report.claim("pairs_contiguous_max_over_min", max(pairs) / min(pairs), "==", want,
-                         "  max/min = {value:.2f} = ((cp-1) c^2 + c(c+1)/2) / (c(c+1)/2), c = S/cp: the last "
-                         "rank works most")
+            report.claim(
+                "pairs_contiguous_max_over_min",
+                max(pairs) / min(pairs),
+                "==",
+                want,
+                "  max/min = {value:.2f} = ((cp-1) c^2 + c(c+1)/2) / (c(c+1)/2), c = S/cp: the last "
+                "rank works most",
+            )
         else:
-            report.claim("pairs_zigzag_max_over_min", max(pairs) / min(pairs), "==", 1.0,
-                         "  max/min = {value}: chunks r and 2cp-1-r hold the same pairs on every rank")
+            report.claim(
+                "pairs_zigzag_max_over_min",
+                max(pairs) / min(pairs),
+                "==",
+                1.0,
+                "  max/min = {value}: chunks r and 2cp-1-r hold the same pairs on every rank",
+            )
     if cp > 1:
         idle_time(report, grid, args)
 
@@ -224,17 +334,27 @@ def idle_time(report: Report, grid: Grid, args) -> None:
         wall, compute = min(walls)
         facts = all_gather_objects((wall, compute), grid.info)
         wall = max(w for w, _ in facts)  # the step ends when the slowest rank does
-        idle = [wall - c for _, c in facts]  # a rank not computing: waiting for its neighbours, or done
-        report.perf(f"idle_{kind}", idle, f"{kind}, S={args.timing_seq_len}, ring forward: "
-                    f"wall {wall * 1e3:.1f} ms; "
-                    "compute per rank (ms) " + " ".join(f"{c * 1e3:.1f}" for _, c in facts)
-                    + "; idle " + " ".join(f"{i * 1e3:.1f}" for i in idle))
+        idle = [
+            wall - c for _, c in facts
+        ]  # a rank not computing: waiting for its neighbours, or done
+        report.perf(
+            f"idle_{kind}",
+            idle,
+            f"{kind}, S={args.timing_seq_len}, ring forward: "
+            f"wall {wall * 1e3:.1f} ms; "
+            "compute per rank (ms) "
+            + " ".join(f"{c * 1e3:.1f}" for _, c in facts)
+            + "; idle "
+            + " ".join(f"{i * 1e3:.1f}" for i in idle),
+        )
 
 
 def ulysses(report: Report, grid: Grid, args, runs: dict) -> None:
     """Section 5: the heads split instead of the sequence, with two all-to-alls."""
     cp, cp_rank, group, dev = grid.size("cp"), grid.coords["cp"], grid.group("cp"), grid.info.device
-    split = Split("contiguous", cp)  # all-to-all puts chunk i of rank i in place i: contiguous order
+    split = Split(
+        "contiguous", cp
+    )  # all-to-all puts chunk i of rank i in place i: contiguous order
     whole = [t.requires_grad_() for t in qkv(args, 2, args.seq_len, dev)]
     ref = F.scaled_dot_product_attention(*whole, is_causal=True)
     ref.square().sum().backward()
@@ -245,30 +365,53 @@ def ulysses(report: Report, grid: Grid, args, runs: dict) -> None:
         out.square().sum().backward()
     diffs = [max_abs_diff(out, split.take(ref, cp_rank, 2))]
     diffs += [max_abs_diff(m.grad, split.take(w.grad, cp_rank, 2)) for m, w in zip(mine, whole)]
-    report.claim("ulysses_equals_sdpa", max_over_ranks(nan_max(diffs), group), "<=", TOL,
-                 f"Ulysses at cp={cp}: max |Ulysses - SDPA| over output and q, k, v gradients = "
-                 "{value:.1e}")
-    report.claim("ulysses_all_to_alls", fwd.calls.get("all_to_all_single", 0), "==", 2 if cp > 1 else 0,
-                 f"  all-to-alls in forward: {{value}} (q, k, v stacked; the output), in backward: "
-                 f"{bwd.calls.get('all_to_all_single', 0)}")
-    buffers = fwd.bytes.get("all_to_all_single", 0)  # each all-to-all's buffer; (cp-1)/cp of it leaves
+    report.claim(
+        "ulysses_equals_sdpa",
+        max_over_ranks(nan_max(diffs), group),
+        "<=",
+        TOL,
+        f"Ulysses at cp={cp}: max |Ulysses - SDPA| over output and q, k, v gradients = "
+        "{value:.1e}",
+    )
+    report.claim(
+        "ulysses_all_to_alls",
+        fwd.calls.get("all_to_all_single", 0),
+        "==",
+        2 if cp > 1 else 0,
+        f"  all-to-alls in forward: {{value}} (q, k, v stacked; the output), in backward: "
+        f"{bwd.calls.get('all_to_all_single', 0)}",
+    )
+    buffers = fwd.bytes.get(
+        "all_to_all_single", 0
+    )  # each all-to-all's buffer; (cp-1)/cp of it leaves
     sent = buffers * (cp - 1) // cp
     block = runs["zigzag"]["block"] // 2  # one of k, v: the same size as q
-    report.claim("ulysses_forward_bytes_sent", sent / block, "==", 4 * (cp - 1) / cp,
-                 f"  bytes each rank sends in forward: {sent} = {{value:g}} x {block} = 4 (cp-1)/cp x q's "
-                 f"block (q, k, v and out); the ring sends {runs['zigzag']['stats'].sent['forward']} = "
-                 "2 (cp-1) blocks")
+    report.claim(
+        "ulysses_forward_bytes_sent",
+        sent / block,
+        "==",
+        4 * (cp - 1) / cp,
+        f"  bytes each rank sends in forward: {sent} = {{value:g}} x {block} = 4 (cp-1)/cp x q's "
+        f"block (q, k, v and out); the ring sends {runs['zigzag']['stats'].sent['forward']} = "
+        "2 (cp-1) blocks",
+    )
 
 
-def token_loss(model, x: torch.Tensor, positions: torch.Tensor, group) -> tuple[torch.Tensor, float, int]:
+def token_loss(
+    model, x: torch.Tensor, positions: torch.Tensor, group
+) -> tuple[torch.Tensor, float, int]:
     """This rank's summed next-pixel loss over its tokens of x (B, 64), and the global (sum, count) over cp.
 
     The mean over all tokens is sum / count with both summed over the cp ranks: the ranks hold different
     numbers of targets (the last token of a sequence has none), so a mean of per-rank means would be wrong."""
     y = next_token_targets(x)[:, positions]  # (B, S/cp): the targets of this rank's tokens
     logits = model(x[:, positions], positions)  # (B, S/cp, vocab)
-    loss_sum = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
-    totals = torch.tensor([loss_sum.item(), (y != -100).sum().item()], dtype=torch.float64, device=x.device)
+    loss_sum = F.cross_entropy(
+        logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum"
+    )
+    totals = torch.tensor(
+        [loss_sum.item(), (y != -100).sum().item()], dtype=torch.float64, device=x.device
+    )
     if group is not None:
         torch.distributed.all_reduce(totals, group=group)
     return loss_sum, totals[0].item(), int(totals[1].item())
@@ -289,9 +432,13 @@ def train(report: Report, grid: Grid, args) -> None:
         _, total, n = token_loss(model, test_tokens, positions, group)
     test_before = total / n
     losses = {"one_process": [], "cp": []}
-    for step in range(args.steps):
-        x = train_tokens[torch.randint(len(train_tokens), (args.batch_size,), generator=g).to(dev)]  # (B, 64)
-        loss = F.cross_entropy(full(x).flatten(0, 1), next_token_targets(x).flatten(), ignore_index=-100)
+    for _step in range(args.steps):
+        x = train_tokens[
+            torch.randint(len(train_tokens), (args.batch_size,), generator=g).to(dev)
+        ]  # (B, 64)
+        loss = F.cross_entropy(
+            full(x).flatten(0, 1), next_token_targets(x).flatten(), ignore_index=-100
+        )
         opts[0].zero_grad()
         loss.backward()
         opts[0].step()
@@ -299,54 +446,89 @@ def train(report: Report, grid: Grid, args) -> None:
         loss_sum, total, n = token_loss(model, x, positions, group)
         opts[1].zero_grad()
         (loss_sum / n).backward()  # this rank's share of the mean over all B x 63 targets
-        for p in model.parameters():  # sum the shares: each rank's tokens gave part of every gradient
+        for (
+            p
+        ) in model.parameters():  # sum the shares: each rank's tokens gave part of every gradient
             if group is not None:
                 torch.distributed.all_reduce(p.grad, group=group)
         opts[1].step()
         losses["cp"].append(total / n)
     report.record("losses", losses)
-    per_rank = all_gather_objects((loss_sum.item(), int((next_token_targets(x)[:, positions] != -100).sum())),
-                                  grid.info)
-    report.value("targets_per_rank", [c for _, c in per_rank],
-                 f"training, zig-zag cp={cp}: targets per rank {{value}} (a sequence's last token has none)")
+    per_rank = all_gather_objects(
+        (loss_sum.item(), int((next_token_targets(x)[:, positions] != -100).sum())), grid.info
+    )
+    report.value(
+        "targets_per_rank",
+        [c for _, c in per_rank],
+        f"training, zig-zag cp={cp}: targets per rank {{value}} (a sequence's last token has none)",
+    )
     wrong = sum(s / c for s, c in per_rank) / cp
-    report.value("mean_of_means_error", abs(wrong - losses["cp"][-1]),
-                 "  last step: the mean of per-rank mean losses is off the token mean by {value:.1e}")
-    gap = max_over_ranks(nan_max(abs(a - b) for a, b in zip(losses["cp"], losses["one_process"])), group)
-    report.claim("training_follows_one_process", gap, "<=", TOL,
-                 f"  {args.steps} SGD steps: max |loss cp - loss one process| = {{value:.1e}}")
+    report.value(
+        "mean_of_means_error",
+        abs(wrong - losses["cp"][-1]),
+        "  last step: the mean of per-rank mean losses is off the token mean by {value:.1e}",
+    )
+    gap = max_over_ranks(
+        nan_max(abs(a - b) for a, b in zip(losses["cp"], losses["one_process"])), group
+    )
+    report.claim(
+        "training_follows_one_process",
+        gap,
+        "<=",
+        TOL,
+        f"  {args.steps} SGD steps: max |loss cp - loss one process| = {{value:.1e}}",
+    )
     diff = max_over_ranks(max_abs_diff_all(model.parameters(), full.parameters()), group)
-    report.claim("training_params_equal_one_process", diff, "<=", TOL,
-                 "  max |parameter cp - parameter one process| after training = {value:.1e}")
+    report.claim(
+        "training_params_equal_one_process",
+        diff,
+        "<=",
+        TOL,
+        "  max |parameter cp - parameter one process| after training = {value:.1e}",
+    )
     with torch.no_grad():
         _, total, n = token_loss(model, test_tokens, positions, group)
-    report.claim("training_loss_falls", total / n / test_before, "<=", 0.8,
-                 f"  test loss per pixel {test_before:.3f} before training, {total / n:.3f} after: ratio "
-                 "{value:.2f}")
+    report.claim(
+        "training_loss_falls",
+        total / n / test_before,
+        "<=",
+        0.8,
+        f"  test loss per pixel {test_before:.3f} before training, {total / n:.3f} after: ratio "
+        "{value:.2f}",
+    )
 
 
 def pytorch_context_parallel(report: Report, grid: Grid, args) -> None:
     """Section 6: PyTorch's own context parallelism, tried here; what happened is a value, not a claim."""
     cp, mesh, dev = grid.size("cp"), grid.submesh("cp"), grid.info.device
     if mesh is None:
-        report.value("pytorch_context_parallel", "not tried: it needs a process group (torchrun)",
-                     "torch.distributed.tensor.experimental.context_parallel: {value}")
+        report.value(
+            "pytorch_context_parallel",
+            "not tried: it needs a process group (torchrun)",
+            "torch.distributed.tensor.experimental.context_parallel: {value}",
+        )
         return
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+
     whole = qkv(args, 2, args.seq_len, dev)
     ref = F.scaled_dot_product_attention(*whole, is_causal=True)
     q, k, v = (t.clone() for t in whole)
     try:
-        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):  # shards them in place
+        with context_parallel(
+            mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]
+        ):  # shards them in place
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         (out,) = context_parallel_unshard(mesh, [out], [2])
         outcome = f"runs on {dev.type}: max |unsharded - SDPA| = {max_abs_diff(out, ref):.1e}"
     except Exception as e:  # recorded as it is: the first line of the error
         outcome = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     outcomes = all_gather_objects(outcome, grid.info)
-    report.value("pytorch_context_parallel", outcomes[0],
-                 f"torch.distributed.tensor.experimental.context_parallel, cp={cp}, {dev.type}: {{value}}")
+    report.value(
+        "pytorch_context_parallel",
+        outcomes[0],
+        f"torch.distributed.tensor.experimental.context_parallel, cp={cp}, {dev.type}: {{value}}",
+    )
 
 
 def main(argv=None) -> None:
@@ -355,12 +537,12 @@ def main(argv=None) -> None:
         report = Report(info)
         grid = Grid(info, cp=info.world_size)
         report.value("grid", grid.describe(), "\n".join(grid.describe()))
-        activation_memory(report, grid, args)             # 1. why the sequence is the problem
-        runs = ring_equals_full(report, grid, args)       # 2. ring attention = SDPA; its bytes
-        load_balance(report, grid, args, runs)            # 3. contiguous vs zig-zag work
-        train(report, grid, args)                         # 4. training with cp
-        ulysses(report, grid, args, runs)                 # 5. the heads split
-        pytorch_context_parallel(report, grid, args)      # 6. what PyTorch ships
+        activation_memory(report, grid, args)  # 1. why the sequence is the problem
+        runs = ring_equals_full(report, grid, args)  # 2. ring attention = SDPA; its bytes
+        load_balance(report, grid, args, runs)  # 3. contiguous vs zig-zag work
+        train(report, grid, args)  # 4. training with cp
+        ulysses(report, grid, args, runs)  # 5. the heads split
+        pytorch_context_parallel(report, grid, args)  # 6. what PyTorch ships
         report.finish(args.results)
 
 

@@ -1,6 +1,7 @@
-"""Lesson 17: expert parallelism at ep = 1 (one process), 2 and 4 (then dp 2 x ep 2): the MoE layer and
+"""Lesson 20: expert parallelism at ep = 1 (one process), 2 and 4 (then dp 2 x ep 2): the MoE layer and
 training equal one process, the rows sent equal the routing histogram, all-to-all calls and bytes, drops
 counted, the gradient reductions per group, the balance loss; bad input fails on every rank."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,15 +11,32 @@ from tests._ep_workers import unreached_expert_after_momentum
 from tests._lessons import assert_claims, assert_fails_on_every_rank
 from tests._workers import run_world
 
-LESSON = "17_expert_parallel"
+LESSON = "20_expert_parallel"
 H, N = 32, 63  # the lesson's --hidden and --tokens
-ROUTING = {"kept_equals_min_count_capacity", "dropped_counted_exactly", "dropped_choices_add_nothing"}
-LAYER = {"layer_equals_one_process", "rows_sent_equal_histogram", "all_to_alls_forward_backward",
-         "bytes_equal_formula"}
-EP = {f"ep_{c}" for c in ("training_equals_one_process", "params_equal_one_process", "test_loss_falls",
-                          "gradient_reductions")}
-EP_DP = {f"ep_dp_{c}" for c in ("training_equals_one_process", "params_equal_one_process",
-                                "gradient_reductions")}  # 10 steps: the loss ratio is a value
+ROUTING = {
+    "kept_equals_min_count_capacity",
+    "dropped_counted_exactly",
+    "dropped_choices_add_nothing",
+}
+LAYER = {
+    "layer_equals_one_process",
+    "rows_sent_equal_histogram",
+    "all_to_alls_forward_backward",
+    "bytes_equal_formula",
+}
+EP = {
+    f"ep_{c}"
+    for c in (
+        "training_equals_one_process",
+        "params_equal_one_process",
+        "test_loss_falls",
+        "gradient_reductions",
+    )
+}
+EP_DP = {
+    f"ep_dp_{c}"
+    for c in ("training_equals_one_process", "params_equal_one_process", "gradient_reductions")
+}  # 10 steps: the loss ratio is a value
 BALANCE = {"balance_loss_evens_the_histogram"}
 TORCH = {"torch_all_to_all_agrees"}  # needs a process group
 
@@ -56,18 +74,26 @@ def test_ep2_layer_and_training_equal_one_process_and_rows_follow_the_histogram(
     assert off_diagonal > 0
     assert claims["bytes_equal_formula"]["value"] == 4 * off_diagonal * H * 4
     assert claims["ep_training_equals_one_process"]["value"] <= 1e-5
-    for r, tokens in enumerate(ep2["destinations"]):  # per token and choice: the rank it went to, -1 dropped
+    for r, tokens in enumerate(
+        ep2["destinations"]
+    ):  # per token and choice: the rank it went to, -1 dropped
         assert [sum(d == dest for t in tokens for d in t) for dest in range(2)] == sent[r]
 
 
 @pytest.mark.timeout(640)
 def test_ep4_and_dp2_x_ep2_equal_one_process_with_expert_gradients_reduced_over_dp_only(ep4):
     claims = assert_claims(ep4, ROUTING | LAYER | EP | EP_DP | BALANCE | TORCH)
-    assert ep4["grid_2d"] == ["dp=2 x ep=2 = 4 ranks", "dp groups: [0, 2] [1, 3]", "ep groups: [0, 1] [2, 3]"]
+    assert ep4["grid_2d"] == [
+        "dp=2 x ep=2 = 4 ranks",
+        "dp groups: [0, 2] [1, 3]",
+        "ep groups: [0, 1] [2, 3]",
+    ]
     assert len(ep4["rows_sent"]) == 4
     assert claims["all_to_alls_forward_backward"]["value"] == 1
     assert ep4["busiest_rank_over_mean"] >= 1.0
-    assert ep4["ep_dp_test_loss_ratio"] < 1.0  # 10 steps: it falls, by less than the claim's 10% guarantee
+    assert (
+        ep4["ep_dp_test_loss_ratio"] < 1.0
+    )  # 10 steps: it falls, by less than the claim's 10% guarantee
 
 
 @pytest.mark.timeout(300)
@@ -86,10 +112,14 @@ def test_an_expert_no_rank_reached_keeps_grad_none_so_momentum_does_not_move_it(
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("args, message", [
-    (["--experts", "3"], "--experts 3 must be divisible by ep = 2"),
-    (["--top-k", "5"], "--top-k 5 must be between 1"),
-    (["--capacity-factor", "0"], "--capacity-factor must be in (0, 1000]")])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--experts", "3"], "--experts 3 must be divisible by ep = 2"),
+        (["--top-k", "5"], "--top-k 5 must be between 1"),
+        (["--capacity-factor", "0"], "--capacity-factor must be in (0, 1000]"),
+    ],
+)
 def test_bad_input_fails_on_every_rank(args, message):
     run = run_lesson(LESSON, nproc=2, args=args, timeout_s=180)
     assert run.returncode != 0

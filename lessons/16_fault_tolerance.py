@@ -1,13 +1,13 @@
-"""Lesson 14: fault tolerance -- crashes, restarts, exact resume, and a world that changes size.
+"""Lesson 16: fault tolerance -- crashes, restarts, exact resume, and a world that changes size.
 
-    python lessons/14_fault_tolerance.py        # one process: no restart; the resumes are checked in-process
-    torchrun --standalone --nproc_per_node=2 --max-restarts=2 lessons/14_fault_tolerance.py \
+    python lessons/16_fault_tolerance.py        # one process: no restart; the resumes are checked in-process
+    torchrun --standalone --nproc_per_node=2 --max-restarts=2 lessons/16_fault_tolerance.py \
         --crash-at-step 7 --crash-rank 1   # or --fault hang@11:1 --timeout-s 5 | raise@7:1 | mid-write@8
     torchrun --nnodes=2 --nproc_per_node=1 --max-restarts=2 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \
-        --rdzv-id=JOB_ID lessons/14_fault_tolerance.py --ckpt-dir SHARED --fault hang@7:1   # on each node
-    torchrun --standalone --nproc_per_node=4 lessons/14_fault_tolerance.py --no-random-draws \
+        --rdzv-id=JOB_ID lessons/16_fault_tolerance.py --ckpt-dir SHARED --fault hang@7:1   # on each node
+    torchrun --standalone --nproc_per_node=4 lessons/16_fault_tolerance.py --no-random-draws \
         --ckpt-dir /tmp/ft14 --save-sharded-at 8    # then 2 ranks continue, keeping per-rank or global batch:
-    torchrun --standalone --nproc_per_node=2 lessons/14_fault_tolerance.py --no-random-draws \
+    torchrun --standalone --nproc_per_node=2 lessons/16_fault_tolerance.py --no-random-draws \
         --resume-sharded /tmp/ft14/sharded_step_000008 [--keep-global-batch]
 
 torchrun restarts EVERY rank on every node when one fails (--max-restarts times). TORCHELASTIC_RESTART_COUNT
@@ -18,7 +18,7 @@ its own prefix. Look for:
    uninterrupted run: 0.0 on 1 or 2 ranks. The checkpoint holds the full training state: model, AdamW, LR
    scheduler, GradScaler, every rank's RNG streams (torch, numpy, random, its generator), the sampler's epoch
    AND position. A stateful DDP comm hook is training state too (PowerSGD: error feedback, warm start,
-   iteration; lesson 15 works out its exact resume). On 3+ ranks the bound is 1e-6, not 0: without
+   iteration; lesson 17 works out its exact resume). On 3+ ranks the bound is 1e-6, not 0: without
    find_unused_parameters a restarted DDP's first step reduces the bucket built at construction, the
    uninterrupted run's the bucket DDP rebuilt after step 1 (ready order); gloo's ring sums each chunk from
    another rank, so an element in another chunk is summed in another order: (a + b) + c != a + (b + c).
@@ -39,6 +39,7 @@ its own prefix. Look for:
 Sources: https://pytorch.org/docs/stable/ elastic/run.html, elastic/errors.html, distributed.checkpoint.html;
 https://pytorch.org/tutorials/beginner/ddp_series_fault_tolerance.html; lesson 13 (FSDP2 sharded checkpoints).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,51 +60,105 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Subset
 
-from common.harness.atomic import atomic_write
+from common.checkpoint.reshard import (
+    check_sharded,
+    load_resharded,
+    micro_steps_for,
+    save_reshardable,
+)
+from common.checkpoint.train_state import (
+    ResumableDistributedSampler,
+    capture_rng_all_ranks,
+    clear_run,
+    leftovers,
+    load_train_state,
+    max_diff_over_ranks,
+    model_signature,
+    restore_rng,
+    resume_point,
+    roundtrip,
+    save_train_state,
+)
 from common.data import digits_split
-from common.fault_tolerance.faults import (EventLog, exit_on_peer_failure, parse_faults, read_events,
-                                           report_timeline)
+from common.data_parallel.seeding import rank_seed
+from common.fault_tolerance.faults import (
+    EventLog,
+    exit_on_peer_failure,
+    parse_faults,
+    read_events,
+    report_timeline,
+)
+from common.harness.atomic import atomic_write
+from common.harness.env import LessonError, read_torchrun_env
 from common.harness.ranks import print0
 from common.harness.rendezvous import attempt
-from common.checkpoint.reshard import check_sharded, load_resharded, micro_steps_for, save_reshardable
 from common.harness.results import Report
-from common.data_parallel.seeding import rank_seed
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
-from common.harness.env import LessonError, read_torchrun_env
-from common.checkpoint.train_state import (ResumableDistributedSampler, capture_rng_all_ranks, clear_run,
-                                           leftovers, load_train_state, max_diff_over_ranks, model_signature,
-                                           restore_rng, resume_point, roundtrip, save_train_state)
 
 # A sharded checkpoint continues one trajectory: a run resuming it must use the saving run's values of these.
 RUN_FLAGS = ("lr", "steps", "seed", "train_samples", "no_random_draws", "amp")
 
 
 def make_model(width: int, dropout: float) -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Dropout(dropout),
-                         nn.Linear(width, width), nn.ReLU(), nn.Dropout(dropout), nn.Linear(width, 10))
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(64, width),
+        nn.ReLU(),
+        nn.Dropout(dropout),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Dropout(dropout),
+        nn.Linear(width, 10),
+    )
 
 
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=18, help="optimizer steps (default 18: 3 epochs on 2 ranks)")
-    p.add_argument("--batch-size", type=int, default=16, help="samples per rank per micro-step (default 16)")
-    p.add_argument("--train-samples", type=int, default=192, help="digits used for training (default 192)")
+    p.add_argument(
+        "--steps", type=int, default=18, help="optimizer steps (default 18: 3 epochs on 2 ranks)"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=16, help="samples per rank per micro-step (default 16)"
+    )
+    p.add_argument(
+        "--train-samples", type=int, default=192, help="digits used for training (default 192)"
+    )
     p.add_argument("--width", type=int, default=64, help="hidden width of the MLP (default 64)")
     p.add_argument("--lr", type=float, default=0.01, help="AdamW learning rate, cosine schedule")
     p.add_argument("--amp", action="store_true", help="fp16 autocast + GradScaler (for CUDA)")
     p.add_argument("--no-random-draws", action="store_true", help="no dropout, no augmentation")
-    p.add_argument("--ckpt-dir", default=None, help="checkpoints, events.jsonl (default: a temp dir)")
-    p.add_argument("--ckpt-every", type=int, default=4, help="steps between full checkpoints (default 4)")
-    p.add_argument("--resume", action="store_true", help="start from the newest checkpoint in --ckpt-dir")
-    p.add_argument("--crash-at-step", type=int, default=None, help="--crash-rank (default: the last) exits")
+    p.add_argument(
+        "--ckpt-dir", default=None, help="checkpoints, events.jsonl (default: a temp dir)"
+    )
+    p.add_argument(
+        "--ckpt-every", type=int, default=4, help="steps between full checkpoints (default 4)"
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="start from the newest checkpoint in --ckpt-dir"
+    )
+    p.add_argument(
+        "--crash-at-step", type=int, default=None, help="--crash-rank (default: the last) exits"
+    )
     p.add_argument("--crash-rank", type=int, default=None)
-    p.add_argument("--fault", nargs="+", default=[], help="KIND@STEP[:RANK], one per attempt (faults.py)")
-    p.add_argument("--save-sharded-at", type=int, default=None, help="all ranks save a DCP checkpoint here")
-    p.add_argument("--resume-sharded", default=None, help="continue from a DCP checkpoint, any world size")
-    p.add_argument("--keep-global-batch", action="store_true", help="with --resume-sharded: accumulate")
-    p.add_argument("--step-sleep-s", type=float, default=0.0, help="sleep per step (a slower model)")
+    p.add_argument(
+        "--fault", nargs="+", default=[], help="KIND@STEP[:RANK], one per attempt (faults.py)"
+    )
+    p.add_argument(
+        "--save-sharded-at", type=int, default=None, help="all ranks save a DCP checkpoint here"
+    )
+    p.add_argument(
+        "--resume-sharded", default=None, help="continue from a DCP checkpoint, any world size"
+    )
+    p.add_argument(
+        "--keep-global-batch", action="store_true", help="with --resume-sharded: accumulate"
+    )
+    p.add_argument(
+        "--step-sleep-s", type=float, default=0.0, help="sleep per step (a slower model)"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here as JSON")
+    p.add_argument(
+        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
+    )
     return add_distributed_args(p)
 
 
@@ -112,8 +167,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.attempt = attempt()  # 0, then 1, 2, ... after each restart: the same number on every node
     # Validate before any process group exists: every rank reads the same files and fails alike, in one line.
     rank, _, W, _ = read_torchrun_env()
-    if min(args.steps, args.batch_size, args.train_samples, args.width, args.ckpt_every) < 1 or args.lr <= 0:
-        raise LessonError("--steps, --batch-size, --train-samples, --width, --ckpt-every, --lr must be > 0")
+    if (
+        min(args.steps, args.batch_size, args.train_samples, args.width, args.ckpt_every) < 1
+        or args.lr <= 0
+    ):
+        raise LessonError(
+            "--steps, --batch-size, --train-samples, --width, --ckpt-every, --lr must be > 0"
+        )
     if args.crash_at_step is not None:
         crash_rank = W - 1 if args.crash_rank is None else args.crash_rank
         args.fault.insert(0, f"exit@{args.crash_at_step}:{crash_rank}")
@@ -125,11 +185,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     signature = model_signature(make_model(args.width, 0.0))
     args.sharded = check_sharded(args.resume_sharded, signature) if args.resume_sharded else None
     check_run_flags(args, args.sharded.get("flags", {}) if args.sharded else {})
-    args.k = micro_steps_for(args.sharded, W, args.batch_size, args.keep_global_batch) if args.sharded else 1
+    args.k = (
+        micro_steps_for(args.sharded, W, args.batch_size, args.keep_global_batch)
+        if args.sharded
+        else 1
+    )
     args.global_batch = W * args.batch_size * args.k
     if not args.global_batch <= args.train_samples <= 1438:
-        raise LessonError(f"--train-samples must be in [{args.global_batch}, 1438] (global batch .. digits)")
-    args.resuming = args.resume or (args.attempt > 0 and not args.sharded)  # a restarted attempt resumes
+        raise LessonError(
+            f"--train-samples must be in [{args.global_batch}, 1438] (global batch .. digits)"
+        )
+    args.resuming = args.resume or (
+        args.attempt > 0 and not args.sharded
+    )  # a restarted attempt resumes
     args.found = resume_point(args.ckpt_dir, args.resume, signature, W) if args.resuming else None
     if rank == 0 and not args.resuming and not args.sharded:
         clear_run(args.ckpt_dir)  # a fresh run: forget the last run's checkpoints in this folder
@@ -141,15 +209,19 @@ def check_run_flags(args, saved: dict) -> None:
     for name in RUN_FLAGS:
         if name in saved and saved[name] != getattr(args, name):
             flag = "--" + name.replace("_", "-")
-            raise LessonError(f"{args.resume_sharded} was saved with {flag} {saved[name]}, this run has "
-                              f"{getattr(args, name)}: continue it with the saving run's {flag}")
+            raise LessonError(
+                f"{args.resume_sharded} was saved with {flag} {saved[name]}, this run has "
+                f"{getattr(args, name)}: continue it with the saving run's {flag}"
+            )
 
 
 def augment(x: torch.Tensor, gen: torch.Generator, on: bool) -> torch.Tensor:
     """x (B, 1, 8, 8): a shift drawn from `random` and numpy, noise from this rank's generator."""
     if not on:
         return x
-    x = torch.roll(x, shifts=(int(np.random.randint(-1, 2)), random.choice((-1, 0, 1))), dims=(2, 3))
+    x = torch.roll(
+        x, shifts=(int(np.random.randint(-1, 2)), random.choice((-1, 0, 1))), dims=(2, 3)
+    )
     return x + 0.05 * torch.randn(x.shape, generator=gen)
 
 
@@ -160,29 +232,54 @@ def build(args, info, train_set) -> SimpleNamespace:
     device_ids = [info.local_rank] if info.device.type == "cuda" else None
     model = DDP(raw_model, device_ids=device_ids) if info.distributed else raw_model
     opt = torch.optim.AdamW(raw_model.parameters(), lr=args.lr)
-    sampler = ResumableDistributedSampler(train_set, info.world_size, info.rank, args.seed,
-                                          args.train_samples // args.global_batch * args.global_batch)
-    set_seed(rank_seed(args.seed, info.rank))  # dropout and augmentations differ by rank, reproducibly
+    sampler = ResumableDistributedSampler(
+        train_set,
+        info.world_size,
+        info.rank,
+        args.seed,
+        args.train_samples // args.global_batch * args.global_batch,
+    )
+    set_seed(
+        rank_seed(args.seed, info.rank)
+    )  # dropout and augmentations differ by rank, reproducibly
     # Each iter(loader) draws a base seed from torch's GLOBAL RNG unless given a generator; a resumed run
     # makes one more iterator: every later dropout mask shifts (measured 1.2e-2).
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, generator=torch.Generator())
-    return SimpleNamespace(raw=raw_model, model=model, opt=opt, sampler=sampler, loader=loader,
-                           sched=torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps),
-                           scaler=torch.amp.GradScaler(info.device.type, enabled=args.amp),
-                           gen=torch.Generator().manual_seed(rank_seed(args.seed + 1, info.rank)))
+    loader = DataLoader(
+        train_set, batch_size=args.batch_size, sampler=sampler, generator=torch.Generator()
+    )
+    return SimpleNamespace(
+        raw=raw_model,
+        model=model,
+        opt=opt,
+        sampler=sampler,
+        loader=loader,
+        sched=torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps),
+        scaler=torch.amp.GradScaler(info.device.type, enabled=args.amp),
+        gen=torch.Generator().manual_seed(rank_seed(args.seed + 1, info.rank)),
+    )
 
 
 # ------------------------------------------------------------- 1. the pattern to copy: save and restore ALL
 def capture(T, step: int, info) -> dict:
-    rngs = capture_rng_all_ranks(T.gen, info)  # rank 0 writes every rank's streams: one file, one writer
-    return {"step": step, "model": T.raw.state_dict(), "optimizer": T.opt.state_dict(), "rng": rngs,
-            "scheduler": T.sched.state_dict(), "scaler": T.scaler.state_dict(),
-            "sampler": T.sampler.state_dict()}
+    rngs = capture_rng_all_ranks(
+        T.gen, info
+    )  # rank 0 writes every rank's streams: one file, one writer
+    return {
+        "step": step,
+        "model": T.raw.state_dict(),
+        "optimizer": T.opt.state_dict(),
+        "rng": rngs,
+        "scheduler": T.sched.state_dict(),
+        "scaler": T.scaler.state_dict(),
+        "sampler": T.sampler.state_dict(),
+    }
 
 
 def restore(T, state: dict, info) -> int:
     T.raw.load_state_dict(state["model"])  # the unwrapped model: every rank loads the same values
-    T.opt.load_state_dict(state["optimizer"])  # keeps (and later updates in place) the tensors it is given
+    T.opt.load_state_dict(
+        state["optimizer"]
+    )  # keeps (and later updates in place) the tensors it is given
     T.sched.load_state_dict(state["scheduler"])
     T.scaler.load_state_dict(state["scaler"])
     T.sampler.load_state_dict(state["sampler"])  # epoch AND position: trained samples are skipped
@@ -191,7 +288,9 @@ def restore(T, state: dict, info) -> int:
     return state["step"]
 
 
-def train(T, args, info, step: int, until: int, fault=None, log=None, save=None) -> dict[int, float]:
+def train(
+    T, args, info, step: int, until: int, fault=None, log=None, save=None
+) -> dict[int, float]:
     """Optimizer steps step+1 .. until; returns {step: this rank's loss}."""
     losses, dev, k = {}, info.device, args.k
     while step < until:
@@ -199,17 +298,27 @@ def train(T, args, info, step: int, until: int, fault=None, log=None, save=None)
         left = len(T.sampler) // (args.batch_size * k)  # optimizer steps to the epoch's end
         if left < 1:  # a sampler that never rolls over to the next epoch would loop here forever
             # (not a RuntimeError: exit_on_peer_failure reads that as a peer failure)
-            raise AssertionError(f"step {step}: the sampler has no batch left ({T.sampler.state_dict()})")
+            raise AssertionError(
+                f"step {step}: the sampler has no batch left ({T.sampler.state_dict()})"
+            )
         for _ in range(min(left, until - step)):  # to the epoch's end, or to `until`
             step += 1
-            for micro_step in range(k):  # k > 1 only to keep the global batch on fewer ranks (lesson 07)
+            for micro_step in range(
+                k
+            ):  # k > 1 only to keep the global batch on fewer ranks (lesson 07)
                 x, y = next(batches)  # x (b, 1, 8, 8), y (b,)
                 x, y = augment(x, T.gen, not args.no_random_draws).to(dev), y.to(dev)
-                with nullcontext() if micro_step == k - 1 or not info.distributed else T.model.no_sync():
+                with (
+                    nullcontext()
+                    if micro_step == k - 1 or not info.distributed
+                    else T.model.no_sync()
+                ):
                     with torch.autocast(dev.type, torch.float16, enabled=args.amp):
                         loss = F.cross_entropy(T.model(x), y)
                     if fault:
-                        fault.strike(step, info.rank, log)  # exit, raise or hang here, after the forward
+                        fault.strike(
+                            step, info.rank, log
+                        )  # exit, raise or hang here, after the forward
                     T.scaler.scale(loss / k).backward()
             T.scaler.step(T.opt)
             T.scaler.update()
@@ -218,7 +327,9 @@ def train(T, args, info, step: int, until: int, fault=None, log=None, save=None)
             T.sampler.advance(args.global_batch)
             losses[step] = loss.item()
             if log:
-                time.sleep(args.step_sleep_s)  # stands for a bigger model's step (the notebook's timeline)
+                time.sleep(
+                    args.step_sleep_s
+                )  # stands for a bigger model's step (the notebook's timeline)
                 log.write("step", step=step, loss=losses[step])
             if save:
                 save(step)
@@ -268,7 +379,9 @@ def wrong_variants(args, snapshot: dict) -> list:
     wrong = [resume_without_optimizer] + ([] if args.no_random_draws else [resume_without_rng])
     if snapshot["sampler"]["seen"] > 0:
         return [resume_at_epoch_start] + wrong
-    print0(f"  resume_at_epoch_start      skipped: step {snapshot['step']} ends an epoch (= the exact one)")
+    print0(
+        f"  resume_at_epoch_start      skipped: step {snapshot['step']} ends an epoch (= the exact one)"
+    )
     return wrong  # no random draws: no stream to forget
 
 
@@ -287,13 +400,23 @@ def start_point(args, info, T, log, report) -> int:
     """The step this attempt starts from: a sharded checkpoint, the newest complete full one, or 0."""
     if args.sharded:
         step = load_resharded(T.raw, T.opt, args.resume_sharded, args.sharded, T.sched, T.sampler)
-        set_seed(rank_seed(args.seed + step, info.rank))  # W0 ranks' streams cannot become W: reseeded
+        set_seed(
+            rank_seed(args.seed + step, info.rank)
+        )  # W0 ranks' streams cannot become W: reseeded
         T.gen.manual_seed(rank_seed(args.seed + 1 + step, info.rank))
         d = max_diff_over_ranks(T.raw, args.sharded["params"], info)
-        report.claim("params_equal_at_the_switch", d, "==", 0.0, f"{args.sharded['world_size']} ranks -> "
-                     f"{info.world_size}: parameters loaded vs saved at step {step}: {{value}}")
+        report.claim(
+            "params_equal_at_the_switch",
+            d,
+            "==",
+            0.0,
+            f"{args.sharded['world_size']} ranks -> "
+            f"{info.world_size}: parameters loaded vs saved at step {step}: {{value}}",
+        )
         return step
-    if args.resuming and info.master_process:  # what killed saves left behind: never loaded, removed
+    if (
+        args.resuming and info.master_process
+    ):  # what killed saves left behind: never loaded, removed
         found_step = args.found[1]["step"] if args.found else None
         log.write("resume", step=found_step, ignored=leftovers(args.ckpt_dir, remove=True))
     return restore(T, load_train_state(args.found[0], info.device), info) if args.found else 0
@@ -301,19 +424,39 @@ def start_point(args, info, T, log, report) -> int:
 
 def saver(args, info, T, fault, log, report):
     """save(step): the full state every --ckpt-every steps and at the end; DCP at --save-sharded-at."""
+
     def save(s: int) -> None:
         if s == args.save_sharded_at:
-            meta = {"global_batch": args.global_batch, "step": s, "sampler": T.sampler.state_dict(),
-                    "scheduler": T.sched.state_dict(), "flags": {k: getattr(args, k) for k in RUN_FLAGS}}
-            cost = save_reshardable(T.raw, T.opt, args.ckpt_dir / f"sharded_step_{s:06d}", info, meta)
-            report.value("sharded_bytes", cost["bytes"], f"DCP checkpoint at step {s}: {{value}} bytes")
-            report.perf("async_save_blocking_ratio", cost["async_block_s"] / cost["sync_s"],
-                        f"the loop blocked {cost['async_block_s']:.4f} s (async_save) vs "
-                        f"{cost['sync_s']:.4f} s (save): {{value:.2f}}")
+            meta = {
+                "global_batch": args.global_batch,
+                "step": s,
+                "sampler": T.sampler.state_dict(),
+                "scheduler": T.sched.state_dict(),
+                "flags": {k: getattr(args, k) for k in RUN_FLAGS},
+            }
+            cost = save_reshardable(
+                T.raw, T.opt, args.ckpt_dir / f"sharded_step_{s:06d}", info, meta
+            )
+            report.value(
+                "sharded_bytes", cost["bytes"], f"DCP checkpoint at step {s}: {{value}} bytes"
+            )
+            report.perf(
+                "async_save_blocking_ratio",
+                cost["async_block_s"] / cost["sync_s"],
+                f"the loop blocked {cost['async_block_s']:.4f} s (async_save) vs "
+                f"{cost['sync_s']:.4f} s (save): {{value:.2f}}",
+            )
         if s % args.ckpt_every == 0 or s == args.steps:
-            save_train_state(capture(T, s, info), args.ckpt_dir, s, info, model_signature(T.raw),
-                             fault=fault.writer_hook(s, log) if fault else None)
+            save_train_state(
+                capture(T, s, info),
+                args.ckpt_dir,
+                s,
+                info,
+                model_signature(T.raw),
+                fault=fault.writer_hook(s, log) if fault else None,
+            )
             log.write("save", step=s)
+
     return save
 
 
@@ -323,11 +466,23 @@ def new_world_section(args, info, T, report) -> None:
     old = load_train_state(Path(args.resume_sharded) / "continued.pt", info.device)
     d = max_diff_over_ranks(T.raw, old, info)
     if args.keep_global_batch and args.no_random_draws:
-        report.claim("kept_global_batch_follows_old_world", d, "<=", 1e-6, f"global batch kept by "
-                     f"{args.k} micro-steps: final parameters vs the {W0}-rank run {{value:.1e}} (sum order)")
+        report.claim(
+            "kept_global_batch_follows_old_world",
+            d,
+            "<=",
+            1e-6,
+            f"global batch kept by "
+            f"{args.k} micro-steps: final parameters vs the {W0}-rank run {{value:.1e}} (sum order)",
+        )
     else:
-        report.claim("new_world_changes_trajectory", d, ">=", 1e-3, f"final parameters vs the "
-                     f"{W0}-rank run {{value:.1e}}: another global batch or other random draws")
+        report.claim(
+            "new_world_changes_trajectory",
+            d,
+            ">=",
+            1e-3,
+            f"final parameters vs the "
+            f"{W0}-rank run {{value:.1e}}: another global batch or other random draws",
+        )
 
 
 def restart_section(args, info, T, train_set, report, steps_per_epoch: int):
@@ -335,21 +490,39 @@ def restart_section(args, info, T, train_set, report, steps_per_epoch: int):
     exact = exact_bound(info.world_size)
     print0("\n1. the restarted run against an uninterrupted one (the same processes, from scratch)")
     report.value("attempts", args.attempt + 1, "attempts: {value}")
-    tl = report_timeline(report, read_events(args.ckpt_dir / "events.jsonl")) if info.master_process else None
+    tl = (
+        report_timeline(report, read_events(args.ckpt_dir / "events.jsonl"))
+        if info.master_process
+        else None
+    )
     R = build(args, info, train_set)
     c = resume_step(args, steps_per_epoch)  # an interruption mid-run, in process, for section 2
     ref_losses = train(R, args, info, 0, c)
     snapshot = roundtrip(capture(R, c, info))
     ref_losses.update(train(R, args, info, c, args.steps))
     reference = [p.detach() for p in R.raw.parameters()]
-    report.claim("resumed_equals_uninterrupted", max_diff_over_ranks(T.raw, reference, info), "<=", exact,
-                 "final parameters vs the uninterrupted run: max |difference| {value}")
+    report.claim(
+        "resumed_equals_uninterrupted",
+        max_diff_over_ranks(T.raw, reference, info),
+        "<=",
+        exact,
+        "final parameters vs the uninterrupted run: max |difference| {value}",
+    )
     if info.master_process:
-        logged = {a["steps"][i]: a["losses"][i] for a in tl["attempts"] for i in range(len(a["steps"]))}
-        gaps = torch.tensor([abs(logged[s] - ref_losses[s]) for s in ref_losses], dtype=torch.float64)
+        logged = {
+            a["steps"][i]: a["losses"][i] for a in tl["attempts"] for i in range(len(a["steps"]))
+        }
+        gaps = torch.tensor(
+            [abs(logged[s] - ref_losses[s]) for s in ref_losses], dtype=torch.float64
+        )
         worst = gaps.max().item()  # torch's max keeps a NaN (Python's max may drop it)
-        report.claim("loss_curve_equals_uninterrupted", worst, "<=", exact,
-                     "rank 0's loss at every step vs the uninterrupted run: max |difference| {value}")
+        report.claim(
+            "loss_curve_equals_uninterrupted",
+            worst,
+            "<=",
+            exact,
+            "rank 0's loss at every step vs the uninterrupted run: max |difference| {value}",
+        )
     return reference, snapshot
 
 
@@ -359,41 +532,70 @@ def variants_section(args, info, train_set, report, reference: list, snapshot: d
     if c >= args.steps:
         print0(f"\n2. skipped: no step after the resume point {c} (--steps 3 or more)")
         return
-    print0(f"\n2. resuming at step {c} in process, each way, vs the uninterrupted run: max |difference|")
+    print0(
+        f"\n2. resuming at step {c} in process, each way, vs the uninterrupted run: max |difference|"
+    )
     variants = [resume_exact] + wrong_variants(args, snapshot)
     diffs = resume_variants(args, info, train_set, snapshot, reference, variants)
     for name, d in diffs.items():
         if name == "resume_exact":
-            report.claim("resume_exact_equals_uninterrupted", d, "<=", exact_bound(info.world_size),
-                         f"  {name:<26} {{value}}")
+            report.claim(
+                "resume_exact_equals_uninterrupted",
+                d,
+                "<=",
+                exact_bound(info.world_size),
+                f"  {name:<26} {{value}}",
+            )
         else:
-            report.claim(f"{name}_differs", d, ">=", differs_bound(args), f"  {name:<26} {{value:.1e}}")
+            report.claim(
+                f"{name}_differs", d, ">=", differs_bound(args), f"  {name:<26} {{value:.1e}}"
+            )
 
 
 @record  # an exception that ends this rank goes to its error file (TORCHELASTIC_ERROR_FILE): docstring, 5
 def main() -> None:
     args = parse_args()
-    fault = args.faults[args.attempt] if args.attempt < len(args.faults) else None  # fault i: attempt i
+    fault = (
+        args.faults[args.attempt] if args.attempt < len(args.faults) else None
+    )  # fault i: attempt i
     with distributed_session(args) as info:
-        lesson(args, info, fault)  # returns before the group is destroyed: its DDP reducers go first
+        lesson(
+            args, info, fault
+        )  # returns before the group is destroyed: its DDP reducers go first
 
 
-def lesson(args, info, fault) -> None:  # a function: its DDP objects are freed while the group still exists
+def lesson(
+    args, info, fault
+) -> None:  # a function: its DDP objects are freed while the group still exists
     report, W = Report(info), info.world_size
     log = EventLog(args.ckpt_dir / "events.jsonl", args.attempt, info.rank)
     log.write("start")
-    train_set = Subset(digits_split()[0], range(args.train_samples))  # (192, 1, 8, 8): 6 steps/epoch on 2
+    train_set = Subset(
+        digits_split()[0], range(args.train_samples)
+    )  # (192, 1, 8, 8): 6 steps/epoch on 2
     T = build(args, info, train_set)
-    report.results.update(world_size=W, attempt=args.attempt, global_batch=args.global_batch)  # for the tests
+    report.results.update(
+        world_size=W, attempt=args.attempt, global_batch=args.global_batch
+    )  # for the tests
     steps_per_epoch = args.train_samples // args.global_batch
-    report.value("steps_per_epoch", steps_per_epoch, f"attempt {args.attempt}: {W} ranks x "
-                 f"{args.batch_size} x {args.k} = global batch {args.global_batch}, {{value}} steps/epoch")
+    report.value(
+        "steps_per_epoch",
+        steps_per_epoch,
+        f"attempt {args.attempt}: {W} ranks x "
+        f"{args.batch_size} x {args.k} = global batch {args.global_batch}, {{value}} steps/epoch",
+    )
     step = start_point(args, info, T, log, report)
-    with exit_on_peer_failure(log):  # gloo raises when a peer died, or did not answer within --timeout-s
+    with exit_on_peer_failure(
+        log
+    ):  # gloo raises when a peer died, or did not answer within --timeout-s
         train(T, args, info, step, args.steps, fault, log, saver(args, info, T, fault, log, report))
-    if args.save_sharded_at and info.master_process:  # the old world's continuation, for a new world
-        atomic_write(args.ckpt_dir / f"sharded_step_{args.save_sharded_at:06d}" / "continued.pt",
-                     lambda f: torch.save([p.detach().cpu() for p in T.raw.parameters()], f))
+    if (
+        args.save_sharded_at and info.master_process
+    ):  # the old world's continuation, for a new world
+        atomic_write(
+            args.ckpt_dir / f"sharded_step_{args.save_sharded_at:06d}" / "continued.pt",
+            lambda f: torch.save([p.detach().cpu() for p in T.raw.parameters()], f),
+        )
     if args.sharded:
         new_world_section(args, info, T, report)
         return report.finish(args.results)

@@ -1,13 +1,14 @@
 """Minimal 17: expert parallelism -- top-1 routing; tokens dispatched and combined by all-to-all.
 
-    torchrun --standalone --nproc_per_node=2 minimal/17_expert_parallel.py
-    python minimal/17_expert_parallel.py                  # plain python: ep = 1, every expert here
+    torchrun --standalone --nproc_per_node=2 minimal/20_expert_parallel.py
+    python minimal/20_expert_parallel.py                  # plain python: ep = 1, every expert here
 
 E experts (small MLPs) over the ep ranks: rank r holds experts [r*E/ep, (r+1)*E/ep). Each rank
 routes its own N tokens (top-1, no capacity limit: nothing is dropped), sends each token's row to
 the rank of its expert, runs its experts on what arrived and sends the results back. First the split
 sizes travel (how many rows each rank will receive), then the rows. The backward of an all-to-all is
-the same call, splits swapped. The measured lesson: lessons/17_expert_parallel.py"""
+the same call, splits swapped. The measured lesson: lessons/20_expert_parallel.py"""
+
 import argparse
 import json
 import os
@@ -68,11 +69,12 @@ def moe_expert_parallel(router, my_experts, x, rank, world_size):
 def train(args, rank, world_size, device) -> None:
     torch.manual_seed(args.seed)  # every rank: the same router, experts and tokens of every rank
     router = nn.Linear(H, E, bias=False)
-    experts = nn.ModuleList(nn.Sequential(nn.Linear(H, 2 * H), nn.GELU(), nn.Linear(2 * H, H))
-                            for _ in range(E))
+    experts = nn.ModuleList(
+        nn.Sequential(nn.Linear(H, 2 * H), nn.GELU(), nn.Linear(2 * H, H)) for _ in range(E)
+    )
     x = torch.randn(world_size, N, H).to(device)  # rank r's tokens are x[r]
     router, experts, local = router.to(device), experts.to(device), E // world_size
-    mine = experts[rank * local:(rank + 1) * local]  # an EP rank would hold only these
+    mine = experts[rank * local : (rank + 1) * local]  # an EP rank would hold only these
     xf = x.clone().requires_grad_()  # one process: each rank's tokens through every expert
     yf = torch.stack([moe_one_process(router, experts, xf[r]) for r in range(world_size)])
     yf.square().sum().backward()
@@ -91,8 +93,16 @@ def train(args, rank, world_size, device) -> None:
     sent = [torch.empty_like(send) for _ in range(world_size)]
     dist.all_gather(sent, send)
     if rank == 0:  # the loss: common.expert_parallel.moe.MoE's (top-1, no drops) at this seed
-        print(json.dumps({"ep": world_size, "rows_sent": torch.stack(sent).tolist(),
-                          "max_diff": diff.item(), "loss": yf.square().sum().item()}))
+        print(
+            json.dumps(
+                {
+                    "ep": world_size,
+                    "rows_sent": torch.stack(sent).tolist(),
+                    "max_diff": diff.item(),
+                    "loss": yf.square().sum().item(),
+                }
+            )
+        )
     assert ok, f"rank {rank}: EP differs from one process"
 
 
