@@ -39,3 +39,10 @@ def assert_fails_on_every_rank(run, nproc: int, message: str) -> None:
             line for line in run.stderr.splitlines() if line.startswith(f"[rank {rank}] error:")
         ]
         assert len(lines) == 1 and message in lines[0], run.stderr
+
+
+def assert_lines_fit(run, width: int = 120) -> None:
+    """Every line the lesson printed on stdout is at most `width` characters (the formula belongs in the
+    docstring; the printed line carries the number and what it means)."""
+    long = [line for line in run.stdout.splitlines() if len(line) > width]
+    assert not long, f"{len(long)} printed lines over {width} characters:\n" + "\n".join(long)
