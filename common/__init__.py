@@ -79,6 +79,7 @@ plots: the notebooks' pictures, drawn from the runs' own tensors
 run: used by notebooks, tests and benchmarks, never by a lesson
     run.launch               run a lesson as a user does (torchrun / python) with a timeout
     run.launch_cache         one launch per lesson configuration in a test session
+    run.minimal_chain        each minimal script as a diff from its nearest earlier sibling, or whole
     run.notebooks            re-execute every notebook in place (python -m common.run.notebooks)
     run.spawn                mp.spawn from a notebook, bounded
 """

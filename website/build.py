@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.run.minimal_chain import minimal_base
+
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = Path(__file__).resolve().parent
 BUILD = ROOT / "build"
@@ -38,7 +40,13 @@ LANGS = ("en", "zh")
 
 # Numbered names used by an earlier numbering of the curriculum, "NN_name" -> slug, so that their old
 # addresses keep redirecting after a renumbering (the current numbered names redirect without an entry).
-FORMER_NAMES: dict[str, str] = {}
+FORMER_NAMES: dict[str, str] = {
+    "14_fault_tolerance": "fault-tolerance",
+    "15_performance": "performance",
+    "16_context_parallel": "context-parallel",
+    "17_expert_parallel": "expert-parallel",
+    "18_planning": "planning",
+}
 
 MINIMAL_COMMAND_RE = re.compile(r"^\s*((?:torchrun|python) .*?minimal/\S+\.py.*?)\s*(?:#.*)?$")
 COMMAND_RE = re.compile(r"^\s*((?:torchrun|python) .*)$")
@@ -47,16 +55,6 @@ COMMAND_RE = re.compile(r"^\s*((?:torchrun|python) .*)$")
 def slug_of(stem: str) -> str:
     """'03_ddp' -> 'ddp', '01_single_gpu' -> 'single-gpu': the lesson's name without its number."""
     return stem.split("_", 1)[1].replace("_", "-")
-
-
-# The table of which minimal script each lesson's diff is taken from: the one the notebooks print their diffs
-# with. Read from its file (not imported: the site builds without torch or jupyter installed).
-MINIMAL_BASE_SOURCE = ROOT / "common" / "run" / "notebooks.py"
-
-
-def minimal_base() -> dict[str, str]:
-    """Lesson number -> the lesson number of the minimal script its diff starts from."""
-    return assignment(MINIMAL_BASE_SOURCE, "MINIMAL_BASE")
 
 
 def assignment(path: Path, name: str):
@@ -400,7 +398,7 @@ def lesson_sections(lesson: Lesson, lessons: list[Lesson], lang: str, page: str)
             if (m := MINIMAL_COMMAND_RE.match(line))
         ]
         out.append(w["run"] + "\n\n" + fence("\n".join(commands), "bash"))
-        base_number = minimal_base().get(lesson.number)
+        base_number = minimal_base(lesson.number)
         base = next((le for le in lessons if le.number == base_number and le.minimal), None)
         if base is not None:
             diff = "\n".join(

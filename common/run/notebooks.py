@@ -11,7 +11,6 @@ reproduces them (nbval, strict mode).
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 import time
 from pathlib import Path
@@ -20,51 +19,6 @@ import nbformat
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-MINIMAL = NOTEBOOKS.parent / "minimal"
-
-# Which minimal script each one is a diff from: 01 -> 03 adds DDP, 04-08, 13 and 14 change 03's loop, the
-# model-parallel scripts build on each other (10 -> 11), and a later lesson's script on the one it extends.
-MINIMAL_BASE = {
-    "02": "01",
-    "03": "01",
-    "04": "03",
-    "05": "03",
-    "06": "03",
-    "07": "03",
-    "08": "07",
-    "09": "03",
-    "10": "03",
-    "11": "10",
-    "13": "03",
-    "16": "03",
-    "19": "10",
-    "20": "19",
-    "21": "13",
-}
-
-
-def minimal_path(number: str) -> Path:
-    """minimal/NN_*.py for lesson number "NN"."""
-    found = sorted(MINIMAL.glob(f"{number}_*.py"))
-    if not found:
-        raise FileNotFoundError(f"no minimal/{number}_*.py")
-    return found[0]
-
-
-def minimal_diff(lesson: str, base: str | None = None, context: int = 1) -> str:
-    """The unified diff from the previous minimal script in the chain to lesson `lesson`'s ("03" or
-    "03_ddp"), read from the files now, so a notebook cell that prints it can never show stale code."""
-    number = lesson[:2]
-    old, new = minimal_path(base or MINIMAL_BASE[number]), minimal_path(number)
-    lines = difflib.unified_diff(
-        old.read_text().splitlines(),
-        new.read_text().splitlines(),
-        f"minimal/{old.name}",
-        f"minimal/{new.name}",
-        n=context,
-        lineterm="",
-    )
-    return "\n".join(lines)
 
 
 def execute_in_place(path: Path, timeout_s: int = 180) -> float:
