@@ -86,6 +86,24 @@ class ResidualMLP(nn.Module):
                 h = h + block(h)
         return self.head(h)
 
+    def bf16_weight_copy_bytes(self) -> int:
+        """Bytes of the bf16 weight copies autocast keeps for backward: it saves a Linear's weight when backward
+        needs it for the input's gradient, so every Linear but the stem, whose input x needs none; 2 bytes each."""
+        return 2 * sum(
+            p.numel()
+            for n, p in self.named_parameters()
+            if n.endswith("weight") and n[:4] != "stem"
+        )
+
+    def activation_bytes(self, x: torch.Tensor, checkpointing: bool = False) -> int:
+        """`saved_activation_bytes` of one forward of a copy of `x`, with or without checkpointing, under the
+        caller's autocast. A copy: a slice x[:b] is a view that keeps (and would count) all of x's storage."""
+        before, self.checkpointing = self.checkpointing, checkpointing
+        try:
+            return saved_activation_bytes(self, lambda: self(x.clone()))
+        finally:
+            self.checkpointing = before
+
 
 def storage_key(t: torch.Tensor) -> tuple[tuple, int]:
     """(a key naming the memory behind `t`, the bytes of that memory): a view shares its base's key.
