@@ -105,6 +105,13 @@ class ResidualMLP(nn.Module):
             self.checkpointing = before
 
 
+def _holder(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose storage holds `t`'s data on this rank: a DTensor's local shard, the tensor an
+    AsyncCollectiveTensor (a functional collective's result not yet waited for) wraps, else `t`."""
+    t = local_shard(t)
+    return getattr(t, "elem", t) if type(t).__name__ == "AsyncCollectiveTensor" else t
+
+
 def storage_key(t: torch.Tensor) -> tuple[tuple, int]:
     """(a key naming the memory behind `t`, the bytes of that memory): a view shares its base's key.
 
@@ -112,8 +119,7 @@ def storage_key(t: torch.Tensor) -> tuple[tuple, int]:
     for (AsyncCollectiveTensor) the tensor it wraps; a tensor with no real storage behind it (a wrapper subclass,
     seen at batch size 1 under tensor parallelism) counts itself, numel x element size.
     """
-    t = local_shard(t)
-    t = getattr(t, "elem", t) if type(t).__name__ == "AsyncCollectiveTensor" else t
+    t = _holder(t)
     try:
         storage = t.untyped_storage()
         return (storage.data_ptr(), str(t.device), storage.nbytes()), storage.nbytes()
@@ -210,14 +216,12 @@ def saved_bytes(
         key, nbytes = storage_key(t)
         if key in skip:
             return t
-        if key[2] >= 0:
-            counter.storages.append(local_shard(t).untyped_storage())
-        if views:
-            own = local_shard(t)
-            key, nbytes = (
-                (own.data_ptr(), tuple(own.shape), tuple(own.stride())),
-                own.numel() * own.element_size(),
-            )
+        held = _holder(t)
+        if key[2] >= 0:  # a real storage: keep it, so that `held_now` can read its size later
+            counter.storages.append(held.untyped_storage())
+            if views:
+                key = (held.data_ptr(), tuple(held.shape), tuple(held.stride()))
+                nbytes = held.numel() * held.element_size()
         if key not in counter._seen:
             counter._seen.add(key)
             counter.bytes += nbytes
