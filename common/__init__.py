@@ -13,9 +13,9 @@ harness: how a lesson runs, reports and ends (imports no topic, no plot, no run 
     harness.compat           the torch-version differences the lessons bridge
 
 measure: instruments that make the invisible countable, on CPU as on GPU
-    measure.counters         DDP comm-hook counter, collective calls / bytes / groups, saved-activation bytes
+    measure.counters         DDP comm-hook counter, collective calls / bytes / groups
     measure.dtensor_counts   the same for DTensor and FSDP2
-    measure.memory           the memory of a training step, measured from tensors
+    measure.memory           the memory of a training step, measured from tensors: held and saved bytes
     measure.differences      how far apart two results are, NaN-safe, within a rank and over ranks
     measure.bandwidth        timing a collective, algbw / busbw
     measure.profiling        where a DDP step's time goes, read from a torch.profiler trace
@@ -30,9 +30,12 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     data_parallel.sync_batchnorm     SyncBatchNorm from two all-reduces (06)
     data_parallel.bn_stats           BatchNorm running statistics across ranks (06)
     data_parallel.ddp_buffers        when DDP sends module buffers (06)
+    pipeline.naive                   the naive split in one process, and the unsplit step checked against (09)
     pipeline.schedules               stages, micro-batches, GPipe / 1F1B / interleaved orders, the bubble (09)
     pipeline.executor                a send/recv pipeline executor in a schedule's order (09)
-    pipeline.stage_timers            when each stage computes, the bubble, the activations held, timelines (09)
+    pipeline.stage_timers            when each stage computes, and the bubble that leaves (09)
+    pipeline.torch_schedules         torch.distributed.pipelining's schedules, and how step() accumulates (09)
+    pipeline.step                    one recorded training step of a rank's stages under any schedule (09)
     tensor_parallel.layers           Megatron-style f / g, column and row parallel layers and blocks (10, 11)
     sharding.zero                    ZeRO-1/2/3 by hand on flat padded buffers (13)
     sharding.accounting              what a sharded rank holds and sends, ZeRO and FSDP2 (13)
@@ -71,6 +74,7 @@ plots: the notebooks' pictures, drawn from the runs' own tensors
     plots.collectives        each collective before and after, one box per rank (02)
     plots.buckets            DDP's gradient buckets as a timeline (03)
     plots.data_movement      data movement in notebooks 06-08
+    plots.pipeline           pipeline timelines: F/B boxes per rank, the bubble as white space (09)
     plots.parallel           who holds what in model parallelism (10, 11)
     plots.hang               every rank's Python stack side by side (12)
     plots.zero               ZeRO-1/2/3 and FSDP2: who holds what, and when (13)

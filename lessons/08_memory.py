@@ -7,12 +7,11 @@ accumulation and activation checkpointing change.
     python benchmarks/memory_speed.py                                  # step time of each setting, CUDA peak
 
 What to look for:
-1. The bytes a rank holds after one Adam step, measured from the tensors (storage bytes, each storage once):
-   parameters P, gradients P, DDP's buckets P (a flat copy of the gradients that the all-reduce works on),
-   Adam's state 2P (exp_avg and exp_avg_sq, fp32) plus a 4-byte `step` per parameter tensor, and the
-   activations of one micro-batch. Every data-parallel rank holds all of it: the replicated parameters,
-   gradients and optimizer state are what sharding (ZeRO, FSDP) cuts; activations are what accumulation and
-   checkpointing cut.
+1. The bytes a rank holds after one Adam step, measured from the tensors (each storage once): parameters P,
+   gradients P, DDP's buckets P (the flat copy of the gradients the all-reduce works on), Adam's state 2P
+   (exp_avg, exp_avg_sq) plus a 4-byte `step` per parameter tensor, and one micro-batch's activations. Every
+   data-parallel rank holds all of it: sharding (ZeRO, FSDP) cuts the replicated parameters, gradients and
+   optimizer state; accumulation and checkpointing cut the activations.
 2. Activations: autograd saves 4 B (64 + w (3 depth + 2)) bytes for the residual MLP, exactly. Activation
    checkpointing keeps each block's input only, 4 B (64 + w (depth + 2)): 56% less at width 256 and depth 4,
    the same gradients, paid for with a second forward (benchmarks/memory_speed.py times it). Accumulation over
@@ -45,12 +44,13 @@ from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.counters import CommCounter
 from common.measure.memory import (
+    CountingScaler,
     ResidualMLP,
+    held_bytes,
     micro_batch_stream,
     no_sync_unless,
     residual_mlp_activation_bytes,
     saved_activation_bytes,
-    storage_bytes,
 )
 from common.measure.precision import autocast_context, max_diff, worst_over_ranks
 
@@ -59,29 +59,14 @@ TOL = 1e-5
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--micro-batch",
-        type=int,
-        default=128,
-        help="samples per rank per forward (a multiple of 4)",
-    )
-    p.add_argument(
-        "--width", type=int, default=256, help="hidden width of the residual MLP (default 256)"
-    )
-    p.add_argument("--depth", type=int, default=4, help="residual blocks (default 4)")
-    p.add_argument(
-        "--steps", type=int, default=5, help="optimizer steps of the bf16 vs fp32 run (default 5)"
-    )
-    p.add_argument(
-        "--lr", type=float, default=0.05, help="SGD learning rate of that run (default 0.05)"
-    )
+    p.add_argument("--micro-batch", type=int, default=128, help="samples per rank, a multiple of 4")
+    p.add_argument("--width", type=int, default=256, help="hidden width of the residual MLP")
+    p.add_argument("--depth", type=int, default=4, help="residual blocks")
+    p.add_argument("--steps", type=int, default=5, help="optimizer steps of the bf16 vs fp32 run")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate of that run")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--data", default=None, help="digits .npz (default: the bundled data/digits.npz)"
-    )
-    p.add_argument(
-        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
-    )
+    p.add_argument("--data", default=None, help="digits .npz (default: data/digits.npz)")
+    p.add_argument("--results", default=None, help="rank 0 writes the numbers here (JSON)")
     add_distributed_args(p)
     args = p.parse_args(argv)
     # Validate before any process group exists: every rank fails alike, nobody waits in a collective.
@@ -96,66 +81,23 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------- 1. the bytes a rank holds, measured
-def bytes_a_rank_holds(raw_model, optimizer) -> dict[str, int]:
-    """Parameters, gradients and optimizer state of one rank in bytes, each storage counted once.
-
-    Call it after `optimizer.step()` and before `zero_grad`, when all three exist. For Adam the state is
-    exp_avg and exp_avg_sq (one fp32 tensor per parameter each) and a 0-d fp32 `step` per parameter tensor.
-    """
-    params = list(raw_model.parameters())
-    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
-    return {
-        "parameters": storage_bytes(params),
-        "gradients": storage_bytes(p.grad for p in params),
-        "optimizer_state": storage_bytes(state),
-        "all_three_counted_together": storage_bytes([*params, *(p.grad for p in params), *state]),
-    }
-
-
-class CountingScaler(torch.amp.GradScaler):
-    """A GradScaler that counts its unscale_/step/update calls (for the once-per-optimizer-step claims)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.counts = {"unscale_": 0, "step": 0, "update": 0}
-
-    def unscale_(self, optimizer):
-        self.counts["unscale_"] += 1
-        return super().unscale_(optimizer)
-
-    def step(self, optimizer, *args, **kwargs):
-        self.counts["step"] += 1
-        return super().step(optimizer, *args, **kwargs)
-
-    def update(self, new_scale=None):
-        self.counts["update"] += 1
-        return super().update(new_scale)
-
-
-def bytes_held(model, raw_model, counter, x, y, info, report: Report) -> None:
-    """1. One DDP + Adam step, then count what this rank holds."""
-    B, w, d = (
-        len(x),
-        raw_model.stem.out_features,
-        len(raw_model.blocks),
-    )  # micro-batch, width, depth
-    F.cross_entropy(
-        model(x), y
-    ).backward()  # warm-up: DDP builds its final buckets after iteration 1
+def bytes_held(model, raw_model, counter, x, y, report: Report) -> tuple[dict, int]:
+    """1. One DDP + Adam step, then count what this rank holds. Returns (bytes by kind, Adam's states)."""
+    # warm-up: DDP builds its final buckets after iteration 1
+    F.cross_entropy(model(x), y).backward()
     raw_model.zero_grad(set_to_none=True)
     optimizer = torch.optim.Adam(raw_model.parameters(), lr=1e-3)
     counter.reset()
-    F.cross_entropy(
-        model(x), y
-    ).backward()  # (B, 10) logits; the gradients are all-reduced in buckets
+    # (B, 10) logits; the gradients are all-reduced in buckets
+    F.cross_entropy(model(x), y).backward()
     optimizer.step()
-    held = bytes_a_rank_holds(raw_model, optimizer)
-    held["ddp_buckets"] = (
-        counter.bytes
-    )  # the flat bucket buffers of one all-reduce round (0 without DDP)
+    params = list(raw_model.parameters())
+    held = held_bytes(params, [q.grad for q in params], optimizer, together=True)
+    # the flat bucket buffers of one all-reduce round (0 without DDP)
+    held["ddp_buckets"] = counter.bytes
     held["activations"] = saved_activation_bytes(raw_model, lambda: raw_model(x))
     optimizer.zero_grad(set_to_none=True)
-    P = 4 * sum(p.numel() for p in raw_model.parameters())
+    P = 4 * sum(q.numel() for q in params)
     rows = ["parameters", "gradients", "ddp_buckets", "optimizer_state", "activations"]
     total = sum(held[r] for r in rows)
     table = "\n".join(
@@ -165,21 +107,37 @@ def bytes_held(model, raw_model, counter, x, y, info, report: Report) -> None:
     report.value(
         "bytes_held",
         held,
-        f"\n1. bytes this rank holds after one Adam step (P = 4 x parameters = "
-        f"{P} bytes):\n{table}",
+        "\n1. bytes this rank holds after one Adam step (P = 4 x parameters = {P} bytes):\n{table}",
+        P=P,
+        table=table,
     )
-    report.claim(
-        "parameter_bytes_exact", held["parameters"], "==", P, "  parameters = P = {value} bytes"
+    report.value(
+        "replicated_state_share",
+        1 - held["activations"] / total,
+        "  replicated on every rank (what sharding cuts): {value:.1%} of the total",
     )
-    report.claim(
-        "gradient_bytes_exact", held["gradients"], "==", P, "  gradients = P = {value} bytes"
-    )
+    return held, len(optimizer.state)
+
+
+def report_bytes_held(held: dict, n_state: int, raw_model, B: int, info, report: Report) -> None:
+    """1, continued: each kind of bytes against its count from the parameters and the shapes."""
+    w, d = raw_model.stem.out_features, len(raw_model.blocks)  # width, depth
+    P = 4 * sum(q.numel() for q in raw_model.parameters())
+    # parameters, gradients and (under DDP) buckets: P each. gradient_as_bucket_view=True would make .grad
+    # views into the buckets: P saved
+    exact = {"parameter": "parameters", "gradient": "gradients", "ddp_bucket": "ddp_buckets"}
+    for name, kind in exact.items():
+        if kind != "ddp_buckets" or info.distributed:
+            report.claim(
+                f"{name}_bytes_exact", held[kind], "==", P, "  {k} = P = {value} bytes", k=kind
+            )
     report.claim(
         "adam_state_bytes_exact",
         held["optimizer_state"],
         "==",
-        2 * P + 4 * len(optimizer.state),
-        f"  Adam state = 2P + 4 bytes x {len(optimizer.state)} step counters = {{value}} bytes",
+        2 * P + 4 * n_state,
+        "  Adam state = 2P + 4 bytes x {n} step counters = {value} bytes",
+        n=n_state,
     )
     report.claim(
         "storages_not_shared",
@@ -188,53 +146,27 @@ def bytes_held(model, raw_model, counter, x, y, info, report: Report) -> None:
         held["parameters"] + held["gradients"] + held["optimizer_state"],
         "  parameters, gradients and state counted together: {value} bytes, no storage shared",
     )
-    if (
-        info.distributed
-    ):  # gradient_as_bucket_view=True would make .grad views into the buckets: P saved
-        report.claim(
-            "ddp_bucket_bytes_exact",
-            held["ddp_buckets"],
-            "==",
-            P,
-            "  DDP buckets = P = {value} bytes",
-        )
     report.claim(
         "activation_bytes_exact",
         held["activations"],
         "==",
         residual_mlp_activation_bytes(B, w, d),
-        f"  activations = 4 x {B} x (64 + {w} x (3 x {d} + 2)) = {{value}} bytes",
-    )
-    report.value(
-        "replicated_state_share",
-        1 - held["activations"] / total,
-        "  replicated on every rank (what sharding cuts): {value:.1%} of the total",
+        "  activations = 4 x {B} x (64 + {w} x (3 x {d} + 2)) = {value} bytes",
+        B=B,
+        w=w,
+        d=d,
     )
 
 
-def act_bytes(raw_model, x, batch: int, ck: bool, precision: str = "fp32") -> int:
-    """Saved-tensor bytes of one forward of x[:batch], with or without checkpointing, under `precision`."""
-    raw_model.checkpointing = ck
-    with autocast_context(x.device, precision):
-        # a copy: the slice x[:batch] is a view that keeps (and would count) all of x's storage
-        n = saved_activation_bytes(raw_model, lambda: raw_model(x[:batch].clone()))
-    raw_model.checkpointing = False
-    return n
-
-
-def activations(model, raw_model, x, y, info, report: Report) -> None:
-    """2. Activations: checkpointing, accumulation, bf16."""
-    B, w, d = (
-        len(x),
-        raw_model.stem.out_features,
-        len(raw_model.blocks),
-    )  # micro-batch, width, depth
+def checkpointing_gradients(model, raw_model, x, y, info, report: Report) -> None:
+    """2. Checkpointing recomputes each block's forward in backward: the same gradients."""
     grads = {}
     for ck in (False, True):  # synchronised backward under DDP, with and without checkpointing
         raw_model.checkpointing = ck
         F.cross_entropy(model(x), y).backward()
         grads[ck] = [p.grad.detach().clone() for p in raw_model.parameters()]
         raw_model.zero_grad(set_to_none=True)
+    raw_model.checkpointing = False
     print0("\n2. activations (saved-tensor bytes of one forward, parameters excluded)")
     gap = worst_over_ranks([max_diff(grads[True], grads[False])], info)[0]
     report.claim(
@@ -244,14 +176,19 @@ def activations(model, raw_model, x, y, info, report: Report) -> None:
         TOL,
         "  checkpointing vs plain: gradients differ by {value:.1e}",
     )
+
+
+def activation_table(raw_model, x, report: Report) -> None:
+    """2, continued: saved bytes by micro-batch, with and without checkpointing, against the shapes."""
+    w, d = raw_model.stem.out_features, len(raw_model.blocks)  # width, depth
     by_micro = [
         {
             "micro_batch": b,
-            "plain_bytes": act_bytes(raw_model, x, b, False),
-            "checkpointing_bytes": act_bytes(raw_model, x, b, True),
+            "plain_bytes": raw_model.activation_bytes(x[:b]),
+            "checkpointing_bytes": raw_model.activation_bytes(x[:b], checkpointing=True),
         }
         for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)
-        if b <= B
+        if b <= len(x)
     ]
     lines = [
         f"  {r['micro_batch']:>11} {r['plain_bytes']:>12} {r['checkpointing_bytes']:>20}"
@@ -260,7 +197,8 @@ def activations(model, raw_model, x, y, info, report: Report) -> None:
     report.value(
         "activation_bytes_by_micro_batch",
         by_micro,
-        "  micro-batch  plain bytes  checkpointing bytes\n" + "\n".join(lines),
+        "  micro-batch  plain bytes  checkpointing bytes\n{rows}",
+        rows="\n".join(lines),
     )
     off = sum(
         r["plain_bytes"] != residual_mlp_activation_bytes(r["micro_batch"], w, d)
@@ -274,19 +212,28 @@ def activations(model, raw_model, x, y, info, report: Report) -> None:
         0,
         "  rows that differ from 4 B (64 + w (3d + 2)) and 4 B (64 + w (d + 2)): {value}",
     )
-    plain_b, ck_b = act_bytes(raw_model, x, B, False), act_bytes(raw_model, x, B, True)
+
+
+def activation_savings(raw_model, x, report: Report) -> None:
+    """2, continued: what checkpointing, accumulation and bf16 save at this micro-batch."""
+    B, w, d = (
+        len(x),
+        raw_model.stem.out_features,
+        len(raw_model.blocks),
+    )  # micro-batch, width, depth
+    plain_b = raw_model.activation_bytes(x)
+    ck_b = raw_model.activation_bytes(x, checkpointing=True)
     cut = 1 - ck_b / plain_b
     # 40% is the bar at the default shape; a shallow or narrow model saves less: there the shapes' cut is it
-    shapes_cut = 1 - residual_mlp_activation_bytes(B, w, d, True) / residual_mlp_activation_bytes(
-        B, w, d
-    )
+    shapes = residual_mlp_activation_bytes(B, w, d, True) / residual_mlp_activation_bytes(B, w, d)
     report.claim(
         "checkpointing_cut",
         cut,
         ">=",
-        min(0.40, shapes_cut),
-        f"  checkpointing at micro-batch {B}: {{value:.1%}} fewer activation bytes (the shapes say "
-        f"{shapes_cut:.1%})",
+        min(0.40, 1 - shapes),
+        "  checkpointing at micro-batch {B}: {value:.1%} fewer activation bytes (the shapes say {cut:.1%})",
+        B=B,
+        cut=1 - shapes,
     )
     if (w, d) == (256, 4):
         report.claim(
@@ -296,17 +243,19 @@ def activations(model, raw_model, x, y, info, report: Report) -> None:
             0.01,
             "  ... |cut - 56%| = {value:.3f} (the docstring's number at width 256, depth 4)",
         )
+    with autocast_context(x.device, "bf16"):
+        bf16_b = raw_model.activation_bytes(x)
     saved = {
         "plain": plain_b,
-        "accumulation k=4": act_bytes(raw_model, x, B // 4, False),
-        "bf16 autocast": act_bytes(raw_model, x, B, False, "bf16"),
+        "accumulation k=4": raw_model.activation_bytes(x[: B // 4]),
+        "bf16 autocast": bf16_b,
         "checkpointing": ck_b,
     }
     report.value(
         "saved_activation_bytes",
         saved,
-        "  one optimizer step's activations: "
-        + ", ".join(f"{k} {v / 1e6:.3f} MB" for k, v in saved.items()),
+        "  one step's activations (MB): {mb}",
+        mb=", ".join(f"{k} {v / 1e6:.3f}" for k, v in saved.items()),
     )
     report.claim(
         "accumulation_k4_activation_share",
@@ -319,7 +268,7 @@ def activations(model, raw_model, x, y, info, report: Report) -> None:
         "checkpointing_activation_share",
         ck_b / plain_b,
         "<=",
-        max(0.6, 1 - shapes_cut),
+        max(0.6, shapes),
         "  checkpointing: {value:.3f} x plain",
     )
     bf16_activations(raw_model, saved, plain_b, report)
@@ -327,32 +276,27 @@ def activations(model, raw_model, x, y, info, report: Report) -> None:
 
 def bf16_activations(raw_model, saved: dict, plain_b: int, report: Report) -> None:
     """2, continued: what bf16 autocast saves, and the bf16 weight copies it keeps."""
-    # autocast saves a bf16 copy of a Linear's weight when backward needs it for the input's gradient: every
-    # Linear but the stem, whose input x needs none. Activations: half of plain, all of them in bf16.
-    copies = 2 * sum(
-        p.numel()
-        for n, p in raw_model.named_parameters()
-        if n.endswith("weight") and n[:4] != "stem"
-    )
+    # Activations: half of plain, all of them in bf16, plus the bf16 weight copies autocast keeps
+    copies = raw_model.bf16_weight_copy_bytes()
     report.claim(
         "bf16_activation_bytes_exact",
         saved["bf16 autocast"],
         "==",
         plain_b // 2 + copies,
-        f"  bf16 autocast: {{value}} bytes = plain / 2 + {copies} bytes of bf16 weight copies",
+        "  bf16 autocast: {value} bytes = plain / 2 + {copies} bytes of bf16 weight copies",
+        copies=copies,
     )
     outweigh = copies >= plain_b / 2
-    why = (
-        "(its bf16 weight copies outweigh the halving)"
-        if outweigh
-        else "(the halving outweighs its copies)"
-    )
+    why = "its bf16 weight copies outweigh the halving"
+    if not outweigh:
+        why = "the halving outweighs its copies"
     report.claim(
         "bf16_activation_share",
         saved["bf16 autocast"] / plain_b,
         ">=" if outweigh else "<=",
         1.0,
-        "  bf16 autocast: {value:.3f} x plain " + why,
+        "  bf16 autocast: {value:.3f} x plain ({why})",
+        why=why,
     )
 
 
@@ -368,18 +312,18 @@ def bf16_vs_fp32(model, raw_model, init_state, train_set, args, info, report: Re
                 xb, yb = (t.to(info.device) for t in next(stream))
                 with no_sync_unless(model, last=micro_step == 1):
                     with autocast_context(info.device, precision):
-                        loss = (
-                            F.cross_entropy(model(xb), yb) / 2
-                        )  # autocast: logits bf16, loss fp32
+                        # autocast: logits bf16, loss fp32
+                        loss = F.cross_entropy(model(xb), yb) / 2
                     loss.backward()
             torch.nn.utils.clip_grad_norm_(raw_model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
         finals[precision] = [p.detach().clone() for p in raw_model.parameters()]
-    bf16_diff, change = worst_over_ranks(
-        [max_diff(finals["bf16"], finals["fp32"]), max_diff(finals["fp32"], init_state.values())],
-        info,
-    )
+    diffs = [
+        max_diff(finals["bf16"], finals["fp32"]),
+        max_diff(finals["fp32"], init_state.values()),
+    ]
+    bf16_diff, change = worst_over_ranks(diffs, info)
     print0(f"\n3. bf16 autocast vs fp32 after {args.steps} optimizer steps")
     # bf16 keeps 8 significant bits (relative rounding up to 2^-8 = 0.4%) in matmul inputs and outputs; the
     # parameters, gradients and the update stay fp32: under 1% of the largest change here, well within 1e-3.
@@ -388,7 +332,8 @@ def bf16_vs_fp32(model, raw_model, init_state, train_set, args, info, report: Re
         bf16_diff,
         "<=",
         1e-3,
-        f"  max |parameter difference| {{value:.1e}} (largest fp32 parameter change {change:.1e})",
+        "  max |parameter difference| {value:.1e} (largest fp32 parameter change {change:.1e})",
+        change=change,
     )
     report.claim(
         "bf16_really_ran", bf16_diff, ">=", 1e-7, "  ... and not 0 (bf16 really ran): {value:.1e}"
@@ -413,9 +358,8 @@ def fp16_with_grad_scaler(model, raw_model, init_state, x, y, args, info, report
             if last:
                 scaler.unscale_(opt)  # once: divides the accumulated gradients by the scale
                 torch.nn.utils.clip_grad_norm_(raw_model.parameters(), 1.0)  # on the true gradients
-                scaler.step(
-                    opt
-                )  # skipped if any inf/NaN; every rank sees the same synchronised gradients
+                # skipped if any inf/NaN; every rank sees the same synchronised gradients
+                scaler.step(opt)
                 scaler.update()
                 opt.zero_grad(set_to_none=True)
     except Exception as e:  # counted, and claimed absent
@@ -424,7 +368,9 @@ def fp16_with_grad_scaler(model, raw_model, init_state, x, y, args, info, report
     report.value(
         "scaler_counts",
         scaler.counts,
-        f"\n4. fp16 + GradScaler({dev.type!r}), 8 micro-batches, k = {k}: {{value}}",
+        "\n4. fp16 + GradScaler({device!r}), 8 micro-batches, k = {k}: {value}",
+        device=dev.type,
+        k=k,
     )
     for what in ("unscale_", "step", "update"):
         report.claim(
@@ -432,7 +378,8 @@ def fp16_with_grad_scaler(model, raw_model, init_state, x, y, args, info, report
             scaler.counts[what],
             "==",
             8 // k,
-            f"  {what}: {{value}} calls, once per optimizer step",
+            "  {what}: {value} calls, once per optimizer step",
+            what=what,
         )
     report.claim("scaler_errors", errors, "==", 0, "  errors: {value}")
     return opt
@@ -463,31 +410,36 @@ def double_unscale(model, opt, x, y, info, report: Report) -> None:
 def main() -> None:
     args = parse_args()
     with distributed_session(args) as info:
-        W, B, dev, w, d = info.world_size, args.micro_batch, info.device, args.width, args.depth
+        B, dev = args.micro_batch, info.device  # micro-batch per rank
         report = Report(info)
         train_set, _ = digits_split(path=args.data)  # (1438, 1, 8, 8), every rank
         set_seed(args.seed)
-        raw_model = ResidualMLP(w, d).to(dev)
+        raw_model = ResidualMLP(args.width, args.depth).to(dev)
         init_state = copy.deepcopy(raw_model.state_dict())
         model = raw_model
         if info.distributed:
             model = DDP(raw_model, device_ids=[info.local_rank] if dev.type == "cuda" else None)
         counter = CommCounter().register(model) if info.distributed else CommCounter()
         idx = (torch.arange(B) + info.rank * B) % len(train_set)  # this rank's micro-batch
-        x, y = (
-            train_set.tensors[0][idx].to(dev),
-            train_set.tensors[1][idx].to(dev),
-        )  # (B, 1, 8, 8), (B,)
-        n_params = sum(p.numel() for p in raw_model.parameters())
-        report.results.update(world_size=W, micro_batch=B, width=w, depth=d)
+        x = train_set.tensors[0][idx].to(dev)  # (B, 1, 8, 8)
+        y = train_set.tensors[1][idx].to(dev)  # (B,)
+        report.record("world_size", info.world_size)
+        report.record("micro_batch", B)
+        report.record("width", args.width)
+        report.record("depth", args.depth)
         report.value(
             "n_params",
-            n_params,
-            f"world_size {W}, ResidualMLP width {w} depth {d}: {{value}} "
-            f"parameters; micro-batch {B} per rank",
+            sum(p.numel() for p in raw_model.parameters()),
+            "world_size {W}, ResidualMLP width {a.width} depth {a.depth}: {value} parameters; "
+            "micro-batch {a.micro_batch} per rank",
+            W=info.world_size,
+            a=args,
         )
-        bytes_held(model, raw_model, counter, x, y, info, report)
-        activations(model, raw_model, x, y, info, report)
+        held, n_state = bytes_held(model, raw_model, counter, x, y, report)
+        report_bytes_held(held, n_state, raw_model, B, info, report)
+        checkpointing_gradients(model, raw_model, x, y, info, report)
+        activation_table(raw_model, x, report)
+        activation_savings(raw_model, x, report)
         bf16_vs_fp32(model, raw_model, init_state, train_set, args, info, report)
         opt = fp16_with_grad_scaler(model, raw_model, init_state, x, y, args, info, report)
         double_unscale(model, opt, x, y, info, report)

@@ -3,10 +3,10 @@
     torchrun --standalone --nproc_per_node=2 minimal/08_memory.py
     python minimal/08_memory.py                                     # plain python: a world of one
 
-A forward saves the tensors backward needs (a Linear its input, a GELU its input): the activations,
-counted here with torch.autograd.graph.saved_tensors_hooks. Activation checkpointing keeps only each
-block's input and recomputes the block in backward: the same gradients for fewer bytes. bf16
-autocast halves the activations but saves a bf16 copy of each weight. Lesson: lessons/08_memory.py.
+A forward saves what backward needs, the activations (counted here with saved_tensors_hooks).
+Checkpointing keeps each block's input only and recomputes the block in backward: the same gradients
+for fewer bytes. bf16 autocast halves the activations but keeps a bf16 copy of each weight.
+Lesson: lessons/08_memory.py.
 """
 
 import argparse
@@ -45,18 +45,16 @@ class ResidualMLP(nn.Module):
 
 def saved_bytes(model, x, checkpointing=False) -> int:
     """Bytes autograd saves for backward during one forward: each storage once, weights excluded."""
-    seen, total = {p.untyped_storage().data_ptr() for p in model.parameters()}, 0
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    sizes = {}  # storage -> its bytes: a storage saved twice (or a view of it) counts once
 
     def pack(t):  # called for every tensor saved for backward
-        nonlocal total
-        if t.untyped_storage().data_ptr() not in seen:
-            seen.add(t.untyped_storage().data_ptr())
-            total += t.untyped_storage().nbytes()
+        sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(x, checkpointing)
-    return total
+    return sum(n for ptr, n in sizes.items() if ptr not in weights)
 
 
 def train(args, rank, world_size, device) -> None:
@@ -64,8 +62,7 @@ def train(args, rank, world_size, device) -> None:
     with np.load(Path(__file__).resolve().parent.parent / "data" / "digits.npz") as f:
         x = torch.from_numpy(f["images"].astype(np.float32) / 16.0).flatten(1)  # (1797, 64)
         y = torch.from_numpy(f["labels"].astype(np.int64))  # (1797,)
-    mine = rank * B + torch.arange(B)  # this rank's B digits: indexing copies; a slice would be a
-    # view, and autograd would keep (and we would count) all of x
+    mine = rank * B + torch.arange(B)  # this rank's B digits, copied: a view would keep all of x
     x, y = x[mine].to(device), y[mine].to(device)  # (B, 64), (B,)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     raw_model = ResidualMLP().to(device)
@@ -80,33 +77,21 @@ def train(args, rank, world_size, device) -> None:
         grads[ck] = torch.cat([p.grad.flatten() for p in raw_model.parameters()])
     with torch.autocast(device.type, dtype=torch.bfloat16):
         saved["bf16 autocast"] = saved_bytes(raw_model, x)
-    # plain: the stem's input (B, 64), 3 tensors (B, W) per block, 2 in the head, 4 bytes each;
-    # checkpointing: 1 per block, its input; bf16: 2 bytes each, plus a bf16 copy of each weight
-    # whose input needs a gradient (all but the stem's: x needs none)
-    copies = 2 * sum(
-        m.weight.numel()
-        for m in raw_model.modules()
-        if isinstance(m, nn.Linear) and m is not raw_model.stem
-    )
+    # plain: the stem's input (B, 64), 3 (B, W) per block, 2 in the head, 4 bytes each; checkpoint:
+    # 1 per block; bf16: 2 bytes each + a bf16 copy of each weight but the stem's (x needs no grad)
     formula = {
         "plain": 4 * B * (64 + W * (3 * D + 2)),
         "checkpointing": 4 * B * (64 + W * (D + 2)),
-        "bf16 autocast": 2 * B * (64 + W * (3 * D + 2)) + copies,
+        "bf16 autocast": 2 * B * (64 + W * (3 * D + 2)) + 2 * (2 * D * W * W + W * 10),
     }
 
     # --- the check: the bytes follow from the shapes; checkpointing gives the same gradients ---
     diff = (grads[True] - grads[False]).abs().max()
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    share, worst = saved["checkpointing"] / saved["plain"], diff.item()
     if rank == 0:  # one JSON line: the bytes are lesson 08's at its defaults
-        print(
-            json.dumps(
-                {
-                    "saved_bytes": saved,
-                    "checkpointing_share": saved["checkpointing"] / saved["plain"],
-                    "checkpointing_max_grad_diff": diff.item(),
-                }
-            )
-        )
+        out = dict(saved_bytes=saved, checkpointing_share=share, checkpointing_max_grad_diff=worst)
+        print(json.dumps(out))
     assert saved == formula, (saved, formula)
     torch.testing.assert_close(grads[True], grads[False], rtol=0, atol=1e-5)
 

@@ -3,9 +3,8 @@
 - `CommCounter`: a DDP communication hook that counts the all-reduce calls DDP makes (one per gradient bucket)
   and their bytes, then performs the same averaging all-reduce as DDP's default hook.
   (https://pytorch.org/docs/stable/ddp_comm_hooks.html)
-- `saved_tensor_bytes`: counts the bytes autograd saves for backward inside a `with` block, through
-  `torch.autograd.graph.saved_tensors_hooks` (https://pytorch.org/docs/stable/autograd.html#saved-tensors-hooks).
-  Device-independent: the same count on CPU and CUDA, which is what activation checkpointing reduces.
+- `saved_tensor_bytes`: the older name of `common.measure.memory.saved_bytes` (the bytes autograd saves for
+  backward inside a `with` block), which it calls.
 - `count_collectives`: counts the Python-level calls to `torch.distributed` collectives in a block, with their
   bytes and the ranks of the group each travelled in.
 """
@@ -19,7 +18,6 @@ import torch.distributed as dist
 
 __all__ = [
     "CommCounter",
-    "SavedBytes",
     "saved_tensor_bytes",
     "CollectiveCount",
     "count_collectives",
@@ -67,50 +65,18 @@ class CommCounter:
         return fut.then(lambda f: f.value()[0])
 
 
-@dataclass
-class SavedBytes:
-    """Bytes and number of tensors autograd saved for backward while the counter was active."""
-
-    bytes: int = 0
-    tensors: int = 0
-    _seen: set = field(default_factory=set, repr=False)
-
-
 def local_shard(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (what this rank really stores); any other tensor itself."""
     return getattr(t, "_local_tensor", t)
 
 
-def _key(t: torch.Tensor) -> tuple:
-    t = local_shard(t)
-    return (t.untyped_storage().data_ptr(), str(t.device))
+def saved_tensor_bytes(exclude: Iterable[torch.Tensor] = ()):
+    """`common.measure.memory.saved_bytes(exclude)`, under the name lesson 19 imports."""
+    from common.measure.memory import (
+        saved_bytes,
+    )  # memory imports this module: import it when called
 
-
-@contextmanager
-def saved_tensor_bytes(exclude: Iterable[torch.Tensor] = ()) -> Iterator[SavedBytes]:
-    """Count what autograd saves for backward in this block (storage counted once, however often saved).
-
-    Args:
-        exclude: tensors not to count, typically `model.parameters()`: a Linear saves its weight for backward,
-            which is not an activation. Pass them to count activations only.
-
-        with saved_tensor_bytes() as saved:
-            loss = model(x).sum()
-        print(saved.bytes)
-    """
-    counter = SavedBytes()
-    skip = {_key(t) for t in exclude}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = _key(t)
-        if key not in counter._seen and key not in skip:
-            counter._seen.add(key)
-            counter.bytes += local_shard(t).untyped_storage().nbytes()
-            counter.tensors += 1
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield counter
+    return saved_bytes(exclude)
 
 
 @dataclass

@@ -6,22 +6,23 @@ FSDP2 (`fully_shard`) calls `dist.all_gather_single` and `dist.reduce_scatter_si
 them reach the dispatcher as ops, where `torch.distributed.tensor.debug.CommDebugMode` counts them
 (https://pytorch.org/docs/stable/distributed.tensor.html#debugging). This subclass of it also records each one's
 bytes and group, into the same `CollectiveCount` that `count_collectives` fills, so a lesson compares the two.
-`saved_local_bytes` is `common.measure.counters.saved_tensor_bytes` for DTensors: it counts the local shard a rank keeps.
+`saved_local_bytes` is the older name of `common.measure.memory.saved_bytes`, which counts a DTensor by its local
+shard (what a rank keeps for backward).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 import torch.distributed as dist
-from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-from common.measure.counters import CollectiveCount, SavedBytes
+from common.measure.counters import CollectiveCount
+from common.measure.memory import SavedBytes, saved_bytes
 
 __all__ = ["count_dtensor_collectives", "saved_local_bytes"]
 
@@ -90,34 +91,7 @@ def count_dtensor_collectives() -> Iterator[CollectiveCount]:
         yield counter
 
 
-@contextmanager
-def saved_local_bytes(exclude=()) -> Iterator[SavedBytes]:
-    """`common.measure.counters.saved_tensor_bytes` for modules that hold DTensors: a DTensor counts its local shard, the
-    bytes this rank keeps for backward (each storage once; `exclude`, e.g. the parameters, not counted)."""
-    counter = SavedBytes()
-
-    def key(t: torch.Tensor) -> tuple:
-        t = t._local_tensor if isinstance(t, DTensor) else t
-        if isinstance(
-            t, AsyncCollectiveTensor
-        ):  # a functional collective's result, not yet waited for
-            t = t.elem
-        try:
-            return t.untyped_storage().data_ptr(), str(t.device), t.untyped_storage().nbytes()
-        except (
-            RuntimeError
-        ):  # no real storage behind it (seen at batch size 1): count the tensor itself
-            return id(t), str(t.device), t.numel() * t.element_size()
-
-    skip = {key(t) for t in exclude}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        k = key(t)
-        if k not in counter._seen and k not in skip:
-            counter._seen.add(k)
-            counter.bytes += k[2]
-            counter.tensors += 1
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield counter
+def saved_local_bytes(exclude=()) -> AbstractContextManager[SavedBytes]:
+    """`common.measure.memory.saved_bytes(exclude)`, under the name lesson 10 imports: a DTensor counts its
+    local shard, the bytes this rank keeps for backward (each storage once; `exclude` not counted)."""
+    return saved_bytes(exclude)

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 
-from common.pipeline.stage_timers import held_activation_bytes
+from common.measure.memory import saved_bytes
 
 CPU = torch.device("cpu")
 
-__all__ = ["StepResult", "check_order", "run_pipeline_step"]
+__all__ = ["StepResult", "check_order", "run_pipeline_step", "executor_step"]
 
 
 @dataclass
@@ -31,7 +32,9 @@ class StepResult:
         loss: on the last stage, the batch's mean loss sum_i (n_i / N) loss_i; None elsewhere.
         events: this stage's (kind, microbatch, start_s, end_s, stage), if the stage is a `TimedStage`.
         peak_live_microbatches: most micro-batches whose forward ran and whose backward had not.
-        peak_activation_bytes: most bytes of saved activations held at once (see `held_activation_bytes`).
+        peak_activation_bytes: most bytes of saved activations held at once: each micro-batch's saved tensors,
+            counted by `common.measure.memory.saved_bytes(views=True)` (a micro-batch is a view into the batch,
+            and a stage holds its rows), weights excluded, from its forward until its backward.
     """
 
     loss: float | None
@@ -135,7 +138,7 @@ def run_pipeline_step(
                 x = torch.empty((sizes[i], *recv_shape), device=device, dtype=dtype)
                 recv(x, ranks[pp_rank - 1])
                 x.requires_grad_()  # we need d loss / d x to send back to the previous stage
-            with held_activation_bytes(params) as saved:
+            with saved_bytes(params, views=True) as saved:
                 out = stage(x)
                 if last:
                     out = loss_fn(out, targets[i].to(device)) * (sizes[i] / total)  # weight n_i / N
@@ -143,9 +146,9 @@ def run_pipeline_step(
                 send(out.detach(), ranks[pp_rank + 1], step)
             else:
                 loss_sum += out.item()
-            kept[i] = (x, out, saved[0])
+            kept[i] = (x, out, saved.bytes)
             live += 1
-            live_bytes += saved[0]
+            live_bytes += saved.bytes
             peak_live, peak_bytes = max(peak_live, live), max(peak_bytes, live_bytes)
         else:
             x, out, nbytes = kept.pop(i)
@@ -164,3 +167,38 @@ def run_pipeline_step(
     return StepResult(
         loss_sum if last else None, list(getattr(stage, "events", [])), peak_live, peak_bytes
     )
+
+
+def executor_step(
+    stage: nn.Module,
+    order: Sequence[tuple[str, int]],
+    pp_rank: int,
+    stage_ranks: Sequence[int],
+    sizes: Sequence[int],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    device: torch.device = CPU,
+) -> Callable[[], tuple[float | None, int]]:
+    """A function that runs `run_pipeline_step` on this rank's stage for the batch (x, y) cut into `sizes`, with
+    the mean cross-entropy loss, and returns (the batch's loss on the last stage, else None; this stage's peak
+    activation bytes). The stage's input width is its first Linear's `in_features`."""
+    p = len(stage_ranks)
+    in_features = next(m.in_features for m in stage.modules() if isinstance(m, nn.Linear))
+
+    def step() -> tuple[float | None, int]:
+        res = run_pipeline_step(
+            stage,
+            order,
+            pp_rank=pp_rank,
+            pp_world_size=p,
+            sizes=sizes,
+            recv_shape=(in_features,),
+            stage_ranks=stage_ranks,
+            inputs=list(x.split(sizes)) if pp_rank == 0 else [],
+            targets=list(y.split(sizes)) if pp_rank == p - 1 else [],
+            loss_fn=F.cross_entropy,
+            device=device,
+        )
+        return res.loss, res.peak_activation_bytes
+
+    return step

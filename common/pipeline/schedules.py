@@ -37,6 +37,7 @@ import torch.nn as nn
 __all__ = [
     "split_model",
     "default_split_points",
+    "plan_stages",
     "microbatch_sizes",
     "gpipe_order",
     "one_f_one_b_order",
@@ -82,6 +83,31 @@ def default_split_points(model: nn.Sequential, num_stages: int) -> list[int]:
     if len(starts) < num_stages:
         raise ValueError(f"{len(starts)} Linear layers cannot fill {num_stages} stages")
     return [starts[round(k * len(starts) / num_stages)] for k in range(1, num_stages)]
+
+
+def plan_stages(
+    model: nn.Sequential,
+    world_size: int,
+    num_stages: int | None = None,
+    split_points: Sequence[int] | None = None,
+) -> tuple[int, list[int]]:
+    """(stages, split points) of a pipeline with one stage per rank: `split_points` if given, else
+    `default_split_points`; the stages default to one more than the points given, or the world size.
+
+    Raises:
+        ValueError: the stages are not one per rank, the points do not make that many stages, or a point is
+        outside the model (`split_model`).
+    """
+    stages = num_stages or (len(split_points) + 1 if split_points else world_size)
+    if stages != world_size:
+        raise ValueError(
+            f"{stages} pipeline stages need {stages} processes (one stage per rank), but the world "
+            f"size is {world_size}"
+        )
+    points = list(split_points or default_split_points(model, stages))
+    if len(split_model(model, points)) != stages:
+        raise ValueError(f"split points {points} make {len(points) + 1} stages, not {stages}")
+    return stages, points
 
 
 def microbatch_sizes(batch_size: int, num_microbatches: int) -> list[int]:

@@ -1,5 +1,5 @@
-"""Instruments for pipeline stages: when each stage computes, the bubble that leaves, the activations it holds,
-and a timeline plot (lesson 09).
+"""Instruments for pipeline stages: when each stage computes and the bubble that leaves (lesson 09; the
+timeline plot is `common.plots.pipeline.plot_timeline`, the bytes a stage holds `common.pipeline.executor`).
 
 `TimedStage` wraps a stage so that it records when it computes (forward and backward), whichever schedule runs
 it: the hand-written executor (`common.pipeline.executor`) or `torch.distributed.pipelining`'s
@@ -12,8 +12,7 @@ measured bubble can be compared with theory.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch
@@ -22,12 +21,11 @@ import torch.nn as nn
 __all__ = [
     "SimulatedKernel",
     "TimedStage",
+    "timed_stages",
     "record_step",
     "measured_bubble",
     "busy_overlap_s",
     "peak_live",
-    "held_activation_bytes",
-    "plot_timeline",
 ]
 
 
@@ -151,6 +149,16 @@ class TimedStage(nn.Module):
         return _End.apply(self.module(_Begin.apply(x, self._dummy, self)), self)
 
 
+def timed_stages(
+    parts: Sequence[nn.Sequential], indices: Sequence[int], device
+) -> list[TimedStage]:
+    """This rank's stages `parts[i]` for i in `indices`, each timed and ending in a SimulatedKernel that stays
+    off until `record_step` sets its time per sample."""
+    return [
+        TimedStage(nn.Sequential(*parts[i], SimulatedKernel(0.0)), i).to(device) for i in indices
+    ]
+
+
 T = TypeVar("T")
 
 
@@ -216,62 +224,3 @@ def peak_live(events: Sequence[tuple]) -> int:
         live += 1 if e[0] == "F" else -1
         peak = max(peak, live)
     return peak
-
-
-@contextmanager
-def held_activation_bytes(params: Sequence[torch.Tensor] = ()) -> Iterator[list]:
-    """Count bytes of the tensors autograd saves for backward in this block, leaving out `params`.
-
-    Unlike `common.measure.counters.saved_tensor_bytes` (which counts whole storages, right for one model call), this
-    counts each saved tensor's own bytes (numel x element size), once per (address, shape), and skips the weights
-    a Linear saves: a micro-batch that is a view into the batch counts its own rows, not the whole batch. What
-    remains is the activations a stage keeps per micro-batch until its backward. Yields [bytes].
-    (https://pytorch.org/docs/stable/autograd.html#saved-tensors-hooks)
-    """
-    skip = {p.untyped_storage().data_ptr() for p in params}
-    seen: set = set()
-    out = [0]
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
-        if t.untyped_storage().data_ptr() not in skip and key not in seen:
-            seen.add(key)
-            out[0] += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield out
-
-
-def plot_timeline(
-    events_per_rank: Sequence[Sequence[tuple]], title: str = "", ax=None, unit: float = 1e3
-):
-    """Gantt chart of a recorded step: one row per rank, forward boxes light, backward boxes dark, labelled
-    with the micro-batch (and the stage, `F0s2`, when a rank holds several). Times in ms. Returns the Axes."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 0.5 * len(events_per_rank) + 1))
-    t0 = min(e[2] for evs in events_per_rank for e in evs)
-    several = any(len({e[4] for e in evs}) > 1 for evs in events_per_rank)
-    cmap = plt.get_cmap("tab10")
-    for k, evs in enumerate(events_per_rank):
-        for kind, i, s, e, stage in evs:
-            ax.barh(
-                k,
-                (e - s) * unit,
-                left=(s - t0) * unit,
-                height=0.8,
-                color=cmap(i % 10),
-                alpha=0.45 if kind == "F" else 0.95,
-                edgecolor="black",
-                linewidth=0.5,
-                hatch="//" if several and stage >= len(events_per_rank) else None,
-            )
-            label = f"{kind}{i}" + (f"s{stage}" if several else "")
-            ax.text((s - t0 + (e - s) / 2) * unit, k, label, ha="center", va="center", fontsize=6)
-    ax.set_yticks(range(len(events_per_rank)), [f"rank {k}" for k in range(len(events_per_rank))])
-    ax.invert_yaxis()
-    ax.set_xlabel("time since the step began (ms)")
-    ax.set_title(title)
-    return ax

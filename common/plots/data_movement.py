@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from common.measure.counters import CommCounter
+from common.measure.memory import storage_key
 
 __all__ = [
     "one_process_group",
@@ -146,16 +147,16 @@ def plot_micro_step_timeline(rows: dict, k: int, ax=None):
 def saved_bytes_timeline(model, forward, loss_of) -> list[tuple[str, int]]:
     """Run `out = forward()` and `loss_of(out).backward()` and return (phase, live bytes) after every tensor
     autograd saves or frees: the bytes saved for backward and still held, each storage once, parameters
-    excluded (as common.measure.memory.saved_activation_bytes counts them). Phase: "forward" until the first free,
-    then "backward".
+    excluded, each storage named by `common.measure.memory.storage_key` (as `saved_bytes` counts them, whose
+    peak this timeline reaches). Phase: "forward" until the first free, then "backward".
     Tensors a checkpointed block recomputes in backward are held by the checkpoint, outside these hooks."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    params = {storage_key(p)[0] for p in model.parameters()}
     live, refs, timeline = [0], {}, []
 
-    def release(ptr):
-        refs[ptr][1] -= 1
-        if refs[ptr][1] == 0:
-            live[0] -= refs.pop(ptr)[0]
+    def release(key):
+        refs[key][1] -= 1
+        if refs[key][1] == 0:
+            live[0] -= refs.pop(key)[0]
             timeline.append(("backward", live[0]))
 
     class Held:  # what autograd keeps instead of the tensor; dropped when the node's backward has run
@@ -163,14 +164,14 @@ def saved_bytes_timeline(model, forward, loss_of) -> list[tuple[str, int]]:
             self.t = t
 
     def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in params:
+        key, nbytes = storage_key(t)
+        if key in params:
             return t
         held = Held(t)
-        entry = refs.setdefault(ptr, [t.untyped_storage().nbytes(), 0])
+        entry = refs.setdefault(key, [nbytes, 0])
         live[0] += entry[0] * (entry[1] == 0)
         entry[1] += 1
-        weakref.finalize(held, release, ptr)
+        weakref.finalize(held, release, key)
         timeline.append(
             ("backward" if any(p == "backward" for p, _ in timeline) else "forward", live[0])
         )

@@ -10,7 +10,7 @@ import pytest
 
 from common.measure.memory import residual_mlp_activation_bytes
 from common.run.launch import REPO_ROOT, run_command, run_lesson
-from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 LESSON = "08_memory"
 TOL = 1e-5
@@ -39,13 +39,29 @@ CLAIMS = {
 
 
 @pytest.fixture(scope="module")
-def two_ranks():
-    return run_lesson(LESSON, nproc=2, args=DEV, timeout_s=480).check().results
+def two_ranks_run():
+    return run_lesson(LESSON, nproc=2, args=DEV, timeout_s=480).check()
 
 
 @pytest.fixture(scope="module")
-def one_process():
-    return run_lesson(LESSON, nproc=None, timeout_s=480).check().results
+def one_process_run():
+    return run_lesson(LESSON, nproc=None, timeout_s=480).check()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(two_ranks_run):
+    return two_ranks_run.results
+
+
+@pytest.fixture(scope="module")
+def one_process(one_process_run):
+    return one_process_run.results
+
+
+@pytest.mark.timeout(600)
+def test_every_printed_line_fits(two_ranks_run, one_process_run):
+    assert_lines_fit(two_ranks_run)
+    assert_lines_fit(one_process_run)
 
 
 @pytest.mark.timeout(600)

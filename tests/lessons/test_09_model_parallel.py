@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from common.run.launch import run_lesson
-from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 TOL = 1e-5
 SCHEDULES = ["gpipe", "1f1b", "torch-gpipe", "torch-1f1b", "torch-interleaved-1f1b"]
@@ -81,6 +81,7 @@ def test_two_stages_equal_unsplit(two_stages):
     )  # 2 - 3/2
     equal_lines = [layer for layer in two_stages.lines() if "= unsplit" in layer]
     assert len(equal_lines) == 5 and all("holds]" in layer for layer in equal_lines)
+    assert_lines_fit(two_stages)
 
 
 @pytest.mark.timeout(800)
@@ -139,6 +140,7 @@ def test_plain_python_one_stage():
         args=["--stage-ms", "0", "--microbatches", "1,4"],
         timeout_s=240,
     ).check()
+    assert_lines_fit(run)
     rows = rows_of(run.results)
     assert set(rows) == {("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)}
     assert all(r["max_diff"] < TOL for r in rows.values())

@@ -1,8 +1,7 @@
-"""common/measure/memory.py, common/measure/precision.py and lesson 08's byte count, in one process (no torchrun)."""
+"""common/measure/memory.py and common/measure/precision.py: lesson 08's byte counts, in one process (no torchrun)."""
 
 from __future__ import annotations
 
-import importlib
 from contextlib import nullcontext
 
 import pytest
@@ -10,13 +9,13 @@ import torch
 
 from common.measure.memory import (
     ResidualMLP,
+    held_bytes,
     residual_mlp_activation_bytes,
     saved_activation_bytes,
+    saved_bytes,
     storage_bytes,
 )
 from common.measure.precision import autocast_context, max_diff
-
-lesson = importlib.import_module("lessons.08_memory")
 
 
 def test_storage_bytes_counts_each_storage_once():
@@ -55,7 +54,8 @@ def test_bytes_a_rank_holds_with_adam_exactly():
     opt = torch.optim.Adam(model.parameters())
     torch.nn.functional.cross_entropy(model(torch.randn(4, 64)), torch.randint(10, (4,))).backward()
     opt.step()
-    held = lesson.bytes_a_rank_holds(model, opt)
+    params = list(model.parameters())
+    held = held_bytes(params, [p.grad for p in params], opt, together=True)
     tensors = len(list(model.parameters()))
     assert held == {
         "parameters": 4 * n,
@@ -87,3 +87,35 @@ def test_bf16_autocast_saves_half_the_activations_plus_weight_copies(width, dept
         p.numel() for n, p in model.named_parameters() if n.endswith("weight") and n[:4] != "stem"
     )
     assert bf16 == plain // 2 + copies
+
+
+def test_saved_bytes_counts_a_storage_once_or_each_view_by_its_own_bytes():
+    """Storage mode: a slice saved for backward counts its whole base (what memory holds); views mode counts
+    the rows a pipeline stage's micro-batch really is; weights excluded either way."""
+    lin, x = torch.nn.Linear(8, 4), torch.randn(10, 8, requires_grad=True)
+    with saved_bytes(exclude=lin.parameters()) as whole:
+        lin(x[:2])
+    with saved_bytes(exclude=lin.parameters(), views=True) as rows:
+        lin(x[:2])
+    assert whole.bytes == 10 * 8 * 4 and rows.bytes == 2 * 8 * 4
+    assert whole.tensors == rows.tensors == 1
+
+
+def test_held_now_reads_the_size_a_saved_storage_has_after_the_forward():
+    w = torch.randn(4, 4, requires_grad=True)
+    gathered = w * 1  # a weight gathered for the forward, freed (resized to 0 bytes) right after it
+    x = torch.randn(3, 4, requires_grad=True)
+    with saved_bytes(exclude=[w]) as saved:
+        out = x @ gathered
+    gathered.untyped_storage().resize_(0)
+    assert saved.bytes == 4 * 4 * 4 + 3 * 4 * 4  # the gathered weight and x, when they were saved
+    assert saved.held_now() == 3 * 4 * 4  # only x still holds memory
+    del out
+
+
+def test_the_model_counts_its_activations_and_bf16_weight_copies():
+    model, x = ResidualMLP(16, 2), torch.randn(6, 1, 8, 8)
+    for ck in (False, True):
+        assert model.activation_bytes(x[:3], ck) == residual_mlp_activation_bytes(3, 16, 2, ck)
+    assert model.checkpointing is False  # left as it was
+    assert model.bf16_weight_copy_bytes() == 2 * (2 * 2 * 16 * 16 + 16 * 10)
