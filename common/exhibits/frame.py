@@ -149,7 +149,11 @@ class Ctx:
 
     def __init__(self, ex: Exhibit, info: DistInfo, report: Report, timeout_s: float):
         self.ex, self.info, self.report, self.timeout_s = ex, info, report, timeout_s
-        self.results = report.results.setdefault("exhibits", {}).setdefault(ex.name, {})
+        try:
+            shown = report.recorded("exhibits")
+        except KeyError:  # the first exhibit of the run
+            shown = report.record("exhibits", {})
+        self.results = shown.setdefault(ex.name, {})
 
     # -- groups and attempts -----------------------------------------------------------------------------
     def group(self, detail: bool = False, timeout_s: float | None = None):
@@ -230,8 +234,9 @@ class Ctx:
         """A section line: kind is "symptom", "diagnosis" or "fix"."""
         self.say(f"  {kind}: {text}")
 
-    def claim(self, what: str, value, relation: str, bound: float, text: str) -> bool:
-        return self.report.claim(f"{self.ex.name}_{what}", value, relation, bound, "    " + text)
+    def claim(self, what: str, value, relation: str, bound: float, text: str, **fields) -> bool:
+        name = f"{self.ex.name}_{what}"
+        return self.report.claim(name, value, relation, bound, "    " + text, **fields)
 
     def record(self, key: str, value):
         self.results[key] = value

@@ -309,8 +309,11 @@ def too_many_threads(ctx: Ctx) -> None:
             total / alone if alone and len(spawned) == 2 else 0.0,
             "==",
             2.0,
-            f"threads of the 2 processes / threads of one process alone ({alone}): "
-            f"{{value:g}} (each takes what it would alone: {total} threads on {cores} cores)",
+            "threads of the 2 processes / threads of one process alone ({alone}): "
+            "{value:g} (each takes what it would alone: {total} threads on {cores} cores)",
+            alone=alone,
+            total=total,
+            cores=cores,
         )
         ctx.step(
             "diagnosis",
