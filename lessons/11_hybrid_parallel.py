@@ -288,12 +288,10 @@ def shard_fsdp_tp(model: nn.Sequential, grid: Grid) -> int:
     for block in model[1:-2]:
         plan = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
         parallelize_module(block.mlp, grid.submesh("tp"), plan)
-        fully_shard(
-            block, mesh=grid.submesh("dp")
-        )  # each block's (tp-local) parameters: 1/dp per rank
-    fully_shard(
-        model, mesh=grid.submesh("dp")
-    )  # the root: embed and head, and the group of all units
+        # each block's (tp-local) parameters: 1/dp per rank
+        fully_shard(block, mesh=grid.submesh("dp"))
+    # the root: embed and head, and the group of all units
+    fully_shard(model, mesh=grid.submesh("dp"))
     return len(model[1:-2]) + 1
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import textwrap
 import time
 from pathlib import Path
 
@@ -90,9 +91,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def list_exhibits() -> None:
-    """One line per exhibit: name, group, the lesson that teaches the right way, and the symptom."""
+    """Per exhibit: a line with its name, group and the lesson that teaches the right way, then its cause."""
     for ex in load_exhibits().values():
-        print(f"{ex.name:34s} {ex.group:12s} lesson {ex.lesson}  {ex.cause}")
+        print(f"{ex.name:34s} {ex.group:12s} lesson {ex.lesson}")
+        print(textwrap.fill(ex.cause, 120, initial_indent="    ", subsequent_indent="    "))
 
 
 def lesson_topics(folder: Path = LESSONS_DIR) -> dict[str, str]:

@@ -72,9 +72,7 @@ def train(args, rank, world_size, device) -> None:
     images, labels = torch.randn(5, 32, 64, generator=g), torch.randint(10, (5, 32), generator=g)
     torch.manual_seed(args.seed)  # the same full weights on every rank, to cut shards from
     stem = nn.Sequential(nn.Linear(64, 64), nn.GELU()).to(device)  # replicated on every rank
-    mlp = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 10)).to(
-        device
-    )  # split over tp
+    mlp = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 10)).to(device)  # split, tp
     full = nn.Sequential(stem, mlp)  # the one-process model
     model = nn.Sequential(copy.deepcopy(stem), TPMLP(mlp, tp_rank, tp, tp_group))
     optimizer = torch.optim.SGD([*full.parameters(), *model.parameters()], lr=0.1)

@@ -39,10 +39,9 @@ def fit(args, rank, world_size, device, until, save_to=None, resume_from=None):
     """Build all as at step 0 (or load `resume_from`), train to step `until`, save to `save_to`."""
     x, y = (t[:192].to(device) for t in load_digits())  # lesson 16's 192 training digits
     torch.manual_seed(args.seed)  # the same initial weights on every rank
+    # lesson 16's model: two hidden layers of 64 with dropout
     hidden = [[nn.Linear(64, 64), nn.ReLU(), nn.Dropout(args.dropout)] for _ in range(2)]
-    raw_model = nn.Sequential(
-        nn.Flatten(), *hidden[0], *hidden[1], nn.Linear(64, 10)
-    )  # lesson 16's
+    raw_model = nn.Sequential(nn.Flatten(), *hidden[0], *hidden[1], nn.Linear(64, 10))
     model = DDP(raw_model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(raw_model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=STEPS)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -95,6 +96,8 @@ def load_exhibits() -> dict[str, Exhibit]:
         importlib.import_module(f"common.exhibits.{module}")
     return dict(sorted(EXHIBITS.items(), key=lambda kv: GROUPS.index(kv[1].group)))
 
+
+WIDTH = 120  # the longest line a lesson prints
 
 _NOISE = [  # run-dependent parts of error texts -> fixed tokens, so that printed lines compare equal (nbval)
     (re.compile(r"\[/\S*?/third_party/(gloo/\S+?):\d+\]"), r"[\1]"),
@@ -228,7 +231,16 @@ class Ctx:
 
     # -- reporting -------------------------------------------------------------------------------------------
     def say(self, text: str) -> None:
-        self.report._say(text)
+        """Print on rank 0; a line longer than WIDTH (a quoted error text) goes on over indented lines."""
+        for line in text.split("\n"):
+            if len(line) <= WIDTH:
+                self.report._say(line)
+                continue
+            indent = " " * (len(line) - len(line.lstrip()) + 2)
+            for part in textwrap.wrap(
+                line, WIDTH, subsequent_indent=indent, break_on_hyphens=False
+            ):
+                self.report._say(part)
 
     def step(self, kind: str, text: str) -> None:
         """A section line: kind is "symptom", "diagnosis" or "fix"."""
