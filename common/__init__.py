@@ -18,6 +18,7 @@ measure: instruments that make the invisible countable, on CPU as on GPU
     measure.memory           the memory of a training step, measured from tensors: held and saved bytes
     measure.differences      how far apart two results are, NaN-safe, within a rank and over ranks
     measure.bandwidth        timing a collective, algbw / busbw
+    measure.group_traffic    which collective travelled in which grid group, and the bytes each rank sent
     measure.profiling        where a DDP step's time goes, read from a torch.profiler trace
     measure.precision        mixed precision by name, and how far two training steps end apart
 
@@ -37,6 +38,7 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     pipeline.torch_schedules         torch.distributed.pipelining's schedules, and how step() accumulates (09)
     pipeline.step                    one recorded training step of a rank's stages under any schedule (09)
     tensor_parallel.layers           Megatron-style f / g, column and row parallel layers and blocks (10, 11)
+    tensor_parallel.compare          a split module held to its unsplit one: differences, collectives (10)
     sharding.zero                    ZeRO-1/2/3 by hand on flat padded buffers (13)
     sharding.accounting              what a sharded rank holds and sends, ZeRO and FSDP2 (13)
     checkpoint.sharded               DCP checkpoints of FSDP2 state with a completion marker (13)

@@ -72,6 +72,7 @@ from common.harness.session import add_distributed_args, distributed_session, ru
 from common.measure.counters import count_collectives
 from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
 from common.measure.dtensor_counts import count_dtensor_collectives, saved_local_bytes
+from common.tensor_parallel.compare import placements, split_vs_unsplit, weight_bytes
 from common.tensor_parallel.layers import (
     MLP,
     TPMLP,
@@ -90,28 +91,13 @@ TOL = 1e-5
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--hidden", type=int, default=32, help="H, features per token; tp must divide it"
-    )
-    p.add_argument(
-        "--heads", type=int, default=4, help="attention heads; tp must divide them (default 4)"
-    )
-    p.add_argument(
-        "--batch-size", type=int, default=32, help="B, images per step, the same on every tp rank"
-    )
-    p.add_argument(
-        "--steps", type=int, default=40, help="training steps on the digits (default %(default)s)"
-    )
-    p.add_argument(
-        "--lr",
-        type=float,
-        default=0.05,
-        help="SGD learning rate, momentum 0.9 (default %(default)s)",
-    )
+    p.add_argument("--hidden", type=int, default=32, help="H, features per token; tp divides it")
+    p.add_argument("--heads", type=int, default=4, help="attention heads; tp divides them")
+    p.add_argument("--batch-size", type=int, default=32, help="B, images per step, every tp rank")
+    p.add_argument("--steps", type=int, default=40, help="training steps on the digits")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate, momentum 0.9")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
-    )
+    p.add_argument("--results", default=None, help="rank 0 writes the numbers here as JSON")
     add_distributed_args(p)
     args = p.parse_args(argv)
     # validated before any process group: every rank fails alike, none waits
@@ -127,35 +113,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def split_vs_unsplit(full, split, x, grid: Grid, counter, shard_seq: bool = False):
-    """Run both on x (B, S, H) with the loss sum(y**2) / (B*S*H); return the largest difference (over all
-    ranks) of output, input gradient and weight gradients, and the collectives `counter` saw in the split
-    forward and backward.
-    shard_seq: the split module reads and writes this rank's S/tp tokens (sequence parallelism)."""
-    tp_rank, tp = grid.coords["tp"], grid.size("tp")
-
-    def cut(t: torch.Tensor) -> torch.Tensor:  # (B, S, H) -> (B, S/tp, H) with sequence parallelism
-        return t.chunk(tp, 1)[tp_rank] if shard_seq else t
-
-    xf = x.clone().requires_grad_()
-    yf = full(xf)
-    yf.square().sum().div(yf.numel()).backward()  # a mean, as training losses are: O(1) gradients
-    xs = cut(x).clone().requires_grad_()
-    with counter() as fwd:
-        ys = split(xs)
-    with counter() as bwd:
-        ys.square().sum().div(
-            yf.numel()
-        ).backward()  # the same per-element gradient with S/tp tokens
-    # NaN-safe: a NaN anywhere makes the difference NaN, and the claim fails (common/measure/differences.py)
-    diffs = [
-        max_abs_diff(ys, cut(yf)),
-        max_abs_diff(xs.grad, cut(xf.grad)),
-        max_shard_diff(full, split, tp_rank, grads=True),
-    ]  # DTensor gradients: full_tensor() sums
-    return max_over_ranks(nan_max(diffs)), fwd, bwd
-
-
 def calls(c) -> str:
     """'all_gather x1, reduce_scatter x1': the calls of a CollectiveCount, as text."""
     return ", ".join(f"{op} x{n}" for op, n in sorted(c.calls.items())) or "none"
@@ -166,68 +123,46 @@ def counted(c, op: str = "all_reduce") -> tuple[int, int]:
     return c.calls.get(op, 0), c.bytes.get(op, 0)
 
 
-def weight_bytes(module) -> int:
-    """Bytes of the weight matrices this rank holds (biases left out)."""
-    return sum(
-        p.numel() * p.element_size() for n, p in module.named_parameters() if n.endswith("weight")
-    )
-
-
 def hand_built(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> None:
     """Section 1: the Megatron MLP and attention, split by hand; equalities, collectives, weight bytes."""
     tp_rank, tp = grid.coords["tp"], grid.size("tp")
     B, S, H = x.shape
     act_bytes = B * S * H * x.element_size()  # what g sums in forward and f in backward
     want = 1 if tp > 1 else 0  # at tp = 1 f and g are identities: nothing to add up
-    for name, full in (
-        ("mlp", MLP(H).to(x.device)),
-        ("attention", SelfAttention(H, heads).to(x.device)),
-    ):
-        split = (TPMLP if name == "mlp" else TPAttention)(full, tp_rank, tp, grid.group("tp"))
+    blocks = {
+        "mlp": (MLP(H).to(x.device), TPMLP),
+        "attention": (SelfAttention(H, heads).to(x.device), TPAttention),
+    }
+    for name, (full, split_class) in blocks.items():
+        split = split_class(full, tp_rank, tp, grid.group("tp"))
         diff, fwd, bwd = split_vs_unsplit(full, split, x, grid, count_collectives)
         report.claim(
             f"hand_{name}_equals_unsplit",
             diff,
             "<=",
             TOL,
-            f"by hand, {name} at tp={tp}: max |split - unsplit| over output, input gradient and "
-            "weight gradients = {value:.1e}",
+            "by hand, {block} at tp={tp}: max |split - unsplit| (output, gradients) = {value:.1e}",
+            block=name,
+            tp=tp,
         )
         (fc, fb), (bc, bb) = counted(fwd), counted(bwd)
-        report.claim(
-            f"hand_{name}_allreduces_forward",
-            fc,
-            "==",
-            want,
-            "  all-reduces in forward (g): {value}",
-        )
-        report.claim(
-            f"hand_{name}_allreduces_backward",
-            bc,
-            "==",
-            want,
-            "  all-reduces in backward (f): {value}",
-        )
+        text = "  all-reduces in forward (g): {value}"
+        report.claim(f"hand_{name}_allreduces_forward", fc, "==", want, text)
+        text = "  all-reduces in backward (f): {value}"
+        report.claim(f"hand_{name}_allreduces_backward", bc, "==", want, text)
         report.claim(
             f"hand_{name}_allreduce_bytes",
             fb + bb,
             "==",
             2 * want * act_bytes,
-            "  bytes all-reduced per forward + backward: {value} = 2 x B x S x H x 4 at tp > 1",
+            "  bytes all-reduced, forward + backward: {value} = 2 x B x S x H x 4 at tp > 1",
         )
         # by construction (each shard is a chunk of the full matrix), so a number to read, not a claim
         report.value(
             f"hand_{name}_weight_bytes",
             [weight_bytes(split), weight_bytes(full)],
-            "  weight-matrix bytes per rank: {value[0]} of {value[1]} (1/tp; the row-parallel bias "
-            "stays whole on every rank)",
+            "  weight-matrix bytes per rank: {value[0]} of {value[1]} (1/tp; biases left out)",
         )
-
-
-def placements(module) -> dict[str, str]:
-    """{parameter name: its DTensor placement}, e.g. {"fc1.weight": "Shard(dim=0)", "fc2.bias": "Replicate()"}
-    (one placement per mesh dimension; the tp mesh has one)."""
-    return {n: ", ".join(map(repr, p.placements)) for n, p in module.named_parameters()}
 
 
 def with_dtensor(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> None:
@@ -238,20 +173,12 @@ def with_dtensor(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> Non
     plan = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
     split = parallelize_module(copy.deepcopy(full), mesh, plan)
     shown = placements(split)
-    report.value(
-        "dtensor_mlp_placements",
-        shown,
-        "parallelize_module, MLP: parameter placements "
-        + ", ".join(f"{n} {p}" for n, p in shown.items()),
-    )
+    rows = "\n".join(f"  {name:<10} {placement}" for name, placement in shown.items())
+    text = "parallelize_module, MLP: parameter placements\n{rows}"
+    report.value("dtensor_mlp_placements", shown, text, rows=rows)
     diff, fwd, bwd = split_vs_unsplit(full, split, x, grid, count_dtensor_collectives)
-    report.claim(
-        "dtensor_mlp_equals_unsplit",
-        diff,
-        "<=",
-        TOL,
-        "  max |split - unsplit| (output, input and weight gradients) = {value:.1e}",
-    )
+    text = "  max |split - unsplit| (output, input and weight gradients) = {value:.1e}"
+    report.claim("dtensor_mlp_equals_unsplit", diff, "<=", TOL, text)
     hand = TPMLP(full, tp_rank, grid.size("tp"), grid.group("tp"))
     _, hand_fwd, hand_bwd = split_vs_unsplit(full, hand, x, grid, count_collectives)
 
@@ -264,8 +191,9 @@ def with_dtensor(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> Non
         int(same),
         "==",
         1,
-        f"  its collectives: forward {calls(fwd)}, backward {calls(bwd)}, the same calls, bytes and "
-        "group as by hand: {value}",
+        "  forward {fwd}, backward {bwd}: calls, bytes and group as by hand: {value}",
+        fwd=calls(fwd),
+        bwd=calls(bwd),
     )
     full = SelfAttention(H, heads).to(x.device)
     plan = {
@@ -276,13 +204,8 @@ def with_dtensor(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> Non
     }
     split = parallelize_module(copy.deepcopy(full), mesh, plan)
     diff, fwd, bwd = split_vs_unsplit(full, split, x, grid, count_dtensor_collectives)
-    report.claim(
-        "dtensor_attention_equals_unsplit",
-        diff,
-        "<=",
-        TOL,
-        "parallelize_module, attention: max |split - unsplit| = {value:.1e}",
-    )
+    text = "parallelize_module, attention: max |split - unsplit| = {value:.1e}"
+    report.claim("dtensor_attention_equals_unsplit", diff, "<=", TOL, text)
     report.value(
         "dtensor_attention_backward_allreduces",
         bwd.calls.get("all_reduce", 0),
@@ -293,18 +216,14 @@ def with_dtensor(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> Non
 
 def sp_blocks(full: Block, mesh):
     """The block (x + mlp(norm2(x))) split two ways: tensor parallel only, and with sequence parallelism."""
-    tp_block = parallelize_module(
-        copy.deepcopy(full), mesh, {"mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
-    )
-    sp_block = parallelize_module(
-        copy.deepcopy(full),
-        mesh,
-        {
-            "norm2": SequenceParallel(),  # (B, S/tp, H) in, (B, S/tp, H) out
-            "mlp.fc1": ColwiseParallel(input_layouts=Shard(1)),  # all-gather the tokens: (B, S, H)
-            "mlp.fc2": RowwiseParallel(output_layouts=Shard(1)),
-        },
-    )  # reduce-scatter: (B, S/tp, H)
+    tp_plan = {"mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
+    sp_plan = {
+        "norm2": SequenceParallel(),  # (B, S/tp, H) in, (B, S/tp, H) out
+        "mlp.fc1": ColwiseParallel(input_layouts=Shard(1)),  # all-gather the tokens: (B, S, H)
+        "mlp.fc2": RowwiseParallel(output_layouts=Shard(1)),  # reduce-scatter: (B, S/tp, H)
+    }
+    tp_block = parallelize_module(copy.deepcopy(full), mesh, tp_plan)
+    sp_block = parallelize_module(copy.deepcopy(full), mesh, sp_plan)
     return tp_block, sp_block
 
 
@@ -314,34 +233,25 @@ def sequence_parallel(report: Report, grid: Grid, x: torch.Tensor) -> None:
     B, S, H = x.shape
     full = Block(H).to(x.device)  # x + mlp(norm2(x)), no attention
     tp_block, sp_block = sp_blocks(full, mesh)
-    diff, fwd, bwd = split_vs_unsplit(
-        full, sp_block, x, grid, count_dtensor_collectives, shard_seq=True
-    )
-    report.claim(
-        "sequence_parallel_equals_unsplit",
-        diff,
-        "<=",
-        TOL,
-        "sequence parallel block (norm + MLP): max |split - unsplit| on this rank's tokens, weight "
-        "gradients summed over ranks = {value:.1e}",
-    )
+    count = count_dtensor_collectives
+    diff, fwd, bwd = split_vs_unsplit(full, sp_block, x, grid, count, shard_seq=True)
+    text = "sequence parallel block (norm + MLP): max |split - unsplit| on this rank's tokens = {value:.1e}"
+    report.claim("sequence_parallel_equals_unsplit", diff, "<=", TOL, text)
     one_each = fwd.calls == bwd.calls == {"all_gather": 1, "reduce_scatter": 1}
     report.claim(
         "sequence_parallel_collectives",
         int(one_each),
         "==",
         1,
-        f"  forward {calls(fwd)}, backward {calls(bwd)}: one all-gather + one reduce-scatter each "
-        "way: {value}",
+        "  one all-gather + one reduce-scatter each way: {value} (forward: {fwd})",
+        fwd=calls(fwd),
     )
     norm_gradients(report, sp_block, full)
-    with (
-        count_dtensor_collectives() as without
-    ):  # the block without sequence parallelism, forward + backward
+    # the block without sequence parallelism, forward + backward
+    with count_dtensor_collectives() as without:
         tp_block(x.clone().requires_grad_()).sum().backward()
-    sp_bytes = sum(
-        c.bytes.get(op, 0) for c in (fwd, bwd) for op in ("all_gather", "reduce_scatter")
-    )
+    sp_ops = ("all_gather", "reduce_scatter")
+    sp_bytes = sum(c.bytes.get(op, 0) for c in (fwd, bwd) for op in sp_ops)
     ar_bytes = counted(without)[1]
     # Ring costs per rank for a buffer of N bytes: all-reduce 2 (tp-1)/tp N, all-gather and reduce-scatter
     # (tp-1)/tp N each. So the same bytes travel when the gathered + scattered buffers are twice the
@@ -351,9 +261,9 @@ def sequence_parallel(report: Report, grid: Grid, x: torch.Tensor) -> None:
         sp_bytes / (2 * ar_bytes),
         "==",
         1,
-        f"  all-gather + reduce-scatter buffers {sp_bytes} bytes / (2 x {ar_bytes} bytes "
-        "all-reduced without sequence parallelism) = {value}: on a ring the same bytes travel (an "
-        "all-reduce is a reduce-scatter then an all-gather)",
+        "  all-gather + reduce-scatter bytes {sp} / (2 x {ar} all-reduced without) = {value}",
+        sp=sp_bytes,
+        ar=ar_bytes,
     )
     saved = {}
     for name, block, xin in (("tp", tp_block, x), ("sp", sp_block, x.chunk(tp, 1)[tp_rank])):
@@ -368,8 +278,9 @@ def sequence_parallel(report: Report, grid: Grid, x: torch.Tensor) -> None:
         saved["tp"] - saved["sp"],
         "==",
         norm_saved * (tp - 1) // tp,
-        f"  activation bytes saved for backward per rank: {saved['tp']} -> {saved['sp']}, {{value}} "
-        "fewer = the norm's input and statistics x (tp-1)/tp",
+        "  activation bytes saved per rank: {tp} -> {sp}, {value} fewer (the norm's, x (tp-1)/tp)",
+        tp=saved["tp"],
+        sp=saved["sp"],
     )
 
 
@@ -381,16 +292,14 @@ def norm_gradients(report: Report, sp_block: Block, full: Block) -> None:
     kinds = sorted({", ".join(map(repr, p.grad.placements)) for p, _ in pairs})
     # The tp shares sum to the full gradient g, so the worst rank's share is at least (tp-1)/tp |g| away from
     # g (0.5 at tp = 2): bound 0.25. A gradient already summed in backward would be 0 away and fail it.
-    share_off = nan_max(
-        (p.grad.to_local() - f.grad).norm().item() / f.grad.norm().item() for p, f in pairs
-    )
+    off = [(p.grad.to_local() - f.grad).norm().item() / f.grad.norm().item() for p, f in pairs]
     report.claim(
         "sequence_parallel_norm_grads_partial",
-        max_over_ranks(share_off),
+        max_over_ranks(nan_max(off)),
         ">=",
         0.25,
-        f"  LayerNorm weight and bias gradients after backward: {', '.join(kinds)}; the worst "
-        "rank's |local - full| / |full| = {value:.2f} (each rank summed its S/tp tokens only)",
+        "  LayerNorm weight, bias gradients: {kinds}, worst |local - full| / |full| = {value:.2f}",
+        kinds=", ".join(kinds),
     )
     with count_dtensor_collectives() as summed:
         whole = [p.grad.redistribute(placements=[Replicate()]) for p, _ in pairs]
@@ -400,19 +309,13 @@ def norm_gradients(report: Report, sp_block: Block, full: Block) -> None:
         counted(summed)[0],
         "==",
         len(pairs),
-        f"  redistribute(Partial -> Replicate): {calls(summed)}, one per parameter, {{value}} "
-        "more all-reduces than the all-gather + reduce-scatter above",
+        "  redistribute(Partial -> Replicate): {calls}, {value} more all-reduces, one per parameter",
+        calls=calls(summed),
     )
-    report.claim(
-        "sequence_parallel_norm_grads_equal_after",
-        max_over_ranks(after),
-        "<=",
-        TOL,
-        "  ... after them, max |local - full| = {value:.1e}",
-    )
-    opt = torch.optim.SGD(
-        [p for p, _ in pairs], lr=0.0
-    )  # lr 0: only to see what a step communicates
+    text = "  ... after them, max |local - full| = {value:.1e}"
+    report.claim("sequence_parallel_norm_grads_equal_after", max_over_ranks(after), "<=", TOL, text)
+    # lr 0: only to see what a step communicates
+    opt = torch.optim.SGD([p for p, _ in pairs], lr=0.0)
     with count_dtensor_collectives() as stepped:
         opt.step()
     report.value(
@@ -427,17 +330,15 @@ def train_both(grid: Grid, args: argparse.Namespace):
     """SGD on the digits for --steps, the unsplit model and its split copy on the same batches; returns both
     models, their losses per step, the held-out images (x (359, 8, 8), y (359,)) and their loss before."""
     device = grid.info.device
-    tp_rank, tp = grid.coords["tp"], grid.size("tp")
     set_seed(args.seed)
     full = digits_transformer(args.hidden, args.heads, layers=1).to(device)
-    split = tensor_parallelize(
-        full, tp_rank, tp, grid.group("tp")
-    )  # every rank cut its shards from one init
+    # every rank cuts its shards from one init
+    split = tensor_parallelize(full, grid.coords["tp"], grid.size("tp"), grid.group("tp"))
     train_set, test_set = digits_split()
     images, labels = train_set.tensors
     g = torch.Generator().manual_seed(
         args.seed
-    )  # the same batches on every rank: tp ranks share the data
+    )  # the same batches on every rank: tp ranks share them
     tx, ty = (t.to(device) for t in test_set.tensors)  # (359, 1, 8, 8), (359,)
     test = (tx.squeeze(1), ty)  # held out: less noisy than a few training batches
     before = test_loss(split, test)
@@ -463,7 +364,6 @@ def test_loss(model, test) -> float:
 
 def train(report: Report, grid: Grid, args: argparse.Namespace) -> None:
     """Section 4: the split model trains on the digits exactly like the unsplit one."""
-    tp = grid.size("tp")
     full, split, losses, test, before = train_both(grid, args)
     report.record("losses", losses)
     bad = [i for i, loss in enumerate(losses["unsplit"]) if not math.isfinite(loss)]
@@ -478,17 +378,13 @@ def train(report: Report, grid: Grid, args: argparse.Namespace) -> None:
         gap,
         "<=",
         TOL,
-        f"training, {args.steps} SGD steps on the digits at tp={tp}: "
-        "max |loss split - loss unsplit| = {value:.1e}",
+        "training, {steps} SGD steps at tp={tp}: max |loss split - loss unsplit| = {value:.1e}",
+        steps=args.steps,
+        tp=grid.size("tp"),
     )
     params_diff = max_over_ranks(max_shard_diff(full, split, grid.coords["tp"]))
-    report.claim(
-        "training_params_equal_unsplit",
-        params_diff,
-        "<=",
-        TOL,
-        "  max |parameter shard - unsplit slice| after training = {value:.1e}",
-    )
+    text = "  max |parameter shard - unsplit slice| after training = {value:.1e}"
+    report.claim("training_params_equal_unsplit", params_diff, "<=", TOL, text)
     after = {name: test_loss(m, test) for name, m in (("unsplit", full), ("split", split))}
     report.claim(
         "training_test_loss_equals_unsplit",
@@ -500,9 +396,10 @@ def train(report: Report, grid: Grid, args: argparse.Namespace) -> None:
     report.value(
         "test_loss_ratio",
         after["split"] / before,
-        f"  test loss of the split model {before:.3f} "
-        f"before training, {after['split']:.3f} after: ratio {{value:.2f}} (lower is learning; "
-        "it depends on --steps, --batch-size and --lr)",
+        "  test loss of the split model {before:.3f} before training, {after:.3f} after: "
+        "ratio {value:.2f}",
+        before=before,
+        after=after["split"],
     )
     with torch.no_grad():
         accuracy = (split(test[0]).argmax(1) == test[1]).float().mean().item()
@@ -523,10 +420,7 @@ def main(argv=None) -> None:
             with_dtensor(report, grid, x, args.heads)  # 2. with parallelize_module
             sequence_parallel(report, grid, x)  # 3. sequence parallelism
         else:
-            print0(
-                "tp = 1: parallelize_module and sequence parallelism skipped: nothing to split (under "
-                "torchrun with 1 process DTensor would run, trivially)"
-            )
+            print0("tp = 1: parallelize_module and sequence parallelism skipped: nothing to split")
         train(report, grid, args)  # 4. training on the digits
         report.finish(args.results)
 

@@ -35,7 +35,9 @@ What to look for:
   (`count_collectives` for the hand-built parts, `count_dtensor_collectives` for DTensor's and FSDP2's).
 - A decision table: which parallelism for which limit, with this run's bytes per step: the buffer handed to
   each collective and the bytes each rank sends under the ring model (not the same thing: an all-gather of a
-  full buffer of N bytes sends (n-1)/n N per rank, an all-reduce 2 (n-1)/n N).
+  full buffer of N bytes sends (n-1)/n N per rank, an all-reduce 2 (n-1)/n N: measure/group_traffic.py).
+  With pp > 1 the dp row's buffer is one stage's gradients, not the model's; tp pays one all-reduce forward
+  and one backward per MLP or attention sub-block (a layer with both pays 2 + 2): tp wants a node's links.
 - Bad input: --dp-pp 3x2 on 4 ranks, more pipeline stages than --layers, a tp that does not divide --hidden:
   one line on every rank, exit 2.
 
@@ -64,9 +66,10 @@ from common.harness.grid import Grid
 from common.harness.ranks import gather_to_rank0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
-from common.measure.counters import CollectiveCount, count_collectives
+from common.measure.counters import count_collectives
 from common.measure.differences import max_over_ranks
 from common.measure.dtensor_counts import count_dtensor_collectives
+from common.measure.group_traffic import merged, traffic_rows
 from common.tensor_parallel.layers import (
     check_tp_degree,
     digits_transformer,
@@ -83,16 +86,10 @@ def _mesh(text: str, names: tuple, world_size: int) -> dict | None:
     if text == "none":
         return None
     if text == "auto":  # 2-D: the second size 2 when the world is even; 3-D: 2x2x2 on 8 ranks only
+        if len(names) == 3:
+            return dict(zip(names, [2, 2, 2])) if world_size == 8 else None
         inner = 2 if world_size % 2 == 0 else 1
-        sizes = (
-            [world_size // inner, inner]
-            if len(names) == 2
-            else [2, 2, 2]
-            if world_size == 8
-            else None
-        )
-        if sizes is None:
-            return None
+        sizes = [world_size // inner, inner]
     else:
         try:
             sizes = [int(t) for t in text.split("x")]
@@ -112,27 +109,15 @@ def build_grid(info: DistInfo, sizes: dict) -> Grid:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dp-pp", default="auto", help="DP x PP sizes: 2x2; auto: (world/2) x 2; none")
+    p.add_argument("--fsdp-tp", default="auto", help="FSDP x TP sizes: 2x2; auto: (world/2) x 2")
+    p.add_argument("--dp-pp-tp", default="auto", help="DP x PP x TP sizes: 2x2x2; auto: on 8 ranks")
+    p.add_argument("--hidden", type=int, default=32, help="H, features per token; tp divides it")
     p.add_argument(
-        "--dp-pp", default="auto", help="DP x PP sizes, e.g. 2x2; auto: (world/2) x 2; none: skip"
+        "--layers", type=int, default=4, help="MLP blocks; one per pipeline stage at least"
     )
-    p.add_argument(
-        "--fsdp-tp", default="auto", help="FSDP x TP sizes, e.g. 2x2; auto: (world/2) x 2"
-    )
-    p.add_argument(
-        "--dp-pp-tp", default="auto", help="DP x PP x TP sizes, e.g. 2x2x2; auto: on 8 ranks"
-    )
-    p.add_argument(
-        "--hidden", type=int, default=32, help="H, features per token; tp must divide it"
-    )
-    p.add_argument(
-        "--layers", type=int, default=4, help="MLP blocks; at least one per pipeline stage"
-    )
-    p.add_argument(
-        "--batch-size", type=int, default=16, help="global batch: images per step, all dp ranks"
-    )
-    p.add_argument(
-        "--microbatches", type=int, default=2, help="micro-batches per pipeline step (GPipe)"
-    )
+    p.add_argument("--batch-size", type=int, default=16, help="global batch: images per step")
+    p.add_argument("--microbatches", type=int, default=2, help="micro-batches per GPipe step")
     p.add_argument("--steps", type=int, default=3, help="training steps compared with one process")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
@@ -182,55 +167,39 @@ def stage_of(model: nn.Sequential, grid: Grid) -> nn.Sequential:
     """This pp_rank's slice of [embed, blocks..., mean, head]: the blocks split as evenly as they go; the
     first stage also embeds, the last also pools and classifies. Slices keep the whole model's parameter
     names."""
-    blocks = (
-        torch.arange(1, len(model) - 2).tensor_split(grid.size("pp"))[grid.coords["pp"]].tolist()
-    )
+    parts = torch.arange(1, len(model) - 2).tensor_split(grid.size("pp"))
+    blocks = parts[grid.coords["pp"]].tolist()
     start = 0 if grid.is_first("pp") else blocks[0]
     return model[start : len(model) if grid.is_last("pp") else blocks[-1] + 1]
 
 
-def p2p(op: str, t: torch.Tensor, peer: int, grid: Grid, counts: CollectiveCount) -> None:
-    """Send `t` to (or receive it from) global rank `peer` of this rank's pp group, and count it there."""
-    group = grid.group("pp")
-    (dist.send if op == "send" else dist.recv)(t, peer, group=group)
-    key = (
-        op,
-        tuple(dist.get_process_group_ranks(group)) if group is not None else (grid.info.rank,),
-    )
-    counts.calls[op] = counts.calls.get(op, 0) + 1
-    counts.bytes[op] = counts.bytes.get(op, 0) + t.numel() * t.element_size()
-    counts.groups[key] = counts.groups.get(key, 0) + 1
-
-
-def pipeline_step(
-    stage: nn.Module, grid: Grid, x, y, m: int, hidden: int, counts: CollectiveCount
-) -> None:
-    """One GPipe step on this dp rank's batch: all m forwards, then all m backwards (lesson 09's schedule)."""
-    pp, me = grid.ranks_in("pp"), grid.coords["pp"]
+def pipeline_step(stage: nn.Module, grid: Grid, x, y, m: int, hidden: int) -> None:
+    """One GPipe step on this dp rank's batch: all m forwards, then all m backwards (lesson 09's schedule).
+    Activations and their gradients travel by send/recv inside the pp group."""
+    pp, me, group = grid.ranks_in("pp"), grid.coords["pp"], grid.group("pp")
     held = []  # (input, output) per micro-batch, kept for backward
     for xm, ym in zip(x.chunk(m), y.chunk(m)):
         h = xm  # (b, 8, 8) on the first stage
         if not grid.is_first("pp"):
-            h = torch.empty(
-                len(xm), xm.shape[1], hidden, device=xm.device
-            )  # (b, S, H) from the stage before
-            p2p("recv", h, pp[me - 1], grid, counts)
+            # (b, S, H) from the stage before
+            h = torch.empty(len(xm), xm.shape[1], hidden, device=xm.device)
+            dist.recv(h, pp[me - 1], group=group)
             h.requires_grad_()
         out = stage(h)
         if grid.is_last("pp"):
             out = F.cross_entropy(out, ym) / m  # the mean over this dp rank's batch, in m parts
         else:
-            p2p("send", out.detach(), pp[me + 1], grid, counts)
+            dist.send(out.detach(), pp[me + 1], group=group)
         held.append((h, out))
     for h, out in reversed(held):
         if grid.is_last("pp"):
             out.backward()
         else:
             grad = torch.empty_like(out)
-            p2p("recv", grad, pp[me + 1], grid, counts)
+            dist.recv(grad, pp[me + 1], group=group)
             out.backward(grad)
         if not grid.is_first("pp"):
-            p2p("send", h.grad, pp[me - 1], grid, counts)
+            dist.send(h.grad, pp[me - 1], group=group)
 
 
 def average_over_dp(stage: nn.Module, grid: Grid) -> None:
@@ -248,62 +217,31 @@ def average_over_dp(stage: nn.Module, grid: Grid) -> None:
 # ---- what travelled where, in bytes handed over and bytes sent -----------------------------------------
 
 
-def sent_per_rank(op: str, n: int, nbytes: int) -> int:
-    """Bytes one rank sends for `nbytes` handed to `op` in a group of n, under the ring model: an all-reduce
-    sends 2 (n-1)/n of its buffer, an all-gather or reduce-scatter (n-1)/n of the full buffer, send all of it,
-    recv nothing."""
-    factor = {
-        "all_reduce": 2 * (n - 1) / n,
-        "all_gather": (n - 1) / n,
-        "reduce_scatter": (n - 1) / n,
-        "send": 1.0,
-        "recv": 0.0,
-    }[op]
-    return round(factor * nbytes)
-
-
-def dims_of(counts: CollectiveCount, dim_of_op: dict, grid: Grid) -> list[dict]:
-    """Rows {op, dim, ranks, calls, bytes, sent} of one step's counts, and whether each group is the grid's
-    `dim`. A row's ranks come from the process group the call really used."""
-    return [
-        {
-            "op": op,
-            "dim": dim_of_op[op],
-            "ranks": list(ranks),
-            "calls": n,
-            "bytes": counts.bytes[op],
-            "sent": sent_per_rank(op, len(ranks), counts.bytes[op]),
-            "in_its_group": list(ranks) == grid.ranks_in(dim_of_op[op]),
-        }
-        for (op, ranks), n in sorted(counts.groups.items())
-    ]
+def rows_of(counts, dim_of_op: dict, grid: Grid) -> list[dict]:
+    """This rank's (collective, group) rows of `counts`, each op expected in the group of `dim_of_op[op]`."""
+    return traffic_rows(counts, dim_of_op, {dim: grid.ranks_in(dim) for dim in grid.sizes})
 
 
 def show_groups(report: Report, name: str, grid: Grid, rows: list[dict], info) -> list[dict]:
-    """Rank 0 prints the grid and every (collective, group) seen in the step, from all ranks' counts."""
+    """Rank 0 prints the grid and every (collective, group) seen in the step, from all ranks' rows."""
     everyone = gather_to_rank0(rows, info) or []
     seen = {(r["op"], tuple(r["ranks"])): r for rank_rows in everyone for r in rank_rows}
     table = [seen[k] for k in sorted(seen)]
     lines = [
-        f"  {r['op']:>14} in the {r['dim']} group {r['ranks']}: {r['calls']} calls, buffer {r['bytes']} "
-        f"bytes, sent {r['sent']} bytes per rank"
+        f"  {r['op']:>14} in the {r['dim']} group {r['ranks']}: {r['calls']} calls, buffer "
+        f"{r['bytes']} bytes, sent {r['sent']} bytes per rank"
         for r in table
     ]
-    report.value(
-        f"{name}_groups", table, "\n".join(["  " + line for line in grid.describe()] + lines)
-    )
+    text = "{grid}\n{lines}"
+    grid_lines = "\n".join("  " + line for line in grid.describe())
+    report.value(f"{name}_groups", table, text, grid=grid_lines, lines="\n".join(lines))
     # Only a collective's group can be misplaced: a send to the wrong peer would hang or break the equality
     # above, so send/recv are shown, not checked. With one group per dimension nothing can be misplaced.
     checked = [r for r in rows if r["op"] not in ("send", "recv")]
     if any(grid.size(r["dim"]) < info.world_size for r in checked):
         misplaced = max_over_ranks(sum(not r["in_its_group"] for r in checked))
-        report.claim(
-            f"{name}_collectives_in_their_groups",
-            misplaced,
-            "==",
-            0,
-            "  collectives seen outside the group of their dimension: {value:g}",
-        )
+        text = "  collectives seen outside the group of their dimension: {value:g}"
+        report.claim(f"{name}_collectives_in_their_groups", misplaced, "==", 0, text)
     return table
 
 
@@ -323,23 +261,25 @@ def dp_pp(report, info, sizes: dict, model0, data, ref, args) -> list[dict]:
     for x, y in data:
         x, y = x.chunk(dp_size)[dp_rank], y.chunk(dp_size)[dp_rank]
         opt.zero_grad()
-        with count_collectives() as step:  # the last step's counts are the picture
-            pipeline_step(stage, grid, x, y, args.microbatches, args.hidden, step)
+        with count_collectives(p2p=True) as step:  # the last step's counts are the picture
+            pipeline_step(stage, grid, x, y, args.microbatches, args.hidden)
         with count_collectives() as grads:
             average_over_dp(stage, grid)
         opt.step()
     diff = max_over_ranks(max_shard_diff(ref, stage, tp_rank))  # NaN-safe: a diverged run fails
-    shape = " x ".join(f"{k}={v}" for k, v in grid.sizes.items())
     report.claim(
         f"{name}_equals_one_process",
         diff,
         "<=",
         TOL,
-        f"{shape}: after {args.steps} steps, max |parameter - one process on the global batch| = "
-        "{value:.1e}",
+        "{shape}: after {steps} steps, max |parameter - one process on the global batch| = {value:.1e}",
+        shape=" x ".join(f"{k}={v}" for k, v in grid.sizes.items()),
+        steps=args.steps,
     )
-    rows = dims_of(step, {"send": "pp", "recv": "pp", "all_reduce": "tp"}, grid)
-    return show_groups(report, name, grid, rows + dims_of(grads, {"all_reduce": "dp"}, grid), info)
+    # the pipeline's all-reduces are tp's (inside a stage), the gradients' dp's
+    dims = {"send": "pp", "recv": "pp", "all_reduce": "tp"}
+    rows = rows_of(step, dims, grid) + rows_of(grads, {"all_reduce": "dp"}, grid)
+    return show_groups(report, name, grid, rows, info)
 
 
 def shard_fsdp_tp(model: nn.Sequential, grid: Grid) -> int:
@@ -348,12 +288,10 @@ def shard_fsdp_tp(model: nn.Sequential, grid: Grid) -> int:
     for block in model[1:-2]:
         plan = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
         parallelize_module(block.mlp, grid.submesh("tp"), plan)
-        fully_shard(
-            block, mesh=grid.submesh("dp")
-        )  # each block's (tp-local) parameters: 1/dp per rank
-    fully_shard(
-        model, mesh=grid.submesh("dp")
-    )  # the root: embed and head, and the group of all units
+        # each block's (tp-local) parameters: 1/dp per rank
+        fully_shard(block, mesh=grid.submesh("dp"))
+    # the root: embed and head, and the group of all units
+    fully_shard(model, mesh=grid.submesh("dp"))
     return len(model[1:-2]) + 1
 
 
@@ -361,9 +299,8 @@ def fsdp_tp(report, info, sizes: dict, model0, data, ref, args) -> list[dict]:
     """FSDP x TP: parallelize_module on the tp sub-mesh, then fully_shard on the dp sub-mesh."""
     grid = build_grid(info, sizes)
     model = copy.deepcopy(model0)
-    units = (
-        shard_fsdp_tp(model, grid) if grid.mesh is not None else 0
-    )  # plain python: nothing to shard
+    # plain python (no mesh): nothing to shard
+    units = shard_fsdp_tp(model, grid) if grid.mesh is not None else 0
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     dp_size, dp_rank = grid.size("dp"), grid.coords["dp"]
     for x, y in data:
@@ -382,133 +319,80 @@ def fsdp_tp(report, info, sizes: dict, model0, data, ref, args) -> list[dict]:
         diff,
         "<=",
         TOL,
-        f"fsdp: dp={sizes['dp']} x tp={sizes['tp']}: after {args.steps} steps, max |parameter - one "
-        "process on the global batch| = {value:.1e}",
+        "fsdp: dp={dp} x tp={tp}: after {steps} steps, max |parameter - one process on the global "
+        "batch| = {value:.1e}",
+        dp=sizes["dp"],
+        tp=sizes["tp"],
+        steps=args.steps,
     )
     if (
         units and grid.size("dp") > 1
     ):  # with dp = 1 every rank holds everything: FSDP gathers nothing
+        gathered = fwd.calls.get("all_gather", 0)
+        text = "  {units} FSDP units ({blocks} blocks + the root): all-gathers in forward {value}"
         report.claim(
             "fsdp_tp_forward_all_gathers",
-            fwd.calls.get("all_gather", 0),
+            gathered,
             "==",
             units,
-            f"  {units} FSDP units ({units - 1} blocks + the root): all-gathers in forward "
-            "{value}",
+            text,
+            units=units,
+            blocks=units - 1,
         )
         report.claim(
             "fsdp_tp_backward_all_gathers",
             bwd.calls.get("all_gather", 0),
             "==",
             units - 1,
-            "  all-gathers in backward {value}: the root stays unsharded after forward "
-            "(reshard_after_forward is False for it by default), so backward does not gather it "
-            "again",
+            "  all-gathers in backward {value}: the root stays unsharded after forward",
         )
-    step = CollectiveCount()
-    for c in (fwd, bwd):
-        for k, v in c.groups.items():
-            step.groups[k] = step.groups.get(k, 0) + v
-        for k, v in c.bytes.items():
-            step.bytes[k] = step.bytes.get(k, 0) + v
     dims = {"all_gather": "dp", "reduce_scatter": "dp", "all_reduce": "tp"}
-    return show_groups(report, "fsdp_tp", grid, dims_of(step, dims, grid), info)
+    return show_groups(report, "fsdp_tp", grid, rows_of(merged(fwd, bwd), dims, grid), info)
+
+
+# (parallelism, grid dimension, collective, when to choose it); DECISIONS_FROM: the runs a row reads
+DECISIONS = [
+    ("dp", "dp", "all_reduce", "the model fits on a rank: replicas, gradients all-reduced"),
+    ("fsdp", "dp", "all_gather", "it does not fit: parameters gathered, forward and backward"),
+    ("fsdp", "dp", "reduce_scatter", "  ... and gradients reduce-scattered: 1/dp kept per rank"),
+    ("tp", "tp", "all_reduce", "a layer too big: activations all-reduced, on fast links"),
+    ("pp", "pp", "send", "many layers, slow links: activations at stage boundaries"),
+]
+DECISIONS_FROM = {"fsdp": ["fsdp_tp"], "dp": ["dp_pp", "dp_pp_tp"]}  # the others: every run
 
 
 def decision_table(report: Report, tables: dict, model0: nn.Module, args) -> None:
-    """Which parallelism for which limit, with the busiest rank's bytes per step from this run's counts."""
+    """Which parallelism for which limit, with the busiest rank's bytes per step from this run's counts. The
+    dp row's buffer, with pp > 1, is one pipeline stage's gradients, not the whole model's."""
     params = sum(p.numel() for p in model0.parameters())
-    rows = [
-        (
-            "dp",
-            "dp",
-            "all_reduce",
-            "the model fits on a rank: replicas; gradients all-reduced once a step{stage}",
-        ),
-        (
-            "fsdp",
-            "dp",
-            "all_gather",
-            "the model does not fit: parameters gathered for forward, and for "
-            "backward (not the root's)",
-        ),
-        (
-            "fsdp",
-            "dp",
-            "reduce_scatter",
-            "  ... and gradients reduce-scattered, each rank keeps 1/dp",
-        ),
-        (
-            "tp",
-            "tp",
-            "all_reduce",
-            "a layer is too big, or the per-rank batch already small: activations "
-            "all-reduced once forward and once backward per MLP or attention sub-block (a layer with both "
-            "pays 2 + 2), so fast links (inside a node)",
-        ),
-        (
-            "pp",
-            "pp",
-            "send",
-            "many layers, slow links (across nodes: pp is the outermost grid "
-            "dimension): activations at stage boundaries only, at the cost of a bubble",
-        ),
-    ]
-    lines = [
-        f"decision table for H={args.hidden}, {args.layers} layers ({params} parameters, {4 * params} "
-        f"bytes), global batch {args.batch_size} x 8 tokens; per step, busiest rank: the buffer handed "
-        "to the collective, and the bytes it sends (ring model):"
-    ]
-    table = []
-    for (
-        kind,
-        dim,
-        op,
-        when,
-    ) in rows:  # FSDP's rows come from FSDP x TP, DP's from the hand-built runs
-        runs = (
-            ["fsdp_tp"]
-            if kind == "fsdp"
-            else ["dp_pp", "dp_pp_tp"]
-            if kind == "dp"
-            else list(tables)
-        )
-        found = [
-            (run, r)
-            for run in runs
-            for r in tables.get(run, [])
-            if (r["op"], r["dim"]) == (op, dim)
-        ]
+    table, lines = [], []
+    for kind, dim, op, when in DECISIONS:
+        runs = DECISIONS_FROM.get(kind, list(tables))
+        found = [r for run in runs for r in tables.get(run, []) if (r["op"], r["dim"]) == (op, dim)]
         if found:
-            run, busiest = max(found, key=lambda f: f[1]["sent"])
-            pp, tp = (
-                args.meshes[run].get("pp", 1),
-                args.meshes[run].get("tp", 1),
-            )  # dp's runs have a pp dim
-            split = f" split over tp = {tp}" if tp > 1 else ""
-            stage = (
-                (
-                    f" (here replicas of one pipeline stage{split}, pp = {pp}: the buffer is its gradients, "
-                    f"not the model's {4 * params:,} bytes)"
-                )
-                if pp > 1
-                else ""
-            )
-            when = when.format(stage=stage)
-            table.append(
-                {
-                    "parallelism": kind,
-                    "op": op,
-                    "bytes": busiest["bytes"],
-                    "sent": busiest["sent"],
-                    "when": when,
-                }
-            )
-            lines.append(
-                f"  {kind:>4} {op:>14}: buffer {busiest['bytes']:>7}, "
-                f"sent {busiest['sent']:>7} bytes  {when}"
-            )
-    report.value("decision_table", table, "\n".join(lines))
+            busiest = max(found, key=lambda r: r["sent"])
+            row = {
+                "parallelism": kind,
+                "op": op,
+                "bytes": busiest["bytes"],
+                "sent": busiest["sent"],
+            }
+            table.append(row | {"when": when})
+            numbers = f"buffer {row['bytes']:>7}, sent {row['sent']:>7} bytes"
+            lines.append(f"  {kind:>4} {op:>14}: {numbers}  {when}")
+    text = (
+        "decision table for H={H}, {L} layers ({P} parameters, {nbytes} bytes), global batch {B} x 8 tokens\n"
+        "  per step, busiest rank: the buffer handed to the collective, the bytes it sends (ring model)\n"
+        "{lines}"
+    )
+    fields = {
+        "H": args.hidden,
+        "L": args.layers,
+        "P": params,
+        "nbytes": 4 * params,
+        "B": args.batch_size,
+    }
+    report.value("decision_table", table, text, lines="\n".join(lines), **fields)
 
 
 def digits_batches(args, device) -> list[tuple[torch.Tensor, torch.Tensor]]:

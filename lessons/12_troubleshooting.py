@@ -35,16 +35,19 @@ https://pytorch.org/tutorials/prototype/flight_recorder_tutorial.html (the fligh
 from __future__ import annotations
 
 import argparse
+import re
+import textwrap
 import time
+from pathlib import Path
 
 from common.exhibits.frame import GROUPS, load_exhibits, run_exhibit
 from common.harness.env import LessonError
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main
 
-BOOKKEEPING_TIMEOUT_S = (
-    120.0  # the default group only gathers outcomes; the exhibits get --timeout-s
-)
+# the default group only gathers outcomes; the exhibits get --timeout-s
+BOOKKEEPING_TIMEOUT_S = 120.0
+LESSONS_DIR = Path(__file__).resolve().parent
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -88,32 +91,34 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def list_exhibits() -> None:
-    """One line per exhibit: name, group, the lesson that teaches the right way, and the symptom."""
+    """Per exhibit: a line with its name, group and the lesson that teaches the right way, then its cause."""
     for ex in load_exhibits().values():
-        print(f"{ex.name:34s} {ex.group:12s} lesson {ex.lesson}  {ex.cause}")
+        print(f"{ex.name:34s} {ex.group:12s} lesson {ex.lesson}")
+        print(textwrap.fill(ex.cause, 120, initial_indent="    ", subsequent_indent="    "))
 
 
-LESSONS = {
-    "01": "single device",
-    "02": "collectives",
-    "03": "DDP",
-    "04": "custom samplers",
-    "05": "uneven data",
-    "06": "SyncBatchNorm",
-    "07": "gradient accumulation",
-}
+def lesson_topics(folder: Path = LESSONS_DIR) -> dict[str, str]:
+    """{"03": "DistributedDataParallel (DDP)", ...}: every lesson in the tree, with the topic its docstring's
+    first line names ('Lesson 03: <topic> -- ...' or 'Lesson 13: <topic>: ...')."""
+    topics = {}
+    for path in sorted(folder.glob("[0-9][0-9]_*.py")):
+        first = path.read_text().split("\n", 1)[0]
+        match = re.match(r'"""Lesson \d+: (.+?)(?: --|:|$)', first)
+        topics[path.name[:2]] = match.group(1) if match else path.stem[3:].replace("_", " ")
+    return topics
 
 
 def symptom_index() -> str:
     """docs/symptoms.md's table: what you see -> cause -> exhibit -> the lesson that teaches the right way."""
+    topics = lesson_topics()
     rows = ["| what you see | cause | exhibit | the right way |", "|---|---|---|---|"]
     for ex in load_exhibits().values():
-        symptom, cause = (
-            text.replace("|", "\\|") for text in (ex.symptom, ex.cause)
-        )  # a pipe ends a cell
-        rows.append(
-            f"| `{symptom}` | {cause} | `{ex.name}` | lesson {ex.lesson} ({LESSONS[ex.lesson]}) |"
-        )
+        if ex.lesson not in topics:
+            raise LessonError(f"exhibit {ex.name}: no lesson {ex.lesson} in {LESSONS_DIR}")
+        # a pipe ends a cell
+        symptom, cause = (text.replace("|", "\\|") for text in (ex.symptom, ex.cause))
+        lesson = f"lesson {ex.lesson}: {topics[ex.lesson]}"
+        rows.append(f"| `{symptom}` | {cause} | `{ex.name}` | {lesson} |")
     return "\n".join(rows)
 
 
@@ -130,16 +135,15 @@ def main(argv=None) -> None:
         report.value(
             "world_size",
             info.world_size,
-            "world_size {value}; each broken "
-            "collective is bounded by "
-            f"--timeout-s {args.timeout_s:g} s",
+            "world_size {value}; each broken collective is bounded by --timeout-s {timeout:g} s",
+            timeout=args.timeout_s,
         )
         report.record("timeout_s", args.timeout_s)
         report.record("shown", [ex.name for ex in chosen])
         for ex in chosen:
             t0 = time.perf_counter()
             run_exhibit(ex, info, report, args.timeout_s)
-            report.perf(f"{ex.name}_s", time.perf_counter() - t0, f"{ex.name}: {{value:.1f}} s")
+            report.perf(f"{ex.name}_s", time.perf_counter() - t0, "{ex}: {value:.1f} s", ex=ex.name)
         report.finish(args.results)
 
 

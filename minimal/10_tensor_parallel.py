@@ -4,10 +4,9 @@
     python minimal/10_tensor_parallel.py                  # plain python: tp = 1, nothing split
 
 fc1 (H -> 4H) is split by output features (column parallel), fc2 (4H -> H) by input features (row
-parallel): rank r holds rows [r*4H/tp, (r+1)*4H/tp) of fc1's weight and those columns of fc2's.
-GELU is elementwise: nothing travels in between. f (identity forward, all-reduce backward: each rank
-has a partial gradient of x) and g (all-reduce forward: each has a partial product) join them: one
-all-reduce each way. The measured lesson is lessons/10_tensor_parallel.py.
+parallel): rank r holds rows [r*4H/tp, (r+1)*4H/tp) of fc1's weight and those columns of fc2's; GELU
+is elementwise. f (all-reduce backward: each rank has a partial gradient of x) and g (all-reduce
+forward: each has a partial product) join them. The measured lesson is lessons/10_tensor_parallel.py.
 """
 
 import argparse
@@ -85,29 +84,14 @@ def train(args, rank, world_size, device) -> None:
 
     # --- the check: output, input gradient and this rank's slice of every weight gradient ---
     mine = lambda t, dim: t.grad.chunk(world_size, dim)[rank]  # noqa: E731
-    pairs = [
-        (ys, yf),
-        (xs.grad, xf.grad),
-        (split.w1.grad, mine(full[0].weight, 0)),
-        (split.b1.grad, mine(full[0].bias, 0)),
-        (split.w2.grad, mine(full[2].weight, 1)),
-        (split.b2.grad, full[2].bias.grad),
-    ]
-    diff = torch.stack([(a - b).abs().max() for a, b in pairs]).max()
-    worst = diff.clone()  # for the printout; each rank checks its own diff (gloo's MAX drops NaN)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    pairs = [(ys, yf), (xs.grad, xf.grad)]  # output, input gradient
+    pairs += [(split.w1.grad, mine(full[0].weight, 0)), (split.b1.grad, mine(full[0].bias, 0))]
+    pairs += [(split.w2.grad, mine(full[2].weight, 1)), (split.b2.grad, full[2].bias.grad)]
+    diff = torch.stack([(a - b).abs().max() for a, b in pairs]).max()  # each rank checks its own
     if rank == 0:  # one JSON line, full precision; the loss: lesson 10's unsplit MLP at this seed
-        print(
-            json.dumps(
-                {
-                    "tp": world_size,
-                    "all_reduces": calls,
-                    "max_diff": worst.item(),
-                    "loss": yf.square().mean().item(),
-                }
-            )
-        )
-    torch.testing.assert_close(diff, torch.zeros_like(diff), rtol=0, atol=1e-5)
+        facts = {"tp": world_size, "all_reduces": calls, "max_diff": diff.item()}
+        print(json.dumps({**facts, "loss": yf.square().mean().item()}))
+    assert diff <= 1e-5, f"rank {rank}: split - unsplit = {diff}"  # a NaN fails too
 
 
 def main() -> None:

@@ -1,12 +1,11 @@
-"""Minimal 14: fault tolerance -- the whole training state saved atomically, resumed bit for bit.
+"""Minimal 16: fault tolerance -- the whole training state saved atomically, resumed bit for bit.
 
     torchrun --standalone --nproc_per_node=2 minimal/16_fault_tolerance.py
     python minimal/16_fault_tolerance.py                            # plain python: a world of one
 
-A resumed run computes what one that never stopped does only if the checkpoint holds all a step
-reads: model, AdamW's moments, LR schedule, every rank's random stream (dropout), the step (so the
-sampler's epoch and position). Rank 0 writes a temporary file, then renames it: a crash mid-write
-leaves the last checkpoint whole. Lesson: lessons/16_fault_tolerance.py (real crashes, restarts).
+A resumed run equals one that never stopped only if the checkpoint holds all a step reads: model,
+AdamW's moments, LR schedule, every rank's random stream (dropout), the step (so the sampler's epoch
+and position), written atomically. Lesson: lessons/16_fault_tolerance.py (real crashes, restarts).
 """
 
 import argparse
@@ -40,17 +39,9 @@ def fit(args, rank, world_size, device, until, save_to=None, resume_from=None):
     """Build all as at step 0 (or load `resume_from`), train to step `until`, save to `save_to`."""
     x, y = (t[:192].to(device) for t in load_digits())  # lesson 16's 192 training digits
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    p = args.dropout  # lesson 16's model
-    raw_model = nn.Sequential(
-        nn.Flatten(),
-        nn.Linear(64, 64),
-        nn.ReLU(),
-        nn.Dropout(p),
-        nn.Linear(64, 64),
-        nn.ReLU(),
-        nn.Dropout(p),
-        nn.Linear(64, 10),
-    )
+    # lesson 16's model: two hidden layers of 64 with dropout
+    hidden = [[nn.Linear(64, 64), nn.ReLU(), nn.Dropout(args.dropout)] for _ in range(2)]
+    raw_model = nn.Sequential(nn.Flatten(), *hidden[0], *hidden[1], nn.Linear(64, 10))
     model = DDP(raw_model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(raw_model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=STEPS)
@@ -81,13 +72,8 @@ def fit(args, rank, world_size, device, until, save_to=None, resume_from=None):
             mine.append(torch.cuda.get_rng_state(device))
         dist.all_gather_object(rngs, mine)  # every rank's streams, in rank order
         if rank == 0:
-            state = {
-                "model": raw_model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "rng": rngs,
-                "step": until,
-            }
+            state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict()}
+            state.update(scheduler=scheduler.state_dict(), rng=rngs, step=until)
             torch.save(state, save_to.with_suffix(".tmp"))
             os.replace(save_to.with_suffix(".tmp"), save_to)  # the old file or the new, never half
         dist.barrier()  # nobody goes on before the checkpoint is complete
@@ -95,12 +81,11 @@ def fit(args, rank, world_size, device, until, save_to=None, resume_from=None):
 
 
 def train(args, rank, world_size, device) -> None:
-    ckpt = Path(os.environ.get("TMPDIR", "/tmp"), f"min14_{os.environ.get('MASTER_PORT', 0)}.pt")
+    ckpt = Path(os.environ.get("TMPDIR", "/tmp"), f"min16_{os.environ.get('MASTER_PORT', 0)}.pt")
     _, before = fit(args, rank, world_size, device, 10, save_to=ckpt)  # stop at 10, then "crash"
     resumed, after = fit(args, rank, world_size, device, STEPS, resume_from=ckpt)
     ref, _ = fit(args, rank, world_size, device, STEPS)  # never stopped
-    # --- the check: bit for bit on 1-2 ranks; 3+ ~1e-8 apart: a new DDP's first step reduces its
-    # construction-time bucket, the other run a rebuilt one: the ring adds in another order ---
+    # --- the check: bit for bit on 1-2 ranks; on 3+ a new DDP's first bucket adds in another order ---
     got, want = (torch.cat([p.detach().flatten() for p in m.parameters()]) for m in (resumed, ref))
     diff = (got - want).abs().max().item()  # every rank checks its own replica below
     if rank == 0:  # one JSON line; with --dropout 0 the losses are lesson 16's (--no-random-draws)

@@ -168,7 +168,8 @@ def _op_and_shape_mismatch(ctx: Ctx) -> None:
         int(f"Ranks {missing} failed to pass monitoredBarrier" in lines[0]) if lines else 0,
         "==",
         int(ctx.info.master_process),
-        f"monitored_barrier names ranks {missing}: {{value}}",
+        "monitored_barrier names ranks {missing}: {value}",
+        missing=missing,
     )
 
 
@@ -325,7 +326,8 @@ def unused_parameter(ctx: Ctx) -> None:
             ctx.report.perf(
                 f"unused_parameter_{name}_ms",
                 o.value * 1e3,
-                f"{name}=True: {{value:.2f}} ms per step",
+                "{option}=True: {value:.2f} ms per step",
+                option=name,
             )
     ctx.step(
         "fix",

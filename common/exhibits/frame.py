@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -96,6 +97,8 @@ def load_exhibits() -> dict[str, Exhibit]:
     return dict(sorted(EXHIBITS.items(), key=lambda kv: GROUPS.index(kv[1].group)))
 
 
+WIDTH = 120  # the longest line a lesson prints
+
 _NOISE = [  # run-dependent parts of error texts -> fixed tokens, so that printed lines compare equal (nbval)
     (re.compile(r"\[/\S*?/third_party/(gloo/\S+?):\d+\]"), r"[\1]"),
     (re.compile(r"\[enforce fail at /\S*?/third_party/(gloo/\S+?):\d+\]"), r"[enforce fail at \1]"),
@@ -149,7 +152,11 @@ class Ctx:
 
     def __init__(self, ex: Exhibit, info: DistInfo, report: Report, timeout_s: float):
         self.ex, self.info, self.report, self.timeout_s = ex, info, report, timeout_s
-        self.results = report.results.setdefault("exhibits", {}).setdefault(ex.name, {})
+        try:
+            shown = report.recorded("exhibits")
+        except KeyError:  # the first exhibit of the run
+            shown = report.record("exhibits", {})
+        self.results = shown.setdefault(ex.name, {})
 
     # -- groups and attempts -----------------------------------------------------------------------------
     def group(self, detail: bool = False, timeout_s: float | None = None):
@@ -224,14 +231,24 @@ class Ctx:
 
     # -- reporting -------------------------------------------------------------------------------------------
     def say(self, text: str) -> None:
-        self.report._say(text)
+        """Print on rank 0; a line longer than WIDTH (a quoted error text) goes on over indented lines."""
+        for line in text.split("\n"):
+            if len(line) <= WIDTH:
+                self.report._say(line)
+                continue
+            indent = " " * (len(line) - len(line.lstrip()) + 2)
+            for part in textwrap.wrap(
+                line, WIDTH, subsequent_indent=indent, break_on_hyphens=False
+            ):
+                self.report._say(part)
 
     def step(self, kind: str, text: str) -> None:
         """A section line: kind is "symptom", "diagnosis" or "fix"."""
         self.say(f"  {kind}: {text}")
 
-    def claim(self, what: str, value, relation: str, bound: float, text: str) -> bool:
-        return self.report.claim(f"{self.ex.name}_{what}", value, relation, bound, "    " + text)
+    def claim(self, what: str, value, relation: str, bound: float, text: str, **fields) -> bool:
+        name = f"{self.ex.name}_{what}"
+        return self.report.claim(name, value, relation, bound, "    " + text, **fields)
 
     def record(self, key: str, value):
         self.results[key] = value

@@ -309,8 +309,10 @@ def too_many_threads(ctx: Ctx) -> None:
             total / alone if alone and len(spawned) == 2 else 0.0,
             "==",
             2.0,
-            f"threads of the 2 processes / threads of one process alone ({alone}): "
-            f"{{value:g}} (each takes what it would alone: {total} threads on {cores} cores)",
+            "threads of 2 processes / of one alone ({alone}): {value:g} ({total} threads on {cores} cores)",
+            alone=alone,
+            total=total,
+            cores=cores,
         )
         ctx.step(
             "diagnosis",

@@ -231,16 +231,16 @@ def report_timeline(report, events: list[dict]) -> dict:
     the seconds it cost ([perf]: hang detection, restart, work lost)."""
     tl = report.record("timeline", timeline(events))
     for a, redone in zip(tl["attempts"][1:], tl["steps_redone"]):
-        where = (
-            "resumed from step {value[from]}"
-            if a["resumed_from"] is not None
-            else "found no complete checkpoint and started from scratch"
-        )
+        if a["resumed_from"] is not None:
+            where = "resumed from step {value[from]}"
+        else:
+            where = "found no complete checkpoint and started from scratch"
         report.value(
             f"resume_{a['attempt']}",
             {"from": a["resumed_from"], "ignored": len(a["ignored"]), "redone": redone},
-            f"attempt {a['attempt']} {where} (removed {{value[ignored]}} leftover "
+            "attempt {attempt} " + where + " (removed {value[ignored]} leftover "
             "files of killed saves, never loaded), trained steps {value[redone]} again",
+            attempt=a["attempt"],
         )
     for a in tl["attempts"]:  # what torchrun's summary would quote, read from the rank that raised
         f = a["fault"]
@@ -251,8 +251,9 @@ def report_timeline(report, events: list[dict]) -> dict:
             report.value(
                 f"error_file_{a['attempt']}",
                 {"rank": f["rank"], "message": message},
-                f"attempt {a['attempt']}: rank {{value[rank]}}'s error file, written by @record: "
+                "attempt {attempt}: rank {value[rank]}'s error file, written by @record: "
                 "{value[message]}",
+                attempt=a["attempt"],
             )
     for i, (a, restart, lost) in enumerate(zip(tl["attempts"], tl["restart_s"], tl["lost_work_s"])):
         hang = (
@@ -263,7 +264,10 @@ def report_timeline(report, events: list[dict]) -> dict:
         report.perf(
             f"restart_s_{i}",
             restart,
-            f"attempt {i}: {{value:.1f}} s to restart, {lost:.1f} s of work lost{hang}",
+            "attempt {attempt}: {value:.1f} s to restart, {lost:.1f} s of work lost{hang}",
+            attempt=i,
+            lost=lost,
+            hang=hang,
         )
     return tl
 

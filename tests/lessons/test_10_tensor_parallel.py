@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from common.run.launch import run_lesson
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 LESSON = "10_tensor_parallel"
 B, S, H = 32, 8, 32  # the lesson's defaults: --batch-size, tokens per image, --hidden
@@ -96,6 +96,7 @@ def test_sequence_parallel_norm_gradients_are_partial_until_two_more_all_reduces
 @pytest.mark.timeout(600)
 def test_the_last_line_counts_the_checks_that_hold(tp4_run):
     assert tp4_run.stdout.splitlines()[-1] == f"{len(tp4_run.results['claims'])} checks hold"
+    assert_lines_fit(tp4_run)
 
 
 @pytest.mark.timeout(600)

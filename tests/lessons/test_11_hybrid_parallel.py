@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from common.run.launch import run_lesson
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 LESSON = "11_hybrid_parallel"
 
@@ -50,6 +50,7 @@ def test_dp_x_pp_and_fsdp_x_tp_equal_one_process_on_the_global_batch(four):
 @pytest.mark.timeout(600)
 def test_the_last_line_counts_the_checks_that_hold(four_run):
     assert four_run.stdout.splitlines()[-1] == f"{len(four_run.results['claims'])} checks hold"
+    assert_lines_fit(four_run)
 
 
 @pytest.mark.timeout(600)

@@ -7,12 +7,13 @@ world size) and --show training on 3 processes, and one bad --show name.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
 
 from common.run.launch import run_lesson
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 EXHIBITS = importlib.import_module("common.exhibits.frame").load_exhibits()
 
@@ -22,7 +23,9 @@ def shown():
     """Every exhibit, 2 processes, each broken collective bounded by --timeout-s 2: the documented
     `--show all`, one launch, so that a broken exhibit is seen not to poison the next one across groups."""
     # about 100 s on the shared 2-core machine: 23 exhibits, a dozen launches of torchrun agents among them
-    return run_lesson("12_troubleshooting", nproc=2, args=["--show", "all"], timeout_s=840).check()
+    run = run_lesson("12_troubleshooting", nproc=2, args=["--show", "all"], timeout_s=840).check()
+    assert_lines_fit(run)
+    return run
 
 
 def claims_of(run, name: str, expected: set[str]) -> dict:
@@ -35,13 +38,38 @@ def exhibit(run, name: str) -> dict:
     return run.results["exhibits"][name]
 
 
+def test_the_symptom_index_names_any_lesson_in_the_tree(tmp_path, monkeypatch):
+    """Which lesson teaches the right way is read from lessons/NN_*.py, so an exhibit may name any lesson in
+    the tree (a later lesson's exhibit needs no list to be extended); one naming no lesson says so. No launch."""
+    lesson = importlib.import_module("lessons.12_troubleshooting")
+    for number, first in (
+        ("22", "Lesson 22: parallel inference -- a model split"),
+        ("23", "Lesson 23: a: b"),
+    ):
+        (tmp_path / f"{number}_x.py").write_text(f'"""{first}\n"""\n')
+    assert lesson.lesson_topics(tmp_path) == {"22": "parallel inference", "23": "a"}
+    in_tree = sorted(p.name[:2] for p in lesson.LESSONS_DIR.glob("[0-9][0-9]_*.py"))
+    assert sorted(lesson.lesson_topics()) == in_tree
+    real = lesson.load_exhibits()
+    topic = lesson.lesson_topics()[in_tree[-1]]
+    late = dataclasses.replace(next(iter(real.values())), name="late", lesson=in_tree[-1])
+    monkeypatch.setattr(lesson, "load_exhibits", lambda: {**real, "late": late})
+    last = lesson.symptom_index().splitlines()[-1]
+    assert last.endswith(f"| `late` | lesson {in_tree[-1]}: {topic} |"), last
+    nowhere = dataclasses.replace(late, lesson="99")
+    monkeypatch.setattr(lesson, "load_exhibits", lambda: {**real, "late": nowhere})
+    with pytest.raises(lesson.LessonError, match="exhibit late: no lesson 99 in"):
+        lesson.symptom_index()
+
+
 @pytest.mark.timeout(120)
 def test_list_shows_every_exhibit():
     run = run_lesson(
         "12_troubleshooting", nproc=None, args=["--list"], timeout_s=120, results=False
     ).check()
-    names = [line.split()[0] for line in run.stdout.splitlines() if line.strip()]
-    assert names == list(EXHIBITS) and len(names) >= 14
+    names = [line.split()[0] for line in run.stdout.splitlines() if line[:1].strip()]
+    assert names == list(EXHIBITS) and len(names) >= 14  # each cause follows, indented
+    assert_lines_fit(run)
     assert all(f"lesson {ex.lesson}" in run.stdout for ex in EXHIBITS.values())
 
 
@@ -143,8 +171,9 @@ def test_set_epoch_forgotten(shown):
 @pytest.mark.timeout(960)
 def test_checkpoints(shown):
     claims_of(shown, "checkpoint_module_prefix", {"broken_raises", "fixed_equal"})
-    assert "consume_prefix_in_state_dict_if_present" in shown.stdout
-    assert "Unexpected key(s) in state_dict" in shown.stdout and '"module.weight"' in shown.stdout
+    words = " ".join(shown.stdout.split())  # a long quoted error goes on over indented lines
+    assert "consume_prefix_in_state_dict_if_present" in words
+    assert "Unexpected key(s) in state_dict" in words and '"module.weight"' in words
     claims_of(shown, "checkpoint_weights_only", {"broken_raises", "fixed_loads"})
     assert (
         "Unsupported global: GLOBAL argparse.Namespace"
