@@ -17,7 +17,7 @@ measure: instruments that make the invisible countable, on CPU as on GPU
     measure.dtensor_counts   the same for DTensor and FSDP2
     measure.memory           the memory of a training step, measured from tensors
     measure.differences      how far apart two results are, NaN-safe, within a rank and over ranks
-    measure.bandwidth        timing a collective, algbw / busbw
+    measure.bandwidth        the ring's traffic factors (2(n-1)/n), timing a collective, algbw / busbw
     measure.profiling        where a DDP step's time goes, read from a torch.profiler trace
     measure.precision        mixed precision by name, and how far two training steps end apart
 
@@ -47,7 +47,10 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     expert_parallel.moe              a mixture-of-experts layer, in one process and over ranks (20)
     expert_parallel.model            lesson 20's transformer with experts in its MLP slot (20)
     planning.cost_model              the bytes a rank holds, the FLOPs it computes, the bytes it sends (21)
+    planning.measured                the bytes a DDP, ZeRO or tensor-parallel rank holds and sends, measured (21)
     planning.planner                 which layout fits a model on G GPUs, and its estimated step time (21)
+    planning.cli                     the planner's flags and its printed plan (21)
+    planning.closed_forms            the planner's rows written out as closed forms (21)
     planning.transformer             the shared transformer at any size, counted from shapes (21)
 
 shared by every topic

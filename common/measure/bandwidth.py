@@ -24,6 +24,8 @@ def bus_bandwidth_factor(op: str, world_size: int) -> float:
     """busbw / algbw for a collective on `world_size` ranks, as nccl-tests defines it.
 
     all_reduce: 2(n-1)/n; reduce_scatter, all_gather: (n-1)/n; broadcast, reduce: 1. 0 for n = 1: nothing moves.
+    The same number is the share of its buffer one ring rank sends: the one home of the ring's traffic factors
+    (the planner's cost model, `common.planning.cost_model`, multiplies it by the buffer's bytes).
 
     Raises:
         ValueError: unknown op or world_size < 1.

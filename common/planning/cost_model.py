@@ -19,7 +19,8 @@ sequence s, micro-batch b, hidden h, heads a, tensor-parallel t:
     tensor parallel            s b h (10 + 24 / t + 5 a s / (h t))
     tensor + sequence parallel s b h (34 + 5 a s / h) / t
     full recomputation         2 s b h (only the layer's input is kept)
-Bytes one rank sends in the ring model (lesson 02): all-reduce 2 B (N-1)/N, all-gather / reduce-scatter B (N-1)/N.
+Bytes one rank sends in the ring model (lesson 02): all-reduce 2 B (N-1)/N, all-gather / reduce-scatter B (N-1)/N,
+the factors of `common.measure.bandwidth.bus_bandwidth_factor` (their one home) times the buffer B.
 Time of a ring collective in the alpha-beta model: steps x alpha + bytes sent x beta (alpha: latency per step,
 beta: seconds per byte = 1 / bandwidth).
 """
@@ -30,13 +31,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from common.measure.bandwidth import bus_bandwidth_factor
+
 __all__ = [
     "ADAM_MIXED_K",
     "zero_mixed_bytes",
     "sharded_fp32_bytes",
+    "residual_mlp_layout_bytes",
     "tp_layer_params",
     "tp_all_reduces",
-    "ring_bytes_sent",
+    "digits_transformer_tp_bytes",
     "residual_mlp_activations",
     "transformer_layer_activations",
     "zero_paper_activations",
@@ -108,7 +112,7 @@ def sharded_fp32_bytes(
             "gradients": e * numel,
             "ddp_buckets": e * numel if N > 1 else 0,
             "optimizer_state": adam_slots * e * numel + 4 * tensors,
-            "sent": ring_bytes_sent("all_reduce", e * numel, N),
+            "sent": bus_bandwidth_factor("all_reduce", N) * e * numel,
         }
     gathers = 2 if stage == 3 else 1
     return {
@@ -116,10 +120,31 @@ def sharded_fp32_bytes(
         "gradients": e * (numel if stage == 1 else shard),
         "optimizer_state": adam_slots * e * shard + 4 * len(unit_numels),
         "sent": (
-            gathers * ring_bytes_sent("all_gather", e * padded, N)
-            + ring_bytes_sent("reduce_scatter", e * padded, N)
+            gathers * bus_bandwidth_factor("all_gather", N) * e * padded
+            + bus_bandwidth_factor("reduce_scatter", N) * e * padded
         ),
     }
+
+
+def residual_mlp_layout_bytes(width: int, depth: int, batch: int, n_ranks: int) -> dict[str, dict]:
+    """Lesson 13's ResidualMLP(width, depth) at `batch` samples per rank on `n_ranks`: the `sharded_fp32_bytes`
+    of DDP (with its activations, plain and checkpointed) and of ZeRO-1, 2 and 3. Units: the stem Linear(64, w),
+    each block's two Linear(w, w), the head Linear(w, 10); every Linear has a bias."""
+    w = width
+    numels = [64 * w + w, *[2 * (w * w + w)] * depth, w * 10 + 10]
+    tensors = 2 * (2 + 2 * depth)  # a weight and a bias per Linear
+    rows = {
+        "DDP": {
+            **sharded_fp32_bytes(numels, tensors, n_ranks, 0),
+            "activations": residual_mlp_activations(batch, w, depth),
+            "activations_checkpointed": residual_mlp_activations(
+                batch, w, depth, checkpointing=True
+            ),
+        }
+    }
+    for stage in (1, 2, 3):
+        rows[f"ZeRO-{stage}"] = sharded_fp32_bytes(numels, tensors, n_ranks, stage)
+    return rows
 
 
 def tp_layer_params(h: int, tp: int) -> int:
@@ -138,10 +163,17 @@ def tp_all_reduces(
     return {"calls": calls, "bytes": calls * tokens * h * element_size}
 
 
-def ring_bytes_sent(op: str, buffer_bytes: float, n_ranks: int) -> float:
-    """Bytes one rank sends for one ring collective on a buffer of `buffer_bytes` (the full tensor)."""
-    factor = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}[op]
-    return factor * buffer_bytes * (n_ranks - 1) / n_ranks
+def digits_transformer_tp_bytes(h: int, layers: int, tp: int, tokens: int) -> dict[str, int]:
+    """Lesson 10's transformer on the digits at tensor-parallel degree `tp`: the fp32 parameter bytes a rank
+    holds (embedding Linear(8, h) and head Linear(h, 10) whole on every rank, each layer split as Megatron does)
+    and the all-reduces of one forward + backward on `tokens` rows."""
+    ar = tp_all_reduces(layers, tp, tokens, h)
+    params = 8 * h + h + layers * tp_layer_params(h, tp) + 10 * h + 10
+    return {
+        "parameters": 4 * params,
+        "all_reduce_calls": ar["calls"],
+        "all_reduce_bytes": ar["bytes"],
+    }
 
 
 def residual_mlp_activations(
@@ -247,7 +279,7 @@ def residual_mlp_flops(
 def ring_time(op: str, buffer_bytes: float, n_ranks: int, alpha: float, beta: float) -> float:
     """Alpha-beta time of a ring collective: all-reduce 2 (N-1) steps, all-gather / reduce-scatter N-1."""
     steps = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}[op] * (n_ranks - 1)
-    return steps * alpha + ring_bytes_sent(op, buffer_bytes, n_ranks) * beta
+    return steps * alpha + bus_bandwidth_factor(op, n_ranks) * buffer_bytes * beta
 
 
 def fit_alpha_beta(
