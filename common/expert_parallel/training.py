@@ -17,13 +17,30 @@ import copy
 import torch
 import torch.distributed as dist
 
-from common.expert_parallel.model import EXPERTS, moe_of, moe_transformer, set_moe
+from common.expert_parallel.model import (
+    EXPERTS,
+    digit_tokens,
+    imbalance,
+    moe_of,
+    moe_transformer,
+    next_token_loss,
+    set_moe,
+)
 from common.expert_parallel.moe import ExpertParallelMoE, MoE
 from common.harness.grid import Grid
+from common.harness.session import set_seed
 from common.measure.differences import max_abs_diff, nan_max
 from common.models import CausalTransformer
 
-__all__ = ["grad_of", "expert_grads", "build_pair", "param_gap", "reduce_grads"]
+__all__ = [
+    "grad_of",
+    "expert_grads",
+    "one_process_layer",
+    "build_pair",
+    "param_gap",
+    "reduce_grads",
+    "balance_runs",
+]
 
 
 def grad_of(p: torch.Tensor) -> torch.Tensor:
@@ -40,6 +57,21 @@ def expert_grads(full: MoE, split: ExpertParallelMoE) -> float:
                 max_abs_diff(grad_of(p), grad_of(q))
             )  # an expert no token reached: no .grad
     return nan_max(gaps)
+
+
+def one_process_layer(full: MoE, xf: torch.Tensor) -> tuple[list, torch.Tensor]:
+    """The one-process reference of an EP layer: `full` on each rank's tokens xf[r] (N, H) with their own
+    capacity, as the ranks have; then backward of the loss both sides use. Returns the outputs per rank and
+    (ep, ep) the kept assignments rank r sends to rank d (the experts of rank d are a contiguous block)."""
+    ep = xf.shape[0]
+    ys, kept = [], []
+    for r in range(ep):
+        ys.append(full(xf[r]))
+        kept.append(
+            full.stats["kept"].view(ep, -1).sum(1)
+        )  # (ep,) kept assignments per destination
+    (torch.stack(ys).square().sum() / xf.numel()).backward()
+    return ys, torch.stack(kept)
 
 
 def build_pair(
@@ -89,3 +121,28 @@ def reduce_grads(split: CausalTransformer, grid: Grid) -> None:
         grads, reached = flat[: -len(params)], flat[-len(params) :].tolist()
         for p, g, hit in zip(params, grads.split([p.numel() for p in params]), reached):
             p.grad = g.view_as(p).clone() if hit else None
+
+
+def balance_runs(
+    seeds, weight, steps, experts, k, capacity_factor, hidden, heads, batch=8, lr=0.05
+) -> tuple[dict, dict]:
+    """Train the one-process MoE model with the balance loss at `weight` and without it (0.0), at each seed:
+    returns {weight: [busiest expert / mean on held-out digits, per seed]} and {seed: histograms}."""
+    tokens, test = digit_tokens(), digit_tokens(train=False)[:64]
+    ratios, hists = {0.0: [], weight: []}, {}
+    for seed in seeds:
+        for w in ratios:
+            set_seed(seed)
+            model = moe_transformer(hidden, heads, MoE(hidden, experts, k, capacity_factor))
+            opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+            g = torch.Generator().manual_seed(seed)
+            hists.setdefault(seed, {"before": imbalance(model, test)[1]})
+            for _ in range(steps):
+                x = tokens[torch.randint(len(tokens), (batch,), generator=g)]
+                loss = next_token_loss(model, x) + w * moe_of(model).stats["aux"]
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            ratio, hists[seed][f"after, balance weight {w}"] = imbalance(model, test)
+            ratios[w].append(ratio)
+    return ratios, hists
