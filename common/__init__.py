@@ -17,7 +17,7 @@ measure: instruments that make the invisible countable, on CPU as on GPU
     measure.dtensor_counts   the same for DTensor and FSDP2
     measure.memory           the memory of a training step, measured from tensors
     measure.differences      how far apart two results are, NaN-safe, within a rank and over ranks
-    measure.bandwidth        the ring's traffic factors (2(n-1)/n), timing a collective, algbw / busbw
+    measure.bandwidth        the ring's bytes per rank (2 B (n-1)/n), timing a collective, algbw / busbw
     measure.profiling        where a DDP step's time goes, read from a torch.profiler trace
     measure.precision        mixed precision by name, and how far two training steps end apart
 

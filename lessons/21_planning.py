@@ -47,7 +47,7 @@ from common.harness.grid import Grid
 from common.harness.ranks import print0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
-from common.measure.bandwidth import bus_bandwidth_factor, time_calls
+from common.measure.bandwidth import ring_bytes_sent, time_calls
 from common.measure.differences import max_abs_diff_all, nan_max
 from common.measure.memory import ResidualMLP, saved_activation_bytes
 from common.models import DigitsCNN
@@ -368,7 +368,7 @@ def alpha_beta(info, report: Report) -> None:
         times = time_calls(lambda: dist.all_reduce(buf), 7, 1, info.device, distributed=True)
         seconds.append(statistics.median(times))
     steps = [2 * (N - 1)] * len(sizes)
-    sent = [bus_bandwidth_factor("all_reduce", N) * 4 * n for n in sizes]  # 2 B (N-1)/N
+    sent = [ring_bytes_sent("all_reduce", 4 * n, N) for n in sizes]  # 2 B (N-1)/N
     alpha, beta = fit_alpha_beta(steps, sent, seconds)
     print0(
         f"\n4. alpha-beta: all-reduce on {N} gloo ranks, time = 2 (N-1) alpha + 2 B (N-1)/N beta"

@@ -20,7 +20,7 @@ sequence s, micro-batch b, hidden h, heads a, tensor-parallel t:
     tensor + sequence parallel s b h (34 + 5 a s / h) / t
     full recomputation         2 s b h (only the layer's input is kept)
 Bytes one rank sends in the ring model (lesson 02): all-reduce 2 B (N-1)/N, all-gather / reduce-scatter B (N-1)/N,
-the factors of `common.measure.bandwidth.bus_bandwidth_factor` (their one home) times the buffer B.
+`common.measure.bandwidth.ring_bytes_sent`, the one home of these factors.
 Time of a ring collective in the alpha-beta model: steps x alpha + bytes sent x beta (alpha: latency per step,
 beta: seconds per byte = 1 / bandwidth).
 """
@@ -31,7 +31,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.measure.bandwidth import bus_bandwidth_factor
+from common.measure.bandwidth import ring_bytes_sent
 
 __all__ = [
     "ADAM_MIXED_K",
@@ -112,7 +112,7 @@ def sharded_fp32_bytes(
             "gradients": e * numel,
             "ddp_buckets": e * numel if N > 1 else 0,
             "optimizer_state": adam_slots * e * numel + 4 * tensors,
-            "sent": bus_bandwidth_factor("all_reduce", N) * e * numel,
+            "sent": ring_bytes_sent("all_reduce", e * numel, N),
         }
     gathers = 2 if stage == 3 else 1
     return {
@@ -120,8 +120,8 @@ def sharded_fp32_bytes(
         "gradients": e * (numel if stage == 1 else shard),
         "optimizer_state": adam_slots * e * shard + 4 * len(unit_numels),
         "sent": (
-            gathers * bus_bandwidth_factor("all_gather", N) * e * padded
-            + bus_bandwidth_factor("reduce_scatter", N) * e * padded
+            gathers * ring_bytes_sent("all_gather", e * padded, N)
+            + ring_bytes_sent("reduce_scatter", e * padded, N)
         ),
     }
 
@@ -279,7 +279,7 @@ def residual_mlp_flops(
 def ring_time(op: str, buffer_bytes: float, n_ranks: int, alpha: float, beta: float) -> float:
     """Alpha-beta time of a ring collective: all-reduce 2 (N-1) steps, all-gather / reduce-scatter N-1."""
     steps = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}[op] * (n_ranks - 1)
-    return steps * alpha + bus_bandwidth_factor(op, n_ranks) * buffer_bytes * beta
+    return steps * alpha + ring_bytes_sent(op, buffer_bytes, n_ranks) * beta
 
 
 def fit_alpha_beta(
