@@ -78,8 +78,10 @@ def report_plan(c: GPT, a: Assumptions, top: int, results: str | None, master: b
     report.value(
         "fitting",
         len(fit),
-        f"{{value}} of {len(rows)} configurations fit; the {min(top, len(fit))} "
-        "fastest (GB per GPU; GB each GPU sends per step; estimated step time, MFU):",
+        "{value} of {rows} configurations fit; the {top} fastest "
+        "(GB per GPU; GB each GPU sends per step; estimated step time, MFU):",
+        rows=len(rows),
+        top=min(top, len(fit)),
     )
     report.record("configurations", fit[:top])
     print0("\n".join(format_rows(fit, top)))
