@@ -3,8 +3,8 @@
     torchrun --standalone --nproc_per_node=2 benchmarks/moe_imbalance.py
     torchrun --standalone --nproc_per_node=4 benchmarks/moe_imbalance.py --hidden 512 --tokens 8192
 
-The MoE layer of lesson 20 (common.expert_parallel.moe.ExpertParallelMoE), top-1, with a capacity factor of E (C = N: no token
-is ever dropped, so both routers do the same total expert work). Its router is replaced by a fixed one: the
+The MoE layer of lesson 20 (common.expert_parallel.moe.ExpertParallelMoE), top-1, with a capacity factor of E
+(C = N: no token is ever dropped, so both routers do the same total expert work). Its router is replaced by a fixed one: the
 balanced router sends token t to expert t % E (every rank's experts get N/ep rows from every rank); the skewed
 one sends every token to an expert of rank 0 (t % (E/ep)). Skewed, rank 0 computes ep x the balanced rows and
 every other rank waits for it in the combine all-to-all, so the step takes about as long as the busiest rank's
@@ -89,14 +89,18 @@ def main(argv=None) -> None:
             report.perf(
                 f"{name}_s",
                 times[name],
-                f"{name} router: rank 0's experts got {rows} rows; "
-                f"forward + backward {{value:.4f}} s (median of {args.steps})",
+                "{router} router: rank 0's experts got {rows} rows; "
+                "forward + backward {value:.4f} s (median of {steps})",
+                router=name,
+                rows=rows,
+                steps=args.steps,
             )
         report.perf(
             "skewed_over_balanced",
             times["skewed"] / times["balanced"],
-            f"skewed / balanced step time: {{value:.2f}} (ep = {ep}: at most about {ep} when expert "
+            "skewed / balanced step time: {value:.2f} (ep = {ep}: at most about {ep} when expert "
             "compute dominates)",
+            ep=ep,
         )
         report.finish(args.results)
 

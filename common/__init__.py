@@ -17,7 +17,7 @@ measure: instruments that make the invisible countable, on CPU as on GPU
     measure.dtensor_counts   the same for DTensor and FSDP2
     measure.memory           the memory of a training step, measured from tensors: held and saved bytes
     measure.differences      how far apart two results are, NaN-safe, within a rank and over ranks
-    measure.bandwidth        timing a collective, algbw / busbw
+    measure.bandwidth        the ring's bytes per rank (2 B (n-1)/n), timing a collective, algbw / busbw
     measure.group_traffic    which collective travelled in which grid group, and the bytes each rank sent
     measure.profiling        where a DDP step's time goes, read from a torch.profiler trace
     measure.precision        mixed precision by name, and how far two training steps end apart
@@ -49,10 +49,16 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     performance.compile_graphs       torch.compile of a DDP model: the graphs DDPOptimizer cuts (17)
     context_parallel.ring_attention  ring attention by hand (19)
     context_parallel.ulysses         Ulysses attention: the split moves from the sequence to the heads (19)
+    context_parallel.training        training with cp: the token loss and the gradients summed over cp (19)
+    context_parallel.torch_cp        PyTorch's own context_parallel, tried: what happened (19)
     expert_parallel.moe              a mixture-of-experts layer, in one process and over ranks (20)
     expert_parallel.model            lesson 20's transformer with experts in its MLP slot (20)
+    expert_parallel.training         its gradients summed where copies live, held to one process (20)
     planning.cost_model              the bytes a rank holds, the FLOPs it computes, the bytes it sends (21)
+    planning.measured                the bytes a DDP, ZeRO or tensor-parallel rank holds and sends, measured (21)
     planning.planner                 which layout fits a model on G GPUs, and its estimated step time (21)
+    planning.cli                     the planner's flags and its printed plan (21)
+    planning.closed_forms            the planner's rows written out as closed forms (21)
     planning.transformer             the shared transformer at any size, counted from shapes (21)
 
 shared by every topic

@@ -6,29 +6,23 @@ Run it:
     torchrun --standalone --nproc_per_node=2 lessons/19_context_parallel.py    # cp = 2
     torchrun --standalone --nproc_per_node=4 lessons/19_context_parallel.py    # cp = 4
 
-All ranks form one cp group (`Grid(info, cp=world_size)`). Every cp rank holds S/cp tokens of the same
-sequences: their queries, keys and values, and their activations in every other layer. The zig-zag split cuts
-the 64-token digits into 2cp chunks, so cp is a power of two (1, 2, 4, 8, ...): cp 3, 5, 6 and 7 are never
-accepted (one line names the reason), and cp must also divide --heads (8 by default, for Ulysses).
+All ranks form one cp group (`Grid(info, cp=world_size)`); each holds S/cp tokens of the same sequences, and
+their activations in every layer. The zig-zag split cuts the 64-token digits into 2cp chunks, so cp is a power
+of two (cp 3, 5, 6, 7 are refused with one line), and cp must divide --heads (8 by default, for Ulysses).
 
 What to look for:
 - Why the sequence is the problem: attention written out saves a B x H x S x S matrix for backward (4x the
   bytes at 2S); ring attention saves only O(S/cp) per rank (q, k, v, out and the log-sum-exp).
-- Ring attention (common/context_parallel/ring_attention.py): keys and values travel around the cp ranks with
-  batched isend/irecv while each rank attends its queries to the block it holds; partial results merge with
-  the log-sum-exp rule. Output and q, k, v gradients equal `F.scaled_dot_product_attention(is_causal=True)` on
-  the whole sequence; each rank sends (cp - 1) key/value blocks forward, and 2cp - 1 blocks backward (keys and
-  values again, plus their gradients, which travel home). At step s rank r holds rank (r - s) mod cp's block,
-  identified from the values that arrived (a ring running the other way fails it from cp 4 on; at cp 2 the
-  two directions are the same neighbour).
+- Ring attention (common/context_parallel/ring_attention.py: keys and values travel around the cp ranks while
+  each rank attends its queries to the block it holds): output and q, k, v gradients equal causal SDPA on the
+  whole sequence; each rank sends cp - 1 key/value blocks forward, 2cp - 1 backward (their gradients travel
+  home). At step s rank r holds rank (r - s) mod cp's block, identified from the values that arrived.
 - Causal load balance: with contiguous chunks the last rank has most unmasked query-key pairs; the zig-zag
   split (chunks r and 2cp-1-r) gives every rank the same count. Counted exactly; the idle time is [perf].
-- Training the causal transformer of common/models.py on the digits read as 64 pixel tokens, with cp: the
-  loss is (sum of token losses, token count) summed over cp ranks, never a mean of per-rank means; gradients
-  are summed over the cp group. It follows the one-process model and its loss falls.
+- Training the causal transformer of common/models.py on the digits read as 64 pixel tokens with cp
+  (common/context_parallel/training.py): it follows the one-process model and its loss falls.
 - Ulysses: two all-to-alls switch the split from tokens to heads (cp must divide the heads); bytes compared.
-  The default 8 heads give each rank H/cp >= 2 heads at cp 2 and 4, so heads sent back in the wrong order
-  fail the equality check (with one head per rank every order is the same).
+  The default 8 heads give each rank >= 2 heads at cp 2 and 4, so a wrong head order would show.
 - PyTorch's `torch.distributed.tensor.experimental.context_parallel`, tried on this build: what happened.
 
 Sources: Liu et al. 2023, Ring Attention (https://arxiv.org/abs/2310.01889); Jacobs et al. 2023,
@@ -41,7 +35,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import time
+import textwrap
 from functools import partial
 
 import torch
@@ -51,9 +45,13 @@ from common.context_parallel.ring_attention import (
     RingStats,
     Split,
     causal_pairs,
+    off_schedule,
     owners,
     ring_attention,
+    time_forward,
 )
+from common.context_parallel.torch_cp import try_context_parallel
+from common.context_parallel.training import held_out_loss, one_process_step, sum_grads, token_loss
 from common.context_parallel.ulysses import ulysses_attention
 from common.data import PIXEL_VOCAB, digit_sequences, next_token_targets
 from common.harness.env import LessonError, read_torchrun_env
@@ -64,6 +62,7 @@ from common.harness.session import add_distributed_args, distributed_session, ru
 from common.measure.counters import count_collectives, saved_tensor_bytes
 from common.measure.differences import max_abs_diff, max_abs_diff_all, max_over_ranks, nan_max
 from common.models import CausalTransformer
+from common.planning.transformer import matmul_attention
 
 TOL = 1e-5  # float32: sums of a few hundred terms in another order differ by ~1e-7 relative
 D_MODEL, LAYERS, SEQ = 32, 2, 64  # the transformer; a digit is 64 pixel tokens
@@ -73,48 +72,27 @@ NAIVE_S = (128, 256)  # where attention written out is measured
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--seq-len",
-        type=int,
-        default=64,
-        help="S of the attention checks (<= 1024); 2 x cp must divide it",
-    )
-    p.add_argument(
-        "--heads", type=int, default=8, help="attention heads; cp must divide them (Ulysses)"
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=32,
-        help="sequences per training step, the same on "
-        "every cp rank (each holds S/cp tokens of each)",
-    )
-    p.add_argument(
-        "--steps", type=int, default=30, help="training steps, at least 20 (default %(default)s)"
-    )
-    p.add_argument(
-        "--timing-seq-len", type=int, default=1024, help="S of the idle-time measurement"
-    )
+    p.add_argument("--seq-len", type=int, default=64, help="S of the checks (<= 1024), 2cp | S")
+    p.add_argument("--heads", type=int, default=8, help="attention heads; cp must divide them")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences a step, on every cp rank")
+    p.add_argument("--steps", type=int, default=30, help="training steps, at least 20")
+    p.add_argument("--timing-seq-len", type=int, default=1024, help="S of the idle-time timing")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
-    )
+    p.add_argument("--results", default=None, help="rank 0 writes its numbers here as JSON")
     add_distributed_args(p)
     args = p.parse_args(argv)
-    cp = read_torchrun_env()[
-        2
-    ]  # cp = the world size, checked before any process group: all ranks fail alike
+    check_args(args, cp=read_torchrun_env()[2])  # before any process group: all ranks fail alike
+    return args
+
+
+def check_args(args: argparse.Namespace, cp: int) -> None:
+    """Refuse, with one line, what would make a claim fail or the splits impossible (cp = the world size)."""
     if (
         not 1 <= args.seq_len <= 1024
     ):  # the bound 1e-5 is absolute: q, k, v gradients sum over S terms
-        raise LessonError(
-            f"--seq-len must be in 1..1024 (got {args.seq_len}): the equality checks hold the "
-            "ring to 1e-5 absolute, and gradient sums grow with S"
-        )
+        raise LessonError(f"--seq-len must be in 1..1024 (got {args.seq_len}): 1e-5 is absolute")
     if args.steps < 20 or args.batch_size < 1:
-        raise LessonError(
-            "--steps must be >= 20 (the loss must have time to fall) and --batch-size >= 1"
-        )
+        raise LessonError("--steps must be >= 20 (time for the loss to fall), --batch-size >= 1")
     if args.heads < 1 or D_MODEL % args.heads:
         raise LessonError(f"--heads must divide the model width {D_MODEL}, got {args.heads}")
     if args.heads % cp:
@@ -122,31 +100,23 @@ def parse_args(argv=None) -> argparse.Namespace:
             f"cp = {cp} must divide the head count {args.heads}: Ulysses gives each rank "
             "heads/cp whole heads"
         )
-    lengths = (
-        ("--seq-len", args.seq_len),
-        ("--timing-seq-len", args.timing_seq_len),
-        ("the digits", SEQ),
-    )
-    for name, s in lengths:
+    lengths = {
+        "--seq-len": args.seq_len,
+        "--timing-seq-len": args.timing_seq_len,
+        "the digits": SEQ,
+    }
+    for name, s in lengths.items():
         if s < 1 or s % (2 * cp):
             raise LessonError(
                 f"{name}: sequence length {s} is not divisible by 2 x cp = {2 * cp}: the "
                 "zig-zag split cuts it into 2cp equal chunks"
             )
-    return args
 
 
 def qkv(args, B: int, S: int, device) -> list[torch.Tensor]:
     """q, k, v of the whole sequence (B, H, S, D=8), the same on every rank (same seed)."""
     g = torch.Generator().manual_seed(args.seed)
     return [torch.randn(B, args.heads, S, 8, generator=g).to(device) for _ in range(3)]
-
-
-def naive_attention(q, k, v):
-    """Attention written out: the S x S scores and their softmax are tensors autograd keeps."""
-    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # (B, H, S, S)
-    mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1)
-    return torch.softmax(s.masked_fill(mask, float("-inf")), -1) @ v
 
 
 def saved_by(fn, tensors) -> int:
@@ -161,16 +131,12 @@ def activation_memory(report: Report, grid: Grid, args) -> None:
     """Section 1: bytes saved for backward by attention, against S and against cp."""
     cp, cp_rank, group, dev = grid.size("cp"), grid.coords["cp"], grid.group("cp"), grid.info.device
     B, S = 2, args.seq_len
-    naive = {
-        s: saved_by(naive_attention, qkv(args, B, s, dev)) for s in NAIVE_S
-    }  # fixed S: S^2 dominates
+    # attention written out (the S x S scores and their softmax are tensors autograd keeps), fixed S
+    naive = {s: saved_by(matmul_attention, qkv(args, B, s, dev)) for s in NAIVE_S}
     (s1, b1), (s2, b2) = naive.items()
-    report.value(
-        "naive_saved_bytes",
-        naive,
-        f"attention written out, B={B} H={args.heads} D=8: bytes saved "
-        f"for backward at S={s1}: {b1}, at S={s2}: {b2}",
-    )
+    sizes = f"at S={s1}: {b1}, at S={s2}: {b2}"
+    text = "attention written out, B={B} H={a.heads} D=8: bytes saved for backward {sizes}"
+    report.value("naive_saved_bytes", naive, text, B=B, a=args, sizes=sizes)
     report.claim(
         "naive_attention_bytes_grow_with_s_squared",
         b2 / b1,
@@ -183,23 +149,23 @@ def activation_memory(report: Report, grid: Grid, args) -> None:
     one = saved_by(partial(ring_attention, split=Split("zigzag", 1)), whole)
     mine = [split.take(t, cp_rank, 2) for t in whole]
     per_rank = saved_by(partial(ring_attention, split=split, group=group), mine)
-    want = (
-        B * args.heads * (S // cp) * (4 * 8 + 1) * 4
-    )  # q, k, v, out (D floats a token) + lse (1), float32
+    want = B * args.heads * (S // cp) * (4 * 8 + 1) * 4  # q, k, v, out: D floats a token; lse 1
     report.claim(
         "ring_saved_bytes_per_rank",
         per_rank,
         "==",
         want,
-        f"ring attention at cp={cp}: bytes saved per rank {{value}} = B x H x S/cp x (4D + 1) x 4 "
-        "(q, k, v, out, log-sum-exp; no S x S matrix)",
+        "ring attention at cp={cp}: bytes saved per rank {value} = B x H x S/cp x (4D + 1) x 4\n"
+        "  (q, k, v, out and the log-sum-exp; no S x S matrix)",
+        cp=cp,
     )
     report.claim(
         "ring_saved_bytes_fall_with_cp",
         per_rank * cp / one,
         "==",
         1.0,
-        f"  x cp / the whole sequence on one process ({one} bytes) = {{value}}: 1/cp per rank",
+        "  x cp / the whole sequence on one process ({one} bytes) = {value}: 1/cp per rank",
+        one=one,
     )
 
 
@@ -219,12 +185,8 @@ def ring_run(args, grid: Grid, kind: str, dout_seed: int = 1) -> dict:
     diffs += [max_abs_diff(m.grad, split.take(w.grad, cp_rank, 2)) for m, w in zip(mine, whole)]
     block = sum(t.numel() * t.element_size() for t in mine[1:])  # this rank's k and v
     held = owners(stats.blocks, whole[1].detach(), split)  # whose keys they are, from their values
-    return {
-        "diff": max_over_ranks(nan_max(diffs), group),
-        "stats": stats,
-        "block": block,
-        "held": held,
-    }
+    diff = max_over_ranks(nan_max(diffs), group)
+    return {"diff": diff, "stats": stats, "block": block, "held": held}
 
 
 def ring_equals_full(report: Report, grid: Grid, args) -> dict:
@@ -237,83 +199,73 @@ def ring_equals_full(report: Report, grid: Grid, args) -> dict:
             run["diff"],
             "<=",
             TOL,
-            f"ring attention, {kind} split, cp={cp}, S={args.seq_len}: max |ring - SDPA on the "
-            "whole sequence| over output and q, k, v gradients = {value:.1e}",
+            "ring attention, {kind} split, cp={cp}, S={S}: max |ring - SDPA on the whole sequence|\n"
+            "  over output and q, k, v gradients = {value:.1e}",
+            kind=kind,
+            cp=cp,
+            S=args.seq_len,
         )
     held = all_gather_objects(runs["zigzag"]["held"], grid.info)  # held[r][s]: -1 if nobody's
-    report.value(
-        "ring_held",
-        held,
-        "\n".join(
-            f"  rank {r} holds the keys/values of ranks {h} at steps 0..{cp - 1}"
-            for r, h in enumerate(held)
-        ),
-    )
-    wrong = sum(h != (r - s) % cp for r, hs in enumerate(held) for s, h in enumerate(hs))
-    wrong += sum(abs(len(hs) - cp) for hs in held)  # a step missing or one too many
+    lines = [f"  rank {r}, steps 0..{cp - 1}: the blocks of ranks {h}" for r, h in enumerate(held)]
+    report.value("ring_held", held, "\n".join(lines))
     report.claim(
         "ring_holds_rank_r_minus_s",
-        wrong,
+        off_schedule(held, cp),
         "==",
         0,
         "  (rank r, step s) where the block in hand, matched by its values, is not rank (r - s) mod "
         "cp's: {value}",
     )
-    run = runs["zigzag"]
-    sent, block = run["stats"].sent, run["block"]
+    sent, block = runs["zigzag"]["stats"].sent, runs["zigzag"]["block"]
     report.claim(
         "ring_forward_bytes_sent",
         sent["forward"] / block,
         "==",
         cp - 1,
-        f"  bytes each rank hands to isend in forward: {sent['forward']} = {{value:g}} x its "
-        f"key/value block ({block} bytes) = cp - 1 blocks, to the next rank only",
+        "  bytes each rank hands to isend in forward: {sent} = {value:g} x its key/value block\n"
+        "  ({block} bytes) = cp - 1 blocks, to the next rank only",
+        sent=sent["forward"],
+        block=block,
     )
     report.claim(
         "ring_backward_bytes_sent",
         sent["backward"] / block,
         "==",
         2 * cp - 1 if cp > 1 else 0,
-        f"  in backward: {sent['backward']} = {{value:g}} blocks = (cp - 1) key/value blocks again "
-        "+ cp blocks of their gradients dk, dv (they travel on until they are home)",
+        "  in backward: {sent} = {value:g} blocks = (cp - 1) key/value blocks again\n"
+        "  + cp blocks of their gradients dk, dv (they travel on until they are home)",
+        sent=sent["backward"],
     )
     return runs
 
 
 def load_balance(report: Report, grid: Grid, args, runs: dict) -> None:
     """Section 3: unmasked query-key pairs per rank, counted by the ring itself, for both splits."""
-    cp, S = grid.size("cp"), args.seq_len
+    cp, S, pairs = grid.size("cp"), args.seq_len, {}
     for kind in ("contiguous", "zigzag"):
-        pairs = all_gather_objects(runs[kind]["stats"].pairs, grid.info)
-        report.value(
-            f"pairs_{kind}", pairs, f"{kind} split: unmasked query-key pairs per rank {{value}}"
-        )
+        pairs[kind] = all_gather_objects(runs[kind]["stats"].pairs, grid.info)
+        text = "{kind} split: unmasked query-key pairs per rank {value}"
+        report.value(f"pairs_{kind}", pairs[kind], text, kind=kind)
         report.claim(
             f"pairs_{kind}_total",
-            sum(pairs),
+            sum(pairs[kind]),
             "==",
             causal_pairs(S),
-            f"  their sum {{value}} = S (S + 1) / 2 for S={S}: every causal pair once",
+            "  their sum {value} = S (S + 1) / 2 for S={S}: every causal pair once",
+            S=S,
         )
-        if kind == "contiguous":
+        ratio = max(pairs[kind]) / min(pairs[kind])
+        if (
+            kind == "contiguous"
+        ):  # c = S/cp tokens a rank; rank r sees r whole chunks and its diagonal
             c = S // cp
             want = ((cp - 1) * c * c + causal_pairs(c)) / causal_pairs(c)
-            report.claim(
-                "pairs_contiguous_max_over_min",
-                max(pairs) / min(pairs),
-                "==",
-                want,
-                "  max/min = {value:.2f} = ((cp-1) c^2 + c(c+1)/2) / (c(c+1)/2), c = S/cp: the last "
-                "rank works most",
-            )
+            text = "  max/min = {value:.2f} = ((cp-1) c^2 + c(c+1)/2) / (c(c+1)/2), c = S/cp\n"
+            text += "  (the last rank works most)"
         else:
-            report.claim(
-                "pairs_zigzag_max_over_min",
-                max(pairs) / min(pairs),
-                "==",
-                1.0,
-                "  max/min = {value}: chunks r and 2cp-1-r hold the same pairs on every rank",
-            )
+            want = 1.0
+            text = "  max/min = {value}: chunks r and 2cp-1-r hold the same pairs on every rank"
+        report.claim(f"pairs_{kind}_max_over_min", ratio, "==", want, text)
     if cp > 1:
         idle_time(report, grid, args)
 
@@ -323,16 +275,9 @@ def idle_time(report: Report, grid: Grid, args) -> None:
     cp_rank, group, dev = grid.coords["cp"], grid.group("cp"), grid.info.device
     whole = qkv(args, 1, args.timing_seq_len, dev)
     for kind in ("contiguous", "zigzag"):
-        split, stats = Split(kind, grid.size("cp")), RingStats()
+        split = Split(kind, grid.size("cp"))
         mine = [split.take(t, cp_rank, 2) for t in whole]
-        walls = []
-        for _ in range(3):
-            stats.compute_s = 0.0
-            t0 = time.perf_counter()
-            ring_attention(*mine, split, group, stats)
-            walls.append((time.perf_counter() - t0, stats.compute_s))
-        wall, compute = min(walls)
-        facts = all_gather_objects((wall, compute), grid.info)
+        facts = all_gather_objects(time_forward(*mine, split, group), grid.info)
         wall = max(w for w, _ in facts)  # the step ends when the slowest rank does
         idle = [
             wall - c for _, c in facts
@@ -340,21 +285,20 @@ def idle_time(report: Report, grid: Grid, args) -> None:
         report.perf(
             f"idle_{kind}",
             idle,
-            f"{kind}, S={args.timing_seq_len}, ring forward: "
-            f"wall {wall * 1e3:.1f} ms; "
-            "compute per rank (ms) "
-            + " ".join(f"{c * 1e3:.1f}" for _, c in facts)
-            + "; idle "
-            + " ".join(f"{i * 1e3:.1f}" for i in idle),
+            "{kind}, S={S}, ring forward: wall {wall:.1f} ms; compute (ms) {compute}; idle {idle}",
+            kind=kind,
+            S=args.timing_seq_len,
+            wall=wall * 1e3,
+            compute=" ".join(f"{c * 1e3:.1f}" for _, c in facts),
+            idle=" ".join(f"{i * 1e3:.1f}" for i in idle),
         )
 
 
 def ulysses(report: Report, grid: Grid, args, runs: dict) -> None:
     """Section 5: the heads split instead of the sequence, with two all-to-alls."""
     cp, cp_rank, group, dev = grid.size("cp"), grid.coords["cp"], grid.group("cp"), grid.info.device
-    split = Split(
-        "contiguous", cp
-    )  # all-to-all puts chunk i of rank i in place i: contiguous order
+    # all-to-all puts chunk i of rank i in place i: contiguous order
+    split = Split("contiguous", cp)
     whole = [t.requires_grad_() for t in qkv(args, 2, args.seq_len, dev)]
     ref = F.scaled_dot_product_attention(*whole, is_causal=True)
     ref.square().sum().backward()
@@ -370,51 +314,31 @@ def ulysses(report: Report, grid: Grid, args, runs: dict) -> None:
         max_over_ranks(nan_max(diffs), group),
         "<=",
         TOL,
-        f"Ulysses at cp={cp}: max |Ulysses - SDPA| over output and q, k, v gradients = "
-        "{value:.1e}",
+        "Ulysses at cp={cp}: max |Ulysses - SDPA| over output and q, k, v gradients = {value:.1e}",
+        cp=cp,
     )
     report.claim(
         "ulysses_all_to_alls",
         fwd.calls.get("all_to_all_single", 0),
         "==",
         2 if cp > 1 else 0,
-        f"  all-to-alls in forward: {{value}} (q, k, v stacked; the output), in backward: "
-        f"{bwd.calls.get('all_to_all_single', 0)}",
+        "  all-to-alls in forward: {value} (q, k, v stacked; the output), in backward: {bwd}",
+        bwd=bwd.calls.get("all_to_all_single", 0),
     )
-    buffers = fwd.bytes.get(
-        "all_to_all_single", 0
-    )  # each all-to-all's buffer; (cp-1)/cp of it leaves
-    sent = buffers * (cp - 1) // cp
+    # each all-to-all's buffer; (cp-1)/cp of it leaves
+    sent = fwd.bytes.get("all_to_all_single", 0) * (cp - 1) // cp
     block = runs["zigzag"]["block"] // 2  # one of k, v: the same size as q
     report.claim(
         "ulysses_forward_bytes_sent",
         sent / block,
         "==",
         4 * (cp - 1) / cp,
-        f"  bytes each rank sends in forward: {sent} = {{value:g}} x {block} = 4 (cp-1)/cp x q's "
-        f"block (q, k, v and out); the ring sends {runs['zigzag']['stats'].sent['forward']} = "
-        "2 (cp-1) blocks",
+        "  bytes each rank sends in forward: {sent} = {value:g} x {block} = 4 (cp-1)/cp x q's block\n"
+        "  (q, k, v and out); the ring sends {ring} = 2 (cp-1) blocks",
+        sent=sent,
+        block=block,
+        ring=runs["zigzag"]["stats"].sent["forward"],
     )
-
-
-def token_loss(
-    model, x: torch.Tensor, positions: torch.Tensor, group
-) -> tuple[torch.Tensor, float, int]:
-    """This rank's summed next-pixel loss over its tokens of x (B, 64), and the global (sum, count) over cp.
-
-    The mean over all tokens is sum / count with both summed over the cp ranks: the ranks hold different
-    numbers of targets (the last token of a sequence has none), so a mean of per-rank means would be wrong."""
-    y = next_token_targets(x)[:, positions]  # (B, S/cp): the targets of this rank's tokens
-    logits = model(x[:, positions], positions)  # (B, S/cp, vocab)
-    loss_sum = F.cross_entropy(
-        logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum"
-    )
-    totals = torch.tensor(
-        [loss_sum.item(), (y != -100).sum().item()], dtype=torch.float64, device=x.device
-    )
-    if group is not None:
-        torch.distributed.all_reduce(totals, group=group)
-    return loss_sum, totals[0].item(), int(totals[1].item())
 
 
 def train(report: Report, grid: Grid, args) -> None:
@@ -428,39 +352,26 @@ def train(report: Report, grid: Grid, args) -> None:
     train_tokens, test_tokens = (t.to(dev) for t in digit_sequences())
     opts = [torch.optim.SGD(m.parameters(), lr=LR, momentum=0.9) for m in (full, model)]
     g = torch.Generator().manual_seed(args.seed)  # the same sequences on every cp rank
-    with torch.no_grad():
-        _, total, n = token_loss(model, test_tokens, positions, group)
-    test_before = total / n
+    test_before = held_out_loss(model, test_tokens, positions, group)
     losses = {"one_process": [], "cp": []}
     for _step in range(args.steps):
-        x = train_tokens[
-            torch.randint(len(train_tokens), (args.batch_size,), generator=g).to(dev)
-        ]  # (B, 64)
-        loss = F.cross_entropy(
-            full(x).flatten(0, 1), next_token_targets(x).flatten(), ignore_index=-100
-        )
-        opts[0].zero_grad()
-        loss.backward()
-        opts[0].step()
-        losses["one_process"].append(loss.item())
+        pick = torch.randint(len(train_tokens), (args.batch_size,), generator=g).to(dev)
+        x = train_tokens[pick]  # (B, 64)
+        losses["one_process"].append(one_process_step(full, opts[0], x))  # the whole sequence
         loss_sum, total, n = token_loss(model, x, positions, group)
         opts[1].zero_grad()
         (loss_sum / n).backward()  # this rank's share of the mean over all B x 63 targets
-        for (
-            p
-        ) in model.parameters():  # sum the shares: each rank's tokens gave part of every gradient
-            if group is not None:
-                torch.distributed.all_reduce(p.grad, group=group)
+        sum_grads(model, group)  # sum the shares: each rank's tokens gave part of every gradient
         opts[1].step()
         losses["cp"].append(total / n)
     report.record("losses", losses)
-    per_rank = all_gather_objects(
-        (loss_sum.item(), int((next_token_targets(x)[:, positions] != -100).sum())), grid.info
-    )
+    targets = int((next_token_targets(x)[:, positions] != -100).sum())
+    per_rank = all_gather_objects((loss_sum.item(), targets), grid.info)
     report.value(
         "targets_per_rank",
         [c for _, c in per_rank],
-        f"training, zig-zag cp={cp}: targets per rank {{value}} (a sequence's last token has none)",
+        "training, zig-zag cp={cp}: targets per rank {value} (a sequence's last token has none)",
+        cp=cp,
     )
     wrong = sum(s / c for s, c in per_rank) / cp
     report.value(
@@ -468,15 +379,21 @@ def train(report: Report, grid: Grid, args) -> None:
         abs(wrong - losses["cp"][-1]),
         "  last step: the mean of per-rank mean losses is off the token mean by {value:.1e}",
     )
-    gap = max_over_ranks(
-        nan_max(abs(a - b) for a, b in zip(losses["cp"], losses["one_process"])), group
-    )
+    trained(report, grid, args, losses, (full, model, positions, test_tokens, test_before))
+
+
+def trained(report: Report, grid: Grid, args, losses: dict, run: tuple) -> None:
+    """Section 4's claims: the cp model followed the one-process model, and its test loss fell."""
+    full, model, positions, test_tokens, test_before = run
+    group = grid.group("cp")
+    gaps = (abs(a - b) for a, b in zip(losses["cp"], losses["one_process"]))
     report.claim(
         "training_follows_one_process",
-        gap,
+        max_over_ranks(nan_max(gaps), group),
         "<=",
         TOL,
-        f"  {args.steps} SGD steps: max |loss cp - loss one process| = {{value:.1e}}",
+        "  {steps} SGD steps: max |loss cp - loss one process| = {value:.1e}",
+        steps=args.steps,
     )
     diff = max_over_ranks(max_abs_diff_all(model.parameters(), full.parameters()), group)
     report.claim(
@@ -486,49 +403,29 @@ def train(report: Report, grid: Grid, args) -> None:
         TOL,
         "  max |parameter cp - parameter one process| after training = {value:.1e}",
     )
-    with torch.no_grad():
-        _, total, n = token_loss(model, test_tokens, positions, group)
+    after = held_out_loss(model, test_tokens, positions, group)
     report.claim(
         "training_loss_falls",
-        total / n / test_before,
+        after / test_before,
         "<=",
         0.8,
-        f"  test loss per pixel {test_before:.3f} before training, {total / n:.3f} after: ratio "
-        "{value:.2f}",
+        "  test loss per pixel {before:.3f} before training, {after:.3f} after: ratio {value:.2f}",
+        before=test_before,
+        after=after,
     )
 
 
 def pytorch_context_parallel(report: Report, grid: Grid, args) -> None:
     """Section 6: PyTorch's own context parallelism, tried here; what happened is a value, not a claim."""
     cp, mesh, dev = grid.size("cp"), grid.submesh("cp"), grid.info.device
-    if mesh is None:
-        report.value(
-            "pytorch_context_parallel",
-            "not tried: it needs a process group (torchrun)",
-            "torch.distributed.tensor.experimental.context_parallel: {value}",
-        )
-        return
-    from torch.distributed.tensor.experimental import context_parallel
-    from torch.distributed.tensor.experimental._attention import context_parallel_unshard
-
-    whole = qkv(args, 2, args.seq_len, dev)
-    ref = F.scaled_dot_product_attention(*whole, is_causal=True)
-    q, k, v = (t.clone() for t in whole)
-    try:
-        with context_parallel(
-            mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]
-        ):  # shards them in place
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        (out,) = context_parallel_unshard(mesh, [out], [2])
-        outcome = f"runs on {dev.type}: max |unsharded - SDPA| = {max_abs_diff(out, ref):.1e}"
-    except Exception as e:  # recorded as it is: the first line of the error
-        outcome = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    outcomes = all_gather_objects(outcome, grid.info)
-    report.value(
-        "pytorch_context_parallel",
-        outcomes[0],
-        f"torch.distributed.tensor.experimental.context_parallel, cp={cp}, {dev.type}: {{value}}",
-    )
+    outcome = "not tried: it needs a process group (torchrun)"
+    if mesh is not None:
+        tried = try_context_parallel(mesh, qkv(args, 2, args.seq_len, dev))
+        outcome = all_gather_objects(tried, grid.info)[0]  # rank 0's, as every rank's line
+    where = f", cp={cp}, {dev.type}" if mesh is not None else ""
+    wrapped = textwrap.fill(outcome, 110, initial_indent="  ", subsequent_indent="  ")
+    text = "torch.distributed.tensor.experimental.context_parallel{where}:\n{wrapped}"
+    report.value("pytorch_context_parallel", outcome, text, where=where, wrapped=wrapped)
 
 
 def main(argv=None) -> None:

@@ -34,12 +34,12 @@ stage_1_and_2.py and stage3.py estimators; accelerate/commands/estimate.py; pyto
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.harness.env import LessonError, read_torchrun_env
@@ -47,44 +47,43 @@ from common.harness.grid import Grid
 from common.harness.ranks import print0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
-from common.measure.counters import CommCounter, count_collectives
+from common.measure.bandwidth import ring_bytes_sent, time_calls
 from common.measure.differences import max_abs_diff_all, nan_max
-from common.measure.memory import ResidualMLP, saved_activation_bytes, storage_bytes
-from common.models import CausalTransformer, DigitsCNN
+from common.measure.memory import ResidualMLP, saved_activation_bytes
+from common.models import DigitsCNN
+from common.planning.cli import add_planner_args, bytes_table, planner_inputs, report_plan
+from common.planning.closed_forms import closed_forms
 from common.planning.cost_model import (
     GPT,
+    digits_transformer_tp_bytes,
     fit_alpha_beta,
     gpt_flops,
     gpt_params,
     mfu,
-    residual_mlp_activations,
     residual_mlp_flops,
-    ring_bytes_sent,
+    residual_mlp_layout_bytes,
     ring_time,
-    sharded_fp32_bytes,
-    tp_all_reduces,
-    tp_layer_params,
     transformer_layer_activations,
 )
-from common.planning.planner import (
-    NAMED,
-    Assumptions,
-    PlanError,
-    add_planner_args,
-    evaluate_layout,
-    planner_inputs,
-    report_plan,
+from common.planning.measured import gap_over_ranks, measure_layouts, measure_tensor_parallel, units
+from common.planning.planner import NAMED, Assumptions, PlanError
+from common.planning.transformer import (
+    counted_flops,
+    gpt,
+    matmul_attention,
+    saved_bytes_from_shapes,
 )
-from common.planning.transformer import matmul_attention, saved_bytes_from_shapes
-from common.sharding.accounting import held_bytes, moved_bytes
-from common.sharding.zero import ZeRO, check_world_size
+from common.sharding.zero import check_world_size
 from common.tensor_parallel.layers import digits_transformer, tensor_parallelize
 
 SMALL_GPT = GPT(layers=2, hidden=32, heads=4, vocab=17, seq=16)  # runs in milliseconds
 BIG_GPT = GPT(
     layers=32, hidden=4096, heads=32, vocab=32000, seq=2048
-)  # 6.7e9 parameters, on meta only
-ROWS = ("parameters", "gradients", "ddp_buckets", "optimizer_state", "sent")
+)  # 6.7e9 parameters, meta only
+HEADING = (
+    "1. bytes per rank, PREDICTED by common/planning/cost_model.py (fp32, Adam;\n"
+    "   gradients at the end of backward; sent: ring model per step; act_ckpt: with checkpointing)"
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -127,165 +126,80 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def units(model: ResidualMLP) -> list:
-    """(name, module) of lesson 13's flat units: the stem, each residual block, the head."""
-    blocks = [(f"blocks.{i}", b) for i, b in enumerate(model.blocks)]
-    return [("stem", model.stem), *blocks, ("head", model.head)]
-
-
-def gap_over_ranks(measured: dict, predicted: dict, info) -> float:
-    """Sum over ranks and rows of |measured - predicted|: 0 only if every rank's every row is equal.
-    NaN or inf anywhere stays NaN or inf (an equality claim on it fails)."""
-    t = torch.tensor(
-        [abs(float(measured[k]) - float(predicted[k])) for k in predicted], dtype=torch.float64
-    )
-    if info.distributed:
-        dist.all_reduce(t)
-    return t.sum().item()
-
-
-def table(rows: dict) -> str:
-    cols = sorted({c for r in rows.values() for c in r}, key=lambda c: (c not in ROWS, c))
-    head = f"  {'':<22}" + "".join(f"{c[:18]:>19}" for c in cols)
-    lines = [
-        f"  {k:<22}" + "".join(f"{r[c]:>19.0f}" if c in r else f"{'-':>19}" for c in cols)
-        for k, r in rows.items()
-    ]
-    return "\n".join([head, *lines])
-
-
 # ---------------------------------------------------------------- 1. predicted bytes vs measured bytes
-def measure_ddp(args, info, x, y) -> dict:
-    """Lesson 08's instruments: one DDP + Adam step, then the storages a rank holds, DDP's bucket bytes, and
-    the saved activations of one forward (plain and checkpointed)."""
-    set_seed(args.seed)
-    raw = ResidualMLP(args.width, args.depth).to(info.device)
-    model = DDP(raw) if info.distributed else raw
-    counter = CommCounter().register(model) if info.distributed else CommCounter()
-    F.cross_entropy(
-        model(x), y
-    ).backward()  # warm-up: DDP builds its final buckets after iteration 1
-    raw.zero_grad(set_to_none=True)
-    opt = torch.optim.Adam(raw.parameters(), lr=1e-3)
-    counter.reset()
-    F.cross_entropy(model(x), y).backward()
-    opt.step()
-    held = held_bytes(list(raw.parameters()), [p.grad for p in raw.parameters()], opt)
-    held["sent"] = moved_bytes({"all_reduce": counter.bytes}, info.world_size)
-    held["ddp_buckets"] = (
-        counter.bytes
-    )  # the flat buffers its hook all-reduced: a copy of the gradients
-    for ck in (False, True):
-        raw.checkpointing = ck
-        held[f"activations{'_checkpointed' if ck else ''}"] = saved_activation_bytes(
-            raw, lambda: raw(x)
-        )
-    raw.checkpointing = False
-    return held
-
-
-def measure_zero(stage: int, args, info, group, x, y) -> dict:
-    """Lesson 13's instruments: one step of ZeRO by hand; gradients held at the end of backward, parameters
-    (flat buffers and shards, each storage once) and Adam state after the step, collective buffers counted."""
-    set_seed(args.seed)
-    m = ResidualMLP(args.width, args.depth).to(info.device)
-    zero = ZeRO(m, [u for _, u in units(m)], stage, group=group, lr=1e-3)
-    with count_collectives() as c:
-        F.cross_entropy(m(x), y).backward()
-        grads = held_bytes(
-            [],
-            [p.grad for p in m.parameters()] + [u.shard.grad for u in zero.units],
-            zero.optimizer,
-        )["gradients"]
-        zero.step()
-    held = held_bytes([*m.parameters(), *(u.shard for u in zero.units)], [], zero.optimizer)
-    return {**held, "gradients": grads, "sent": moved_bytes(c.bytes, info.world_size)}
-
-
 def bytes_predicted_vs_measured(args, info, report: Report) -> None:
+    """Section 1: lessons 08 and 13's instruments (common/planning/measured.py) against the cost model."""
     N, B, w, d = info.world_size, args.micro_batch, args.width, args.depth
     g = torch.Generator().manual_seed(args.seed + info.rank)
     x = torch.randn(B, 64, generator=g).to(info.device)  # (B, 64): this rank's micro-batch
     y = torch.randint(0, 10, (B,), generator=g).to(info.device)
-    plain = ResidualMLP(w, d)
-    numels = [sum(p.numel() for p in u.parameters()) for _, u in units(plain)]
-    tensors = len(list(plain.parameters()))
-    measured, predicted = {"DDP": measure_ddp(args, info, x, y)}, {}
-    predicted["DDP"] = {
-        **sharded_fp32_bytes(numels, tensors, N, 0),
-        "activations": residual_mlp_activations(B, w, d),
-        "activations_checkpointed": residual_mlp_activations(B, w, d, checkpointing=True),
-    }
-    grid = Grid(info, dp=N)
-    for stage in (1, 2, 3):
-        measured[f"ZeRO-{stage}"] = measure_zero(stage, args, info, grid.group("dp"), x, y)
-        predicted[f"ZeRO-{stage}"] = sharded_fp32_bytes(numels, tensors, N, stage)
+    group = Grid(info, dp=N).group("dp")
+    measured = measure_layouts(w, d, args.seed, x, y, group, info)  # DDP, then ZeRO-1, 2, 3
+    predicted = residual_mlp_layout_bytes(w, d, B, N)  # the same rows, from the cost model
+    numels = [sum(p.numel() for p in u.parameters()) for _, u in units(ResidualMLP(w, d))]
     report.value(
         "n_params",
         sum(numels),
-        f"world_size {N}, ResidualMLP width {w} depth {d}: {{value}} "
-        f"parameters in units {numels}; micro-batch {B} per rank",
+        "world_size {n}, ResidualMLP width {w} depth {d}: {value} parameters in units {numels}; "
+        "micro-batch {b} per rank",
+        n=N,
+        w=w,
+        d=d,
+        numels=numels,
+        b=B,
     )
-    heading = (
-        "1. bytes per rank, PREDICTED by common/planning/cost_model.py "
-        "(fp32, Adam; gradients at the end of backward; sent: ring model per step)"
+    report.value(
+        "predicted_bytes",
+        predicted,
+        "{heading}\n{table}",
+        heading=HEADING,
+        table=bytes_table(predicted),
     )
-    report.value("predicted_bytes", predicted, heading + "\n" + table(predicted))
     report.record("measured_bytes", measured)
     for name in predicted:
         report.claim(
             f"{name.lower().replace('-', '')}_bytes_predicted_exactly",
-            gap_over_ranks(measured[name], predicted[name], info),
+            gap_over_ranks(measured[name], predicted[name], info.distributed),
             "==",
             0,
-            f"  {name}: measured by lesson {'08' if name == 'DDP' else '13'}'s instruments on every "
-            "rank, sum of |measured - predicted| = {value:.0f} bytes",
+            "  {layout}: lesson {lesson}'s instruments on every rank, "
+            "sum of |measured - predicted| = {value:.0f} bytes",
+            layout=name,
+            lesson="08" if name == "DDP" else "13",
         )
-    tensor_parallel_bytes(args, info, grid.group("dp"), report)  # the same world group, used as tp
+    tensor_parallel_bytes(args, info, group, report)  # the same world group, used as tp
 
 
 def tensor_parallel_bytes(args, info, group, report: Report) -> None:
     """Lesson 10's split transformer (by hand): the parameter bytes a tp rank holds, its all-reduces."""
     N, H, heads, layers, B = info.world_size, 32, 8, 2, 4  # tp = the world size
     if heads % N:
-        print0(
-            f"  tensor parallel: {heads} heads do not split over {N} ranks; no tp row at this world size"
-        )
+        print0(f"  tensor parallel: {heads} heads do not split over {N} ranks; no tp row here")
         return
     set_seed(args.seed)
     full = digits_transformer(H, heads, layers).to(info.device)
-    split = tensor_parallelize(
-        full, info.rank, N, group
-    )  # this rank's shards; norms, embedding, head whole
+    split = tensor_parallelize(full, info.rank, N, group)  # this rank's shards; the rest whole
     x = torch.randn(B, 8, 8).to(info.device)  # (B, S, 8): 8 rows of 8 pixels per digit
-    with count_collectives() as c:
-        split(x).square().mean().backward()
-    measured = {
-        "parameters": storage_bytes(split.parameters()),
-        "all_reduce_calls": c.calls.get("all_reduce", 0),
-        "all_reduce_bytes": c.bytes.get("all_reduce", 0),
-    }
-    ar = tp_all_reduces(layers, N, B * 8, H)
-    # embedding Linear(8, H) and head Linear(H, 10) whole on every rank; each layer split as Megatron does
-    params = 8 * H + H + layers * tp_layer_params(H, N) + 10 * H + 10
-    predicted = {
-        "parameters": 4 * params,
-        "all_reduce_calls": ar["calls"],
-        "all_reduce_bytes": ar["bytes"],
-    }
+    measured = measure_tensor_parallel(split, x)
+    predicted = digits_transformer_tp_bytes(H, layers, N, tokens=B * 8)
     report.value(
         "tp_predicted",
         predicted,
-        f"  tensor parallel, lesson 10's model (hidden {H}, {heads} "
-        f"heads, {layers} layers) at tp = {N}, predicted: {{value}}",
+        "  tensor parallel, lesson 10's model (hidden {h}, {heads} heads, {layers} layers) at tp = {tp}:"
+        "\n    predicted {value[parameters]} parameter bytes, {value[all_reduce_calls]} all-reduces "
+        "of {value[all_reduce_bytes]} bytes in all",
+        h=H,
+        heads=heads,
+        layers=layers,
+        tp=N,
     )
     report.claim(
         "tp_bytes_predicted_exactly",
-        gap_over_ranks(measured, predicted, info),
+        gap_over_ranks(measured, predicted, info.distributed),
         "==",
         0,
-        "  tensor parallel: measured by lesson 10's instruments (storages, collectives counted) on "
-        "every rank, sum of |measured - predicted| = {value:.0f}",
+        "  tensor parallel: lesson 10's instruments on every rank, "
+        "sum of |measured - predicted| = {value:.0f}",
     )
 
 
@@ -299,43 +213,36 @@ def matmul_rate(info, n: int = 256, reps: int = 20) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t)
 
 
-def gpt(c: GPT) -> CausalTransformer:
-    """The shared GPT of lessons 19-21 (common/models.py) in the shape `c` describes."""
-    return CausalTransformer(
-        vocab=c.vocab, d_model=c.hidden, heads=c.heads, n_layers=c.layers, max_len=c.seq
-    )
-
-
-def counted_flops(model, tokens) -> int:
-    with FlopCounterMode(display=False) as counter:
-        F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
-    return counter.get_total_flops()
-
-
 def flops(args, info, report: Report) -> None:
+    """Section 2: FlopCounterMode against 6 x weights x tokens + 12 b s^2 h L, and lesson 08's ResidualMLP."""
     c, batch = SMALL_GPT, 4
     set_seed(args.seed)
     model = gpt(c).to(info.device)
     tokens = torch.randint(0, c.vocab, (batch, c.seq), device=info.device)
-    sdpa = counted_flops(
-        model, tokens
-    )  # attention by F.scaled_dot_product_attention, the model's default
+    sdpa = counted_flops(model, tokens)  # attention by F.scaled_dot_product_attention, the default
     model.set_attention(matmul_attention)  # the same attention written as Q K^T, softmax, A V
     f, counted = gpt_flops(c, batch), counted_flops(model, tokens)
+    print0(f"\n2. FLOPs of one step of the shared GPT {c}, batch {batch}")
     report.claim(
         "gpt_flops_equal_counter",
         abs(counted - f["total"]),
         "==",
         0,
-        f"\n2. FLOPs of one step of the shared GPT {c}: FlopCounterMode {counted}, "
-        f"6 x {f['weights'] // (6 * batch * c.seq)} weights x {batch * c.seq} tokens + 12 b s^2 h L"
-        f" = {f['total']}: |difference| {{value}}",
+        "  FlopCounterMode {counted}, 6 x {weights} weights x {tokens} tokens + 12 b s^2 h L "
+        "= {total}: |difference| {value}",
+        counted=counted,
+        weights=f["weights"] // (6 * batch * c.seq),
+        tokens=batch * c.seq,
+        total=f["total"],
     )
     report.value(
         "sdpa_flops_counted",
         sdpa,
-        f"  with F.scaled_dot_product_attention on {info.device.type} "
-        f"the counter sees {{value}} (attention's {f['attention']} included: {sdpa == f['total']})",
+        "  with F.scaled_dot_product_attention on {device} the counter sees {value} "
+        "(attention's {attention} included: {included})",
+        device=info.device.type,
+        attention=f["attention"],
+        included=sdpa == f["total"],
     )
     mlp = ResidualMLP(args.width, args.depth).to(info.device)
     with FlopCounterMode(display=False) as counter:
@@ -358,15 +265,15 @@ def flops(args, info, report: Report) -> None:
         peak,
         "this device's 256x256 matmul rate (the 'peak'): {value:.3g} FLOP/s",
     )
+    mfu_small = mfu(f["total"], step, 1, peak)
     report.perf(
-        "small_gpt_mfu",
-        mfu(f["total"], step, 1, peak),
-        "small GPT step MFU = FLOPs / (step time x peak) = {value:.1%}",
+        "small_gpt_mfu", mfu_small, "small GPT step MFU = FLOPs / (step time x peak) = {value:.1%}"
     )
 
 
 # ---------------------------------------------------------------- 3. the meta device
 def meta_device(args, info, report: Report) -> None:
+    """Section 3: a model counted from shapes alone, built on `meta`, and materialised like eager init."""
     print0("\n3. the meta device: shapes without memory")
     c, batch = SMALL_GPT, 4
     set_seed(args.seed)
@@ -378,30 +285,33 @@ def meta_device(args, info, report: Report) -> None:
         abs(saved_bytes_from_shapes(small, lambda: small(tokens)) - measured),
         "==",
         0,
-        f"  small GPT, batch {batch}: saved activations counted from shapes vs measured storages "
-        f"({measured} bytes): |difference| {{value}}",
+        "  small GPT, batch {batch}: saved activations from shapes vs measured ({measured} bytes): "
+        "|difference| {value}",
+        batch=batch,
+        measured=measured,
     )
     with torch.device("meta"):
         big = gpt(BIG_GPT)
         big_tokens = torch.zeros(1, BIG_GPT.seq, dtype=torch.long)
     counted = sum(p.numel() for p in big.parameters())
+    print0(f"  {BIG_GPT} on {next(big.parameters()).device}: 0 bytes allocated")
     report.claim(
         "meta_params_equal_formula",
         abs(counted - gpt_params(BIG_GPT)["total"]),
         "==",
         0,
-        f"  {BIG_GPT}: {counted} parameters in the module tree, 0 bytes allocated "
-        f"(device {next(big.parameters()).device}); formula {gpt_params(BIG_GPT)['total']}: "
-        "|difference| {value}",
+        "  {counted} parameters in the module tree, formula {formula}: |difference| {value}",
+        counted=counted,
+        formula=gpt_params(BIG_GPT)["total"],
     )
     per_layer = saved_bytes_from_shapes(big.blocks[0], lambda: big.blocks[0](big.tok(big_tokens)))
     korthikanti = transformer_layer_activations(BIG_GPT.seq, 1, BIG_GPT.hidden, BIG_GPT.heads)
     report.value(
         "big_layer_activation_bytes",
         per_layer,
-        "  one layer's saved activations at batch 1, "
-        "counted from the shapes: {value} bytes in fp32 without dropout (Korthikanti's 16-bit "
-        f"layer with dropout, s b h (34 + 5 a s / h): {korthikanti:.0f} bytes)",
+        "  one layer's saved activations at batch 1, from the shapes: {value} bytes (fp32, no dropout)"
+        "\n  Korthikanti's 16-bit layer with dropout, s b h (34 + 5 a s / h): {k:.0f} bytes",
+        k=korthikanti,
     )
     report.claim(
         "meta_init_equals_eager",
@@ -445,6 +355,7 @@ def meta_init_gap(recipe, device, seed: int) -> float:
 
 # ---------------------------------------------------------------- 4. alpha-beta on this machine's gloo
 def alpha_beta(info, report: Report) -> None:
+    """Section 4: the ring's alpha-beta model fitted to this machine's all-reduce (a benchmark: [perf])."""
     N = info.world_size
     if N == 1:
         print0("\n4. alpha-beta: one process sends nothing (torchrun, 2+ processes, measures gloo)")
@@ -453,18 +364,11 @@ def alpha_beta(info, report: Report) -> None:
     seconds = []
     for n in sizes:
         buf = torch.ones(n, device=info.device)
-        dist.all_reduce(buf)  # warm-up
-        times = []
-        for _ in range(7):  # the median call: this CPU is shared, single calls stall now and then
-            dist.barrier()
-            t = time.perf_counter()
-            dist.all_reduce(buf)
-            times.append(time.perf_counter() - t)
-        took = torch.tensor([sorted(times)[3]], dtype=torch.float64)
-        dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank sets the time
-        seconds.append(took.item())
+        # the median call, each the slowest rank's: this CPU is shared, single calls stall now and then
+        times = time_calls(lambda: dist.all_reduce(buf), 7, 1, info.device, distributed=True)
+        seconds.append(statistics.median(times))
     steps = [2 * (N - 1)] * len(sizes)
-    sent = [ring_bytes_sent("all_reduce", 4 * n, N) for n in sizes]
+    sent = [ring_bytes_sent("all_reduce", 4 * n, N) for n in sizes]  # 2 B (N-1)/N
     alpha, beta = fit_alpha_beta(steps, sent, seconds)
     print0(
         f"\n4. alpha-beta: all-reduce on {N} gloo ranks, time = 2 (N-1) alpha + 2 B (N-1)/N beta"
@@ -472,88 +376,40 @@ def alpha_beta(info, report: Report) -> None:
     report.perf(
         "alpha_beta",
         {"alpha_s": alpha, "beta_s_per_byte": beta},
-        f"fitted alpha {alpha * 1e6:.1f} us, beta {beta * 1e9:.3f} ns/byte "
-        f"({1 / beta / 1e9 if beta > 0 else float('inf'):.2f} GB/s)",
+        "fitted alpha {us:.1f} us, beta {ns:.3f} ns/byte ({gbs:.2f} GB/s)",
+        us=alpha * 1e6,
+        ns=beta * 1e9,
+        gbs=1 / beta / 1e9 if beta > 0 else float("inf"),
     )
     for n, s in zip(sizes, seconds):
         report.perf(
             f"allreduce_{4 * n}_bytes",
             s,
-            f"all-reduce {4 * n:>8} bytes: measured {s * 1e6:.0f} us, "
-            f"predicted {ring_time('all_reduce', 4 * n, N, alpha, beta) * 1e6:.0f} us",
+            "all-reduce {nbytes:>8} bytes: measured {us:.0f} us, predicted {predicted:.0f} us",
+            nbytes=4 * n,
+            us=s * 1e6,
+            predicted=ring_time("all_reduce", 4 * n, N, alpha, beta) * 1e6,
         )
 
 
 # ---------------------------------------------------------------- 5. the planner
 def planner_closed_forms(report: Report) -> None:
-    """The planner's rows (common/planning/planner.py) against closed forms written out here: a 7b-shaped GPT
-    on 8 GPUs, tp = pp = 1 (a rank holds all Psi parameters), micro-batch 1, flash attention (34 s b h a
-    layer)."""
+    """Section 5: the planner's rows (common/planning/planner.py) against closed forms, a 7b-shaped GPT."""
     c, a = NAMED["7b"], Assumptions(gpus=8, global_batch=64)
-    psi, L, sbh, m = (
-        gpt_params(c)["total"],
-        c.layers,
-        c.seq * c.hidden,
-        64 // 8,
-    )  # m: micro-batches per step
-    # cp2: ZeRO-3 at dp 4 x cp 2
-    ddp, ckpt, zero2, zero3, cp2 = (
-        evaluate_layout(c, a, dp, 1, 1, cp, zero, ck)
-        for dp, cp, zero, ck in (
-            (8, 1, 0, 0),
-            (8, 1, 0, 1),
-            (8, 1, 2, 0),
-            (8, 1, 3, 0),
-            (4, 2, 3, 0),
-        )
-    )
-    ring = (
-        2 * psi * 7 / 8
-    )  # bytes one of 8 ranks sends in an all-gather or reduce-scatter of the bf16 model
-    compute = gpt_flops(c, a.global_batch)["total"] / (a.gpus * a.peak_tflops * 1e12 * a.efficiency)
-    checks = {  # name: (the planner's number, the closed form, what it says)
-        "planner_ddp_memory": (
-            ddp["memory"]["total"],
-            18 * psi + 34 * L * sbh,
-            "DDP: 18 Psi + L x 34 s b h",
-        ),
-        "planner_ckpt_activations": (
-            ckpt["memory"]["activations"],
-            (2 * L + 34) * sbh,
-            "(2 L + 34) s b h",
-        ),
-        "planner_zero3_over_dp_x_cp": (
-            cp2["memory"]["total"] - cp2["memory"]["activations"],
-            16 * psi / 8,
-            "ZeRO-3 at dp 4 x cp 2: 16 Psi / 8",
-        ),
-        "planner_ddp_sends_bf16": (ddp["sent"]["dp"], 2 * ring, "DDP sends 2 ring"),
-        "planner_zero2_per_micro_batch": (
-            zero2["sent"]["dp"],
-            (m + 1) * ring,
-            "ZeRO-2 sends (m + 1) ring",
-        ),
-        "planner_zero3_per_micro_batch": (
-            zero3["sent"]["dp"],
-            3 * m * ring,
-            "ZeRO-3 sends 3 m ring",
-        ),
-        "planner_ckpt_adds_a_forward": (
-            ckpt["step_s"] - ddp["step_s"],
-            compute / 3,
-            "ckpt: + a forward, s",
-        ),
-    }
+    m = a.global_batch // a.gpus
     print0(
         f"\n5. the planner's rows vs closed forms (7b-shaped, 8 GPUs, m = {m}; ring: 2 Psi (N-1)/N B)"
     )
-    for name, (got, want, text) in checks.items():
+    for name, (got, want, says) in closed_forms(c, a).items():
         report.claim(
             name,
             abs(got / want - 1),
             "<=",
             1e-12,
-            f"  {text}: {got:.6g} vs {want:.6g}, |ratio - 1| {{value:.0e}}",
+            "  {says}: {got:.6g} vs {want:.6g}, |ratio - 1| {value:.0e}",
+            says=says,
+            got=got,
+            want=want,
         )
 
 
@@ -572,12 +428,12 @@ def main(argv=None) -> None:
         return
     with distributed_session(args) as info:
         report = Report(info)
-        report.results.update(world_size=info.world_size)
-        bytes_predicted_vs_measured(args, info, report)
-        flops(args, info, report)
-        meta_device(args, info, report)
-        alpha_beta(info, report)
-        planner_closed_forms(report)
+        report.record("world_size", info.world_size)
+        bytes_predicted_vs_measured(args, info, report)  # 1. bytes held and sent
+        flops(args, info, report)  # 2. FLOPs
+        meta_device(args, info, report)  # 3. the meta device
+        alpha_beta(info, report)  # 4. alpha-beta on this machine
+        planner_closed_forms(report)  # 5. the planner's rows
         report.finish(args.results)
 
 

@@ -1,4 +1,4 @@
-"""Minimal 16: ring attention -- causal attention over a sequence split across the ranks (forward).
+"""Minimal 19: ring attention -- causal attention over a sequence split across the ranks (forward).
 
     torchrun --standalone --nproc_per_node=2 minimal/19_context_parallel.py
     python minimal/19_context_parallel.py                 # plain python: cp = 1, the whole sequence
@@ -107,16 +107,8 @@ def main() -> None:
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # reported; check() decides
         if rank == 0:  # one JSON line: lesson 19's ring_contiguous_equals_sdpa, bytes and bound
             block = 2 * mine[1].numel() * mine[1].element_size()  # k and v of one rank
-            print(
-                json.dumps(
-                    {
-                        "cp": cp,
-                        "max_diff": worst.item(),
-                        "sent_bytes": sent[0],
-                        "kv_block_bytes": block,
-                    }
-                )
-            )
+            got = dict(cp=cp, max_diff=worst.item(), sent_bytes=sent[0], kv_block_bytes=block)
+            print(json.dumps(got))
         if not ok:
             raise SystemExit(f"[rank {rank}] ring != SDPA on some rank (here by {diff.item():.1e})")
     finally:

@@ -1,13 +1,11 @@
-"""Minimal 17: expert parallelism -- top-1 routing; tokens dispatched and combined by all-to-all.
+"""Minimal 20: expert parallelism -- top-1 routing; tokens dispatched and combined by all-to-all.
 
     torchrun --standalone --nproc_per_node=2 minimal/20_expert_parallel.py
     python minimal/20_expert_parallel.py                  # plain python: ep = 1, every expert here
 
-E experts (small MLPs) over the ep ranks: rank r holds experts [r*E/ep, (r+1)*E/ep). Each rank
-routes its own N tokens (top-1, no capacity limit: nothing is dropped), sends each token's row to
-the rank of its expert, runs its experts on what arrived and sends the results back. First the split
-sizes travel (how many rows each rank will receive), then the rows. The backward of an all-to-all is
-the same call, splits swapped. The measured lesson: lessons/20_expert_parallel.py"""
+Rank r holds experts [r*E/ep, (r+1)*E/ep) and routes its own N tokens (top-1, nothing dropped): the split
+sizes travel first, then each row to its expert's rank, and the results back. An all-to-all's backward
+is the same call, splits swapped. The measured lesson: lessons/20_expert_parallel.py"""
 
 import argparse
 import json
@@ -22,7 +20,7 @@ H, E, N = 32, 4, 64  # features, experts, tokens per rank
 
 def all_to_all(x, out_splits, in_splits):
     """Rows in_splits[d] of x go to rank d; out_splits[s] rows arrive from rank s."""
-    out = x.new_empty((sum(out_splits), x.shape[1]))
+    out = x.new_empty((sum(out_splits), *x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits)
     return out
 
@@ -56,8 +54,7 @@ def moe_expert_parallel(router, my_experts, x, rank, world_size):
     dist.all_to_all_single(recv, send)  # 1. split sizes: how many rows each rank sends me
     send_l, recv_l = send.tolist(), recv.tolist()
     rows = AllToAll.apply(x[order], recv_l, send_l)  # 2. dispatch: (sum(recv), H)
-    ids = torch.empty(sum(recv_l), dtype=torch.long, device=x.device)
-    dist.all_to_all_single(ids, (idx[order] % local).contiguous(), recv_l, send_l)  # their experts
+    ids = all_to_all(idx[order] % local, recv_l, send_l)  # which of my experts each row is for
     out = rows * 0  # zeros that stay in the graph: every rank must run the backward all-to-alls
     for e, expert in enumerate(my_experts):  # 3. my experts on what arrived
         where = (ids == e).nonzero(as_tuple=True)[0]
@@ -77,15 +74,14 @@ def train(args, rank, world_size, device) -> None:
     mine = experts[rank * local : (rank + 1) * local]  # an EP rank would hold only these
     xf = x.clone().requires_grad_()  # one process: each rank's tokens through every expert
     yf = torch.stack([moe_one_process(router, experts, xf[r]) for r in range(world_size)])
-    yf.square().sum().backward()
-    reference = [p.grad.clone() for p in mine.parameters()] + [router.weight.grad.clone()]
-    router.zero_grad(), mine.zero_grad()
+    loss = yf.square().sum()  # its gradients: my experts', the router's and the tokens'
+    *reference, dxf = torch.autograd.grad(loss, [*mine.parameters(), router.weight, xf])
     xs = x[rank].clone().requires_grad_()
     ys, send = moe_expert_parallel(router, mine, xs, rank, world_size)
     ys.square().sum().backward()
     dist.all_reduce(router.weight.grad)  # the router is replicated: sum its partial gradients
     got = [p.grad for p in mine.parameters()] + [router.weight.grad]
-    gaps = [(ys - yf[rank]).abs().max(), (xs.grad - xf.grad[rank]).abs().max()]
+    gaps = [(ys - yf[rank]).abs().max(), (xs.grad - dxf[rank]).abs().max()]
     gaps += [(a - b).abs().max() for a, b in zip(got, reference)]
     diff = torch.stack(gaps).max()  # torch's max keeps a NaN (gloo's MAX over ranks would not)
     ok = diff.item() <= 1e-5  # False for NaN
@@ -93,15 +89,9 @@ def train(args, rank, world_size, device) -> None:
     sent = [torch.empty_like(send) for _ in range(world_size)]
     dist.all_gather(sent, send)
     if rank == 0:  # the loss: common.expert_parallel.moe.MoE's (top-1, no drops) at this seed
+        rows = torch.stack(sent).tolist()
         print(
-            json.dumps(
-                {
-                    "ep": world_size,
-                    "rows_sent": torch.stack(sent).tolist(),
-                    "max_diff": diff.item(),
-                    "loss": yf.square().sum().item(),
-                }
-            )
+            json.dumps(dict(ep=world_size, rows_sent=rows, max_diff=diff.item(), loss=loss.item()))
         )
     assert ok, f"rank {rank}: EP differs from one process"
 

@@ -1,15 +1,12 @@
-"""Minimal 18: the bytes a data-parallel rank holds, by formula, against tensors built that way.
+"""Minimal 21: the bytes a data-parallel rank holds, by formula, against tensors built that way.
 
     torchrun --standalone --nproc_per_node=2 minimal/21_planning.py
     python minimal/21_planning.py                                 # plain python: a world of one
 
-DDP with Adam, fp32: parameters 4P, gradients 4P, DDP's buckets 4P (a flat copy of the gradients
-unless gradient_as_bucket_view=True), Adam 8P + 4 bytes of `step` per tensor. ZeRO cuts each unit
-into N shards of s = ceil(n / N) elements: stage 1 shards Adam's state, stage 2 also the gradients,
-stage 3 also the parameters. Mixed precision: 2 + 2 + 12 bytes per parameter. "built": the bytes of
-tensors THIS script builds in each layout, so it checks the formula's arithmetic, not DDP or ZeRO:
-lessons/21_planning.py measures those with lessons 08 and 13's instruments.
-"""
+DDP with Adam, fp32: parameters 4P, gradients 4P, DDP's buckets 4P (a flat copy of the gradients),
+Adam 8P + 4 bytes of `step` per tensor. ZeRO cuts each unit into N shards of s = ceil(n / N): stage 1
+shards Adam's state, stage 2 the gradients too, stage 3 the parameters too. Mixed precision: 16 bytes
+a parameter. "built" checks the arithmetic on tensors built here; lessons/21_planning.py measures."""
 
 import json
 import math
@@ -36,17 +33,12 @@ def formula(numels, tensors, N, stage):
     """Bytes per rank (fp32, Adam) by formula: predicted before anything is built."""
     P, shard = sum(numels), sum(math.ceil(n / N) for n in numels)
     if stage == 0:  # DDP's buckets: none in a world of one (no DDP to all-reduce for)
-        return {
-            "parameters": 4 * P,
-            "gradients": 4 * P,
-            "ddp_buckets": 4 * P if N > 1 else 0,
-            "optimizer_state": 8 * P + 4 * tensors,
-        }
-    return {
-        "parameters": 4 * (shard if stage == 3 else N * shard),
-        "gradients": 4 * (P if stage == 1 else shard),
-        "optimizer_state": 8 * shard + 4 * len(numels),
-    }
+        buckets = 4 * P if N > 1 else 0
+        adam = 8 * P + 4 * tensors
+        return dict(parameters=4 * P, gradients=4 * P, ddp_buckets=buckets, optimizer_state=adam)
+    params = 4 * (shard if stage == 3 else N * shard)
+    grads = 4 * (P if stage == 1 else shard)
+    return dict(parameters=params, gradients=grads, optimizer_state=8 * shard + 4 * len(numels))
 
 
 def built(units, stage, rank, N, x, y):
@@ -55,32 +47,24 @@ def built(units, stage, rank, N, x, y):
     F.cross_entropy(model(x), y).backward()  # every gradient, whole
     params = list(model.parameters())
     if stage == 0:  # DDP: everything whole on every rank, and its bucket: the gradients, flat
-        bucket = [torch.cat([p.grad.reshape(-1) for p in params])] if N > 1 else []
-        return {
-            "parameters": nbytes(params),
-            "gradients": nbytes(p.grad for p in params),
-            "ddp_buckets": nbytes(bucket),
-            "optimizer_state": adam_state_bytes(params),
-        }
+        bucket = nbytes([torch.cat([p.grad.reshape(-1) for p in params])] if N > 1 else [])
+        held, grads = nbytes(params), nbytes(p.grad for p in params)
+        adam = adam_state_bytes(params)
+        return dict(parameters=held, gradients=grads, ddp_buckets=bucket, optimizer_state=adam)
     flats, shards = [], []
     for u in units:
         ps = list(u.parameters())
         n = sum(p.numel() for p in ps)
         s = math.ceil(n / N)
-        flat, full_grad = torch.zeros(N * s), torch.zeros(N * s)  # padded to N x s
-        flat[:n] = torch.cat([p.detach().reshape(-1) for p in ps])
-        full_grad[:n] = torch.cat([p.grad.reshape(-1) for p in ps])
+        flat = F.pad(torch.cat([p.detach().reshape(-1) for p in ps]), (0, N * s - n))  # N x s
+        full_grad = F.pad(torch.cat([p.grad.reshape(-1) for p in ps]), (0, N * s - n))
         shard = nn.Parameter(flat[rank * s : (rank + 1) * s].clone())
         shard.grad = torch.empty(s)
         dist.reduce_scatter_single(shard.grad, full_grad)  # this rank: the sum of its slice
         flats, shards = flats + [flat], shards + [shard]
-    held_params = shards if stage == 3 else flats  # stage 3 frees the flat buffers between uses
-    gradients = nbytes(p.grad for p in (params if stage == 1 else shards))  # stage 1: all, whole
-    return {
-        "parameters": nbytes(held_params),
-        "gradients": gradients,
-        "optimizer_state": adam_state_bytes(shards),
-    }
+    held = nbytes(shards if stage == 3 else flats)  # stage 3 frees the flat buffers between uses
+    grads = nbytes(p.grad for p in (params if stage == 1 else shards))  # stage 1: all, whole
+    return dict(parameters=held, gradients=grads, optimizer_state=adam_state_bytes(shards))
 
 
 def adam_state_bytes(params):
@@ -107,13 +91,11 @@ def check(rank, N):
     y = torch.from_numpy(rng.integers(0, 10, 16))
     numels = [sum(p.numel() for p in u.parameters()) for u in make_units()]
     tensors = sum(len(list(u.parameters())) for u in make_units())  # Adam: a `step` per tensor
-    out = {
-        "world_size": N,
-        "formula": {s: formula(numels, tensors, N, s) for s in range(4)},
-        "built": {s: built(make_units(), s, rank, N, x, y) for s in range(4)},
-    }
-    out["mixed_precision_bytes_per_param"] = mixed_precision_bytes(make_units(), x, y)
-    ok = out["formula"] == out["built"] and out["mixed_precision_bytes_per_param"] == 16.0
+    formulas = {s: formula(numels, tensors, N, s) for s in range(4)}
+    builts = {s: built(make_units(), s, rank, N, x, y) for s in range(4)}
+    mixed = mixed_precision_bytes(make_units(), x, y)
+    out = dict(world_size=N, formula=formulas, built=builts, mixed_precision_bytes_per_param=mixed)
+    ok = formulas == builts and mixed == 16.0
     if rank == 0:
         print(json.dumps(out))
         print("formula == the built bytes (DDP, ZeRO 1-3); 2 + 2 + 12 bytes per parameter:", ok)

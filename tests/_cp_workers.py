@@ -43,7 +43,7 @@ def ring_vs_sdpa(rank: int, world_size: int, kind: str, ulysses: bool = False) -
     return {"diffs": diffs, "pairs": stats.pairs, "sent": dict(stats.sent), "held": held}
 
 
-def minimal_16_check(rank: int, world_size: int, bad: float) -> bool:
+def minimal_19_check(rank: int, world_size: int, bad: float) -> bool:
     """minimal/19_context_parallel.py's check() on every rank, rank 1's diff replaced by `bad`."""
     import runpy
 
@@ -53,6 +53,6 @@ def minimal_16_check(rank: int, world_size: int, bad: float) -> bool:
         REPO_ROOT / "minimal" / "19_context_parallel.py"
     )  # a script, not a module: run it, not as __main__
     script = runpy.run_path(
-        str(path), run_name="minimal_16"
+        str(path), run_name="minimal_19"
     )  # defines the functions; main() does not run
     return script["check"](torch.tensor(bad if rank == 1 else 1e-7))

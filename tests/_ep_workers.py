@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 
 def unreached_expert_after_momentum(rank: int, world_size: int) -> dict:
-    """Lesson 20's reduce_grads over a dp group of 2 (ep 1), then SGD with momentum, two steps: every
-    parameter gets a gradient at step 1; at step 2 expert 1 gets none on any rank (no token chose it), and
+    """reduce_grads (common.expert_parallel.training) over a dp group of 2 (ep 1), then SGD with momentum,
+    two steps: every parameter gets a gradient at step 1; at step 2 expert 1 gets none on any rank (no token chose it), and
     expert 0 one on rank 0 only. Returns how far each expert's fc1 weight moved at step 2, and its .grad."""
     from common.expert_parallel.model import moe_of, moe_transformer
     from common.expert_parallel.moe import MoE
+    from common.expert_parallel.training import reduce_grads
     from common.harness.env import DistInfo
     from common.harness.grid import Grid
 
-    lesson = importlib.import_module("lessons.20_expert_parallel")
     grid = Grid(DistInfo(rank=rank, world_size=world_size, backend="gloo"), dp=world_size, ep=1)
     torch.manual_seed(0)
     model = moe_transformer(8, 2, MoE(8, 4, 2, 1.0))
@@ -32,7 +30,7 @@ def unreached_expert_after_momentum(rank: int, world_size: int) -> dict:
                 for p in experts[0].parameters():
                     p.grad = None
         before = [e.fc1.weight.detach().clone() for e in experts[:2]]
-        lesson.reduce_grads(model, grid)
+        reduce_grads(model, grid)
         opt.step()
     moved = [(e.fc1.weight - b).abs().max().item() for e, b in zip(experts[:2], before)]
     return {"moved": moved, "grad_is_none": [e.fc1.weight.grad is None for e in experts[:2]]}

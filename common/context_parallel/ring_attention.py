@@ -24,11 +24,13 @@ __all__ = [
     "Split",
     "RingStats",
     "owners",
+    "off_schedule",
     "block_attention",
     "merge",
     "ring_attention",
     "RingAttention",
     "causal_pairs",
+    "time_forward",
 ]
 
 
@@ -93,6 +95,13 @@ def owners(blocks: list[torch.Tensor], whole_k: torch.Tensor, split: Split) -> l
     return [
         next((r for r in ranks if torch.equal(b, split.take(whole_k, r, 2))), -1) for b in blocks
     ]
+
+
+def off_schedule(held: list[list[int]], cp: int) -> int:
+    """How many (rank r, step s) of `held[r][s]` (the owner of the block rank r held at step s, from `owners`)
+    are not rank (r - s) mod cp, plus each step missing or one too many: 0 for a ring that runs forward."""
+    wrong = sum(h != (r - s) % cp for r, hs in enumerate(held) for s, h in enumerate(hs))
+    return wrong + sum(abs(len(hs) - cp) for hs in held)
 
 
 def causal_pairs(seq_len: int) -> int:
@@ -245,3 +254,15 @@ def ring_attention(
     sequence held by the cp `group` (None: one process, cp = 1). Returns this rank's output
     (B, H, S/cp, D)."""
     return RingAttention.apply(q, k, v, split, group, stats if stats is not None else RingStats())
+
+
+def time_forward(q, k, v, split: Split, group, reps: int = 3) -> tuple[float, float]:
+    """(wall seconds, seconds computing blocks) of this rank's ring forward, the fastest of `reps` runs: wall
+    minus compute is the time this rank spent not computing (waiting for its neighbours, or done)."""
+    stats, runs = RingStats(), []
+    for _ in range(reps):
+        stats.compute_s = 0.0
+        t0 = time.perf_counter()
+        ring_attention(q, k, v, split, group, stats)
+        runs.append((time.perf_counter() - t0, stats.compute_s))
+    return min(runs)

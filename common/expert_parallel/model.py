@@ -22,6 +22,7 @@ __all__ = [
     "set_moe",
     "digit_tokens",
     "next_token_loss",
+    "imbalance",
     "EXPERTS",
 ]
 
@@ -68,3 +69,11 @@ def next_token_loss(model: CausalTransformer, tokens: torch.Tensor) -> torch.Ten
     """Cross-entropy of predicting pixel t+1 from pixels 0..t, over a batch (B, 64)."""
     logits = model(tokens[:, :-1])  # (B, 63, 17)
     return F.cross_entropy(logits.reshape(-1, PIXEL_VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def imbalance(model: CausalTransformer, tokens: torch.Tensor) -> tuple[float, list]:
+    """The busiest expert's assignments / the mean, and the histogram, over `tokens` (B, 64) in one forward."""
+    with torch.no_grad():
+        next_token_loss(model, tokens)
+    counts = moe_of(model).stats["counts"]
+    return (counts.max() / counts.double().mean()).item(), counts.tolist()

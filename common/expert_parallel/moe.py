@@ -44,6 +44,7 @@ __all__ = [
     "dispatch_plan",
     "all_to_all_traffic",
     "check_moe_options",
+    "kept_choices_only",
 ]
 
 
@@ -260,3 +261,17 @@ class ExpertParallelMoE(MoE):
                 out = out.index_copy(0, where, expert(rows[where]))
         back = self._exchange(out, send_l, recv_l, "combine")  # 4. (sum(send), H), my order
         return torch.zeros_like(x).index_add(0, tok, weights[tok, slot, None] * back)
+
+
+def kept_choices_only(moe: MoE, x: torch.Tensor, keep: torch.Tensor, k: int) -> torch.Tensor:
+    """Each token again, one at a time, from its kept choices only: sum_j weight_j x expert_j(x) over the
+    choices j that `keep` (N, k) kept; the weights as the router gave them (not renormalized)."""
+    _, weights, idx = route(moe.router(x), k)
+    rows = []
+    for t in range(len(x)):
+        row = torch.zeros(x.shape[1])
+        for j in range(k):
+            if keep[t, j]:
+                row = row + weights[t, j] * moe.experts[idx[t, j]](x[t])
+        rows.append(row)
+    return torch.stack(rows)

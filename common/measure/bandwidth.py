@@ -2,7 +2,8 @@
 
 algbw = S / t is what the caller sees for S bytes in t seconds; busbw = algbw * factor(op, n) is what each link
 must carry, comparable across world sizes (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md).
-For all-reduce the factor is 2(n-1)/n, the share of the tensor a ring rank sends (`common.collectives.ring`).
+For all-reduce the factor is 2(n-1)/n, the share of the tensor a ring rank sends (`common.collectives.ring`):
+`ring_bytes_sent` is the one implementation of the ring's traffic factors.
 
 `time_calls` times each call on its own (after warm-up calls), so that a reader gets a median and a spread rather
 than one mean that a single slow call can dominate.
@@ -17,30 +18,53 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["bus_bandwidth_factor", "bandwidths", "time_calls", "five_number_summary"]
+__all__ = [
+    "RING_SHARE",
+    "ring_bytes_sent",
+    "bus_bandwidth_factor",
+    "bandwidths",
+    "time_calls",
+    "five_number_summary",
+]
+
+RING_SHARE = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}  # x (n-1)/n of the buffer
+
+
+def ring_bytes_sent(op: str, nbytes: float, world_size: int) -> float:
+    """Bytes one rank sends in a ring `op` on a buffer of `nbytes` (the full tensor) over `world_size` ranks.
+
+    all_reduce 2 B (n-1)/n (a reduce-scatter, then an all-gather); reduce_scatter, all_gather B (n-1)/n. The one
+    home of the ring's traffic factors: nccl-tests' busbw factor (`bus_bandwidth_factor`) is this for B = 1, the
+    planner's cost model (`common.planning.cost_model`) uses it as it is. Multiplied before the division, so a
+    count of bytes that n divides stays a whole number.
+
+    Raises:
+        ValueError: an op the ring model does not cover, or world_size < 1.
+    """
+    if world_size < 1 or op not in RING_SHARE:
+        raise ValueError(
+            f"need an op in {sorted(RING_SHARE)} and world_size >= 1, got {op!r}, {world_size}"
+        )
+    return RING_SHARE[op] * nbytes * (world_size - 1) / world_size
 
 
 def bus_bandwidth_factor(op: str, world_size: int) -> float:
     """busbw / algbw for a collective on `world_size` ranks, as nccl-tests defines it.
 
-    all_reduce: 2(n-1)/n; reduce_scatter, all_gather: (n-1)/n; broadcast, reduce: 1. 0 for n = 1: nothing moves.
+    all_reduce: 2(n-1)/n; reduce_scatter, all_gather: (n-1)/n (`ring_bytes_sent` of one byte); broadcast, reduce:
+    1. 0 for n = 1: nothing moves.
 
     Raises:
         ValueError: unknown op or world_size < 1.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    n = world_size
-    factors = {
-        "all_reduce": 2 * (n - 1) / n,
-        "reduce_scatter": (n - 1) / n,
-        "all_gather": (n - 1) / n,
-        "broadcast": 1.0,
-        "reduce": 1.0,
-    }
-    if op not in factors:
-        raise ValueError(f"unknown op {op!r}; one of {sorted(factors)}")
-    return factors[op] if n > 1 else 0.0
+    ops = sorted([*RING_SHARE, "broadcast", "reduce"])
+    if op not in ops:
+        raise ValueError(f"unknown op {op!r}; one of {ops}")
+    if world_size == 1:
+        return 0.0
+    return ring_bytes_sent(op, 1, world_size) if op in RING_SHARE else 1.0
 
 
 def bandwidths(

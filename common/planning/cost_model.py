@@ -19,7 +19,8 @@ sequence s, micro-batch b, hidden h, heads a, tensor-parallel t:
     tensor parallel            s b h (10 + 24 / t + 5 a s / (h t))
     tensor + sequence parallel s b h (34 + 5 a s / h) / t
     full recomputation         2 s b h (only the layer's input is kept)
-Bytes one rank sends in the ring model (lesson 02): all-reduce 2 B (N-1)/N, all-gather / reduce-scatter B (N-1)/N.
+Bytes one rank sends in the ring model (lesson 02): all-reduce 2 B (N-1)/N, all-gather / reduce-scatter B (N-1)/N,
+`common.measure.bandwidth.ring_bytes_sent`, the one home of these factors.
 Time of a ring collective in the alpha-beta model: steps x alpha + bytes sent x beta (alpha: latency per step,
 beta: seconds per byte = 1 / bandwidth).
 """
@@ -30,13 +31,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from common.measure.bandwidth import ring_bytes_sent
+
 __all__ = [
     "ADAM_MIXED_K",
     "zero_mixed_bytes",
     "sharded_fp32_bytes",
+    "residual_mlp_layout_bytes",
     "tp_layer_params",
     "tp_all_reduces",
-    "ring_bytes_sent",
+    "digits_transformer_tp_bytes",
     "residual_mlp_activations",
     "transformer_layer_activations",
     "zero_paper_activations",
@@ -122,6 +126,27 @@ def sharded_fp32_bytes(
     }
 
 
+def residual_mlp_layout_bytes(width: int, depth: int, batch: int, n_ranks: int) -> dict[str, dict]:
+    """Lesson 13's ResidualMLP(width, depth) at `batch` samples per rank on `n_ranks`: the `sharded_fp32_bytes`
+    of DDP (with its activations, plain and checkpointed) and of ZeRO-1, 2 and 3. Units: the stem Linear(64, w),
+    each block's two Linear(w, w), the head Linear(w, 10); every Linear has a bias."""
+    w = width
+    numels = [64 * w + w, *[2 * (w * w + w)] * depth, w * 10 + 10]
+    tensors = 2 * (2 + 2 * depth)  # a weight and a bias per Linear
+    rows = {
+        "DDP": {
+            **sharded_fp32_bytes(numels, tensors, n_ranks, 0),
+            "activations": residual_mlp_activations(batch, w, depth),
+            "activations_checkpointed": residual_mlp_activations(
+                batch, w, depth, checkpointing=True
+            ),
+        }
+    }
+    for stage in (1, 2, 3):
+        rows[f"ZeRO-{stage}"] = sharded_fp32_bytes(numels, tensors, n_ranks, stage)
+    return rows
+
+
 def tp_layer_params(h: int, tp: int) -> int:
     """Parameters of one transformer layer on a tensor-parallel rank (Megatron: q, k, v and fc1 column-parallel,
     proj and fc2 row-parallel): the weights 12 h^2 and the column-parallel biases 7 h split by tp; the two
@@ -138,10 +163,17 @@ def tp_all_reduces(
     return {"calls": calls, "bytes": calls * tokens * h * element_size}
 
 
-def ring_bytes_sent(op: str, buffer_bytes: float, n_ranks: int) -> float:
-    """Bytes one rank sends for one ring collective on a buffer of `buffer_bytes` (the full tensor)."""
-    factor = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}[op]
-    return factor * buffer_bytes * (n_ranks - 1) / n_ranks
+def digits_transformer_tp_bytes(h: int, layers: int, tp: int, tokens: int) -> dict[str, int]:
+    """Lesson 10's transformer on the digits at tensor-parallel degree `tp`: the fp32 parameter bytes a rank
+    holds (embedding Linear(8, h) and head Linear(h, 10) whole on every rank, each layer split as Megatron does)
+    and the all-reduces of one forward + backward on `tokens` rows."""
+    ar = tp_all_reduces(layers, tp, tokens, h)
+    params = 8 * h + h + layers * tp_layer_params(h, tp) + 10 * h + 10
+    return {
+        "parameters": 4 * params,
+        "all_reduce_calls": ar["calls"],
+        "all_reduce_bytes": ar["bytes"],
+    }
 
 
 def residual_mlp_activations(

@@ -1,9 +1,9 @@
-"""Lesson 21's tools for the shared GPT (`common.models.CausalTransformer`) at any size: attention written as
-matmuls (what FLOP formulas count), the saved activations counted from shapes alone (so they work on `meta`),
+"""Lesson 21's tools for the shared GPT (`common.models.CausalTransformer`) at any size: the model in a `GPT`
+shape, the FLOPs FlopCounterMode counts in a step, attention written as matmuls (what FLOP formulas count), the saved activations counted from shapes alone (so they work on `meta`),
 and an initialisation that gives the same values whether the model was built eagerly or on `meta`.
 
     with torch.device("meta"):
-        big = CausalTransformer(vocab=32000, d_model=4096, heads=32, n_layers=32, max_len=2048)  # 6.7e9, 0 bytes
+        big = gpt(GPT(layers=32, hidden=4096, heads=32, vocab=32000, seq=2048))  # 6.7e9 parameters, 0 bytes
     small = CausalTransformer().set_attention(matmul_attention)   # FlopCounterMode then sees Q K^T and A V
 
 Why `matmul_attention`: torch.utils.flop_counter has no formula for the CPU kernel behind
@@ -17,8 +17,28 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["matmul_attention", "init_weights", "saved_bytes_from_shapes"]
+from common.models import CausalTransformer
+from common.planning.cost_model import GPT
+
+__all__ = ["gpt", "counted_flops", "matmul_attention", "init_weights", "saved_bytes_from_shapes"]
+
+
+def gpt(c: GPT) -> CausalTransformer:
+    """The shared GPT of lessons 19-21 (common/models.py) in the shape `c` describes (on `meta` under
+    `torch.device("meta")`: shapes, no bytes)."""
+    return CausalTransformer(
+        vocab=c.vocab, d_model=c.hidden, heads=c.heads, n_layers=c.layers, max_len=c.seq
+    )
+
+
+def counted_flops(model: nn.Module, tokens: torch.Tensor) -> int:
+    """FLOPs FlopCounterMode counts in one forward + backward of a next-token loss on `tokens` (B, S)."""
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+    return counter.get_total_flops()
 
 
 def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ import pytest
 
 from common.context_parallel.ring_attention import causal_pairs
 from common.run.launch import run_lesson
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 LESSON = "19_context_parallel"
 S, H = 64, 8  # --seq-len's and --heads' defaults
@@ -36,18 +36,33 @@ ALL = MEMORY | RING | WORK | TRAIN | ULYSSES
 
 
 @pytest.fixture(scope="module")
-def cp2():
-    return run_lesson(LESSON, nproc=2, timeout_s=480).check().results
+def cp2_run():
+    return run_lesson(LESSON, nproc=2, timeout_s=480).check()
 
 
 @pytest.fixture(scope="module")
-def cp4():
-    return run_lesson(LESSON, nproc=4, timeout_s=480).check().results
+def cp4_run():
+    return run_lesson(LESSON, nproc=4, timeout_s=480).check()
 
 
 @pytest.fixture(scope="module")
-def one_process():
-    return run_lesson(LESSON, nproc=None, timeout_s=240).check().results
+def one_process_run():
+    return run_lesson(LESSON, nproc=None, timeout_s=240).check()
+
+
+@pytest.fixture(scope="module")
+def cp2(cp2_run):
+    return cp2_run.results
+
+
+@pytest.fixture(scope="module")
+def cp4(cp4_run):
+    return cp4_run.results
+
+
+@pytest.fixture(scope="module")
+def one_process(one_process_run):
+    return one_process_run.results
 
 
 @pytest.mark.timeout(600)
@@ -116,3 +131,9 @@ def test_a_sequence_the_zigzag_split_cannot_cut_is_refused():
     run = run_lesson(LESSON, nproc=None, args=["--seq-len", "63"], timeout_s=180)
     assert run.returncode == 2, run.stderr
     assert "sequence length 63 is not divisible by 2 x cp = 2" in run.stderr, run.stderr
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("launch", ["one_process_run", "cp2_run", "cp4_run"])
+def test_printed_lines_fit_at_the_defaults(launch, request):
+    assert_lines_fit(request.getfixturevalue(launch))

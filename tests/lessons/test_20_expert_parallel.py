@@ -8,7 +8,7 @@ import pytest
 
 from common.run.launch import run_lesson
 from tests._ep_workers import unreached_expert_after_momentum
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import assert_claims, assert_fails_on_every_rank, assert_lines_fit
 from tests._workers import run_world
 
 LESSON = "20_expert_parallel"
@@ -42,18 +42,33 @@ TORCH = {"torch_all_to_all_agrees"}  # needs a process group
 
 
 @pytest.fixture(scope="module")
-def one_process():
-    return run_lesson(LESSON, nproc=None, timeout_s=240).check().results
+def one_process_run():
+    return run_lesson(LESSON, nproc=None, timeout_s=240).check()
 
 
 @pytest.fixture(scope="module")
-def ep2():
-    return run_lesson(LESSON, nproc=2, timeout_s=360).check().results
+def ep2_run():
+    return run_lesson(LESSON, nproc=2, timeout_s=360).check()
 
 
 @pytest.fixture(scope="module")
-def ep4():
-    return run_lesson(LESSON, nproc=4, timeout_s=600).check().results
+def ep4_run():
+    return run_lesson(LESSON, nproc=4, timeout_s=600).check()
+
+
+@pytest.fixture(scope="module")
+def one_process(one_process_run):
+    return one_process_run.results
+
+
+@pytest.fixture(scope="module")
+def ep2(ep2_run):
+    return ep2_run.results
+
+
+@pytest.fixture(scope="module")
+def ep4(ep4_run):
+    return ep4_run.results
 
 
 @pytest.mark.timeout(300)
@@ -124,3 +139,9 @@ def test_bad_input_fails_on_every_rank(args, message):
     run = run_lesson(LESSON, nproc=2, args=args, timeout_s=180)
     assert run.returncode != 0
     assert_fails_on_every_rank(run, 2, message)
+
+
+@pytest.mark.timeout(700)
+@pytest.mark.parametrize("launch", ["one_process_run", "ep2_run", "ep4_run"])
+def test_printed_lines_fit_at_the_defaults(launch, request):
+    assert_lines_fit(request.getfixturevalue(launch))

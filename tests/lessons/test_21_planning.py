@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from common.run.launch import run_lesson
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 LESSON = "21_planning"
 BYTES = {
@@ -178,3 +178,9 @@ def test_a_world_that_cannot_split_a_unit_fails_on_every_rank():
         LESSON, nproc=3, args=["--width", "1", "--depth", "1"], timeout_s=120, results=False
     )
     assert_fails_on_every_rank(run, 3, "cannot split unit")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("launch", ["one_process", "two_ranks", "four_ranks"])
+def test_printed_lines_fit_at_the_defaults(launch, request):
+    assert_lines_fit(request.getfixturevalue(launch))

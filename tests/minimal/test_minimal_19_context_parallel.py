@@ -11,7 +11,7 @@ import json
 import pytest
 
 from common.run.launch import REPO_ROOT, run_lesson
-from tests._cp_workers import minimal_16_check
+from tests._cp_workers import minimal_19_check
 from tests._workers import run_world
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
@@ -37,4 +37,4 @@ def test_19_ring_attention_equals_sdpa_and_sends_cp_minus_1_blocks(nproc):
 def test_19_check_fails_on_every_rank_when_rank_1_alone_is_wrong(bad, verdict, tmp_path):
     """A check that reduced the diffs with MIN, or with gloo's MAX (which drops a NaN off rank 0), would
     say yes here; the script's check() must say no on both ranks."""
-    assert run_world(minimal_16_check, 2, tmp_path, bad) == [verdict, verdict]
+    assert run_world(minimal_19_check, 2, tmp_path, bad) == [verdict, verdict]

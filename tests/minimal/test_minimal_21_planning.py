@@ -24,7 +24,7 @@ def minimal(nproc: int | None) -> dict:
 
 
 @pytest.mark.timeout(800)
-def test_21_minimal_bytes_are_lesson_18s_on_2_ranks_and_1():
+def test_21_minimal_bytes_are_lesson_21s_on_2_ranks_and_1():
     lesson = run_lesson("21_planning", 2, [], 180).check().results  # the command notebook 21 runs
     for nproc in (2, None):
         got = minimal(nproc)
