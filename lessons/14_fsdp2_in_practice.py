@@ -1,0 +1,572 @@
+"""Lesson 14: FSDP2 in practice: HSDP, mixed precision, reshard_after_forward, meta-device init, accumulation.
+
+    torchrun --standalone --nproc_per_node=4 lessons/14_fsdp2_in_practice.py                 # HSDP 2 x 2
+    torchrun --standalone --nproc_per_node=4 lessons/14_fsdp2_in_practice.py --replicate 1   # FSDP over 4
+    torchrun --standalone --nproc_per_node=8 lessons/14_fsdp2_in_practice.py --replicate 2   # HSDP 2 x 4
+    python lessons/14_fsdp2_in_practice.py                                                   # a world of one
+
+Lesson 13 built ZeRO by hand and showed `fully_shard` against it. Here are the knobs a practitioner turns, each
+with a number that says what it does, on the model of lesson 13 with two buffers in front (NormalisedMLP,
+common/sharding/fsdp2.py: width 32, depth 2, 6634 parameters in 3 units: 2 blocks, then the root).
+
+What to look for:
+1. HSDP: `fully_shard` on a 2-D mesh (dp_replicate, dp_shard). Both dims are data parallel: every rank reads
+   its own slice of the global batch. Parameters are sharded over dp_shard (all-gather, reduce-scatter inside
+   a shard group) and replicated over dp_replicate (the reduced shards all-reduced across replicas). It equals
+   one process on the global batch; its bytes are the prediction from the shapes; a rank holds 1/shard of the
+   parameters: between DDP (all) and FSDP over the world (1/N).
+3. Mixed precision: MixedPrecisionPolicy(param_dtype=bf16) reduces in bf16 too unless reduce_dtype=float32
+   is given (reduce_dtype defaults to param_dtype): half the reduce-scatter bytes, and a larger gradient error
+   against float32. The sharded gradients stay float32 (the sharded parameters' dtype) either way.
+4. reshard_after_forward: True all-gathers each unit twice per step (forward, backward), False once and
+   keeps the gathered parameters from forward to backward (the bytes measured), an int k reshards to groups
+   of k ranks after forward: the backward all-gather runs there, and 1/k of the parameters stay held.
+5. A model that does not fit on one device: built on the meta device, `fully_shard`, `to_empty`, then
+   initialised; `reset_parameters()` on DTensors draws each shard from its rank's generator (other values on
+   a CPU: measured); `init_like_eager` equals eager initialisation, buffers included, one layer in full at a
+   time. A full state dict on rank 0 only, loaded with `broadcast_from_rank0=True`: equal, and the other
+   ranks' peak allocation during the load stays below the model's bytes (measured, not assumed).
+6. Accumulation: `set_requires_gradient_sync(False)` on every micro-step but the last equals no accumulation
+   on the global batch with k times fewer reduce-scatters; the price: the unsharded gradients held across
+   micro-steps (measured: all of the model's parameters in float32, instead of a 1/N shard).
+8. What does not run here: CPUOffloadPolicy on a CPU-only build, tried; its error is the value.
+Prefetching (section 2) and clipping with the optimizer state (section 7) are not in this lesson yet.
+
+Sources: pytorch.org/docs/stable/distributed.fsdp.fully_shard.html; torchtitan (parallelize_llama,
+--training.mixed_precision_reduce); PyTorch FSDP (arxiv.org/abs/2304.11277).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+from common.data import digits_split
+from common.harness.env import DistInfo, LessonError, read_torchrun_env
+from common.harness.grid import Grid
+from common.harness.ranks import all_gather_objects
+from common.harness.results import Report
+from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
+from common.measure.allocations import allocations
+from common.measure.counters import count_collectives, local_shard
+from common.measure.memory import storage_bytes
+from common.measure.precision import max_diff, worst_over_ranks
+from common.sharding.accounting import full_params
+from common.sharding.fsdp2 import (
+    NormalisedMLP,
+    gradient_bytes,
+    init_like_eager,
+    padded_bytes,
+    predicted_step_bytes,
+    shard_blocks_then_root,
+    units,
+)
+
+EQUAL = 1e-5  # max |difference| of parameters after a few SGD steps: float32 rounding is ~1e-7
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+AG, RS, AR = "all_gather_single", "reduce_scatter_single", "all_reduce"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--width", type=int, default=32, help="NormalisedMLP width (default 32)")
+    p.add_argument("--depth", type=int, default=2, help="residual blocks (default 2)")
+    p.add_argument("--global-batch", type=int, default=32, help="samples per step, all ranks")
+    p.add_argument("--steps", type=int, default=3, help="SGD steps of each comparison (default 3)")
+    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
+    p.add_argument(
+        "--replicate", type=int, default=0, help="HSDP replicas (default: 2 if N>=4 even)"
+    )
+    p.add_argument(
+        "--reshard-int", type=int, default=0, help="reshard_after_forward=k (default N/2)"
+    )
+    p.add_argument("--micro-steps", type=int, default=2, help="micro-steps accumulated (default 2)")
+    p.add_argument("--param-dtype", default="bf16", help="mixed precision: bf16 or fp16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--data", default=None, help="digits .npz (default: the bundled data/digits.npz)"
+    )
+    p.add_argument(
+        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
+    )
+    add_distributed_args(p)
+    args = p.parse_args(argv)
+    check_args(args, read_torchrun_env()[2])
+    return args
+
+
+def check_args(args: argparse.Namespace, n: int) -> None:
+    """Every rank checks the same numbers before any process group: every rank fails alike."""
+    if (
+        min(args.width, args.depth, args.steps, args.global_batch, args.micro_steps) < 1
+        or args.lr <= 0
+    ):
+        raise LessonError(
+            "--width, --depth, --steps, --global-batch, --micro-steps, --lr must be > 0"
+        )
+    if args.param_dtype not in DTYPES:
+        raise LessonError(f"unknown --param-dtype {args.param_dtype!r}: choose bf16 or fp16")
+    args.replicate = args.replicate or (2 if n >= 4 and n % 2 == 0 else 1)
+    if args.replicate < 1 or n % args.replicate:
+        raise LessonError(f"--replicate {args.replicate} does not divide the world of {n} ranks")
+    if args.global_batch % (n * args.micro_steps):
+        raise LessonError(
+            f"--global-batch {args.global_batch} is not {n} ranks x {args.micro_steps} micro-steps x b"
+        )
+    divisors = [k for k in range(2, n) if n % k == 0]
+    if not args.reshard_int:  # half the world where that is a proper divisor, else the largest one
+        args.reshard_int = n // 2 if n // 2 in divisors else max(divisors, default=0)
+    if args.reshard_int and args.reshard_int not in divisors:
+        raise LessonError(
+            f"--reshard-int {args.reshard_int} must divide {n} and lie in 2 .. {n - 1}"
+        )
+
+
+@dataclass
+class Setup:
+    """What every section shares: the arguments, the world, the report, the batches, the initial values."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    batches: list  # [(x (B, 1, 8, 8), y (B,))] global batches, one per step
+    init: dict  # the eager model's state dict, built after manual_seed(seed)
+    mesh: object  # 1-D DeviceMesh over the world: plain FSDP
+
+    def fresh(self) -> NormalisedMLP:
+        m = NormalisedMLP(self.args.width, self.args.depth).to(self.info.device)
+        m.load_state_dict(self.init)  # every comparison starts from the same values
+        return m
+
+    def mine(self, x: torch.Tensor, parts: int = 1) -> list[torch.Tensor]:
+        """This rank's slice of a global batch (rank r: the r-th of N), cut into `parts` micro-batches."""
+        b = len(x) // self.info.world_size
+        return list(x[self.info.rank * b : (self.info.rank + 1) * b].chunk(parts))
+
+    def worst(self, a, b) -> float:  # max |a - b| over ranks, NaN-safe
+        return worst_over_ranks([max_diff(a, b)], self.info)[0]
+
+
+def sgd_step(model: nn.Module, lr: float) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad  # a DTensor updates its local shard
+    model.zero_grad(set_to_none=True)
+
+
+def train(s: Setup, model: nn.Module, micro: int = 1, sync_each: bool = False) -> None:
+    """`--steps` SGD steps; each accumulates `micro` micro-batches (loss / micro) of this rank's slice."""
+    for x, y in s.batches:
+        for i, (xm, ym) in enumerate(zip(s.mine(x, micro), s.mine(y, micro))):
+            if micro > 1:  # reduce-scatter only after the last micro-step's backward
+                model.set_requires_gradient_sync(sync_each or i == micro - 1)
+            (F.cross_entropy(model(xm), ym) / micro).backward()
+        sgd_step(model, s.args.lr)
+
+
+def one_process(s: Setup) -> list[torch.Tensor]:
+    """The reference: one model on the whole global batch, every rank computing it alike."""
+    m = s.fresh()
+    for x, y in s.batches:
+        F.cross_entropy(m(x), y).backward()
+        sgd_step(m, s.args.lr)
+    return [p.detach() for p in m.parameters()]
+
+
+def per_step(counted: dict, steps: int) -> dict:
+    return {op: b / steps for op, b in counted.items()}
+
+
+# -------- 1. HSDP: a 2-D mesh, sharded inside a group, replicated across groups
+def hsdp(s: Setup, ref: list) -> None:
+    args, info, report = s.args, s.info, s.report
+    shard = info.world_size // args.replicate
+    grid = Grid(info, dp_replicate=args.replicate, dp_shard=shard)
+    lines = grid.describe()
+    report.value("mesh", grid.sizes, "1. HSDP mesh " + lines[0] + " (outer dim first)")
+    report.value("groups", lines[1:], "  " + "\n  ".join(lines[1:]))
+    report.value(
+        "data_ranks", info.world_size, "  data parallel over both dims: {value} slices a step"
+    )
+    model = shard_blocks_then_root(s.fresh(), grid.mesh)
+    with count_collectives() as c:
+        train(s, model)
+    report.claim(
+        "hsdp_equals_one_process",
+        s.worst(full_params(model), ref),
+        "<=",
+        EQUAL,
+        "  HSDP vs one process on the global batch after {steps} steps: {value:.1e}",
+        steps=args.steps,
+    )
+    moved, want = (
+        per_step(c.bytes, args.steps),
+        predicted_step_bytes(s.fresh(), shard, args.replicate),
+    )
+    for op, where in ((AG, "in dp_shard"), (RS, "in dp_shard"), (AR, "across dp_replicate")):
+        if op in want:
+            report.claim(
+                f"hsdp_{op}_bytes",
+                moved.get(op, 0),
+                "==",
+                want[op],
+                "  {op} {where}: {value:.0f} bytes a step, predicted from the shapes",
+                op=op,
+                where=where,
+            )
+    group_of = {
+        AG: grid.ranks_in("dp_shard"),
+        RS: grid.ranks_in("dp_shard"),
+        AR: grid.ranks_in("dp_replicate"),
+    }
+    wrong = sum(n for (op, ranks), n in c.groups.items() if list(ranks) != group_of.get(op))
+    report.claim(
+        "hsdp_groups_as_mesh",
+        worst_over_ranks([wrong], info)[0],
+        "==",
+        0,
+        "  collectives outside the group the mesh gives them: {value:.0f}",
+    )
+    memory_between(s, model, shard)
+
+
+def memory_between(s: Setup, model, shard: int) -> None:
+    """Parameter bytes a rank holds at rest: DDP (all of them), HSDP (1/shard), FSDP over the world (1/N)."""
+    n, report = s.info.world_size, s.report
+    held = {
+        "DDP": storage_bytes(s.fresh().parameters()),
+        "HSDP": storage_bytes(local_shard(p) for p in model.parameters()),
+        "FSDP": storage_bytes(
+            local_shard(p) for p in shard_blocks_then_root(s.fresh(), s.mesh).parameters()
+        ),
+    }
+    row = ", ".join(f"{k} {v}" for k, v in held.items())
+    report.value("parameter_bytes", held, "  parameter bytes a rank holds at rest: {row}", row=row)
+    want = padded_bytes(s.fresh().parameters(), shard) // shard
+    report.claim(
+        "hsdp_parameter_bytes",
+        held["HSDP"],
+        "==",
+        want,
+        "  HSDP: {value} = rows padded to {shard}, / {shard}",
+        shard=shard,
+    )
+    if 1 < shard < n:  # a true 2-D mesh: strictly between the two
+        gap = min(held["DDP"] - held["HSDP"], held["HSDP"] - held["FSDP"])
+        report.claim(
+            "hsdp_memory_between",
+            gap,
+            ">=",
+            1,
+            "  HSDP strictly between DDP and FSDP: smaller gap {value} bytes",
+        )
+
+
+# -------- 3. mixed precision: what reduce_dtype changes
+def gradients(s: Setup, policy: MixedPrecisionPolicy) -> tuple[list, dict]:
+    """One backward of the first global batch under `policy`: the full gradients, the bytes per op."""
+    model = shard_blocks_then_root(s.fresh(), s.mesh, mp_policy=policy)
+    x, y = s.batches[0]
+    with count_collectives() as c:
+        F.cross_entropy(model(s.mine(x)[0]), s.mine(y)[0]).backward()
+    grads = [p.grad.full_tensor() for p in model.parameters()]
+    dtype = {str(p.grad.dtype).removeprefix("torch.") for p in model.parameters()}
+    return grads, {**c.bytes, "grad_dtype": ",".join(sorted(dtype))}
+
+
+def mixed_precision(s: Setup) -> None:
+    report, low = s.report, DTYPES[s.args.param_dtype]
+    g32, b32 = gradients(s, MixedPrecisionPolicy())
+    scale = max(g.abs().max().item() for g in g32)
+    rows = {}
+    for name, reduce in (("reduce_low", None), ("reduce_fp32", torch.float32)):
+        g, b = gradients(s, MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce))
+        rows[name] = {"error": s.worst(g, g32) / scale, "rs_share": b[RS] / b32[RS], **b}
+    report.record("mixed_precision", rows)
+    lo, hi = rows["reduce_low"], rows["reduce_fp32"]
+    report.value(
+        "grad_dtype",
+        lo["grad_dtype"],
+        "3. param_dtype={low}: sharded gradients are {value} (the sharded parameters' dtype)",
+        low=s.args.param_dtype,
+    )
+    report.claim(
+        "mp_reduce_default_halves_bytes",
+        lo["rs_share"],
+        "==",
+        0.5,
+        "  reduce_dtype=None: reduce-scatter bytes {value} of fp32's (it reduces in {low})",
+        low=s.args.param_dtype,
+    )
+    report.claim(
+        "mp_reduce_fp32_bytes",
+        hi["rs_share"],
+        "==",
+        1.0,
+        "  reduce_dtype=float32: reduce-scatter bytes {value} of fp32's",
+    )
+    report.claim(
+        "mp_reduce_fp32_smaller_error",
+        lo["error"] / hi["error"],
+        ">=",
+        1.0,
+        "  gradient error vs fp32, max|diff|/max|g|: {lo:.1e} (None), {hi:.1e} (fp32): x{value:.1f}",
+        lo=lo["error"],
+        hi=hi["error"],
+    )
+
+
+# -------- 4. reshard_after_forward: what stays gathered between forward and backward
+def one_step_traced(s: Setup, model) -> dict:
+    """One forward and backward: all-gathers (all, in smaller groups), parameter bytes after the forward."""
+    x, y = s.batches[0]
+    with count_collectives() as c:
+        loss = F.cross_entropy(model(s.mine(x)[0]), s.mine(y)[0])
+        # FSDP2 registers on each module what it holds now: a shard, the gathered tensor, or a 1/k shard
+        params = storage_bytes(local_shard(p) for p in model.parameters())
+        loss.backward()
+    n = s.info.world_size
+    small = sum(v for (op, ranks), v in c.groups.items() if op == AG and len(ranks) < n)
+    return {"all_gathers": c.calls.get(AG, 0), "in_smaller_groups": small, "params": params}
+
+
+def reshard_after_forward(s: Setup) -> None:
+    args, report, n = s.args, s.report, s.info.world_size
+    full = padded_bytes(s.fresh().parameters(), n)  # every unit gathered, rows padded to N
+    count = len(units(s.fresh()))
+    # setting: (all-gathers a step, in groups smaller than N, parameter bytes held after forward)
+    want = {True: (2 * count, 0, full // n), False: (count, 0, full)}
+    if args.reshard_int:  # forward gathers over N; backward over k ranks, from the 1/k kept
+        want[args.reshard_int] = (2 * count, count, full // args.reshard_int)
+    rows = {}
+    for k, (gathers, small, held) in want.items():
+        got = one_step_traced(s, shard_blocks_then_root(s.fresh(), s.mesh, reshard_after_forward=k))
+        rows[str(k)] = got
+        name = f"reshard_{str(k).lower()}" if isinstance(k, bool) else "reshard_int"
+        head = "4. " if k is True else "  "
+        report.claim(f"{name}_all_gathers", got["all_gathers"], "==", gathers,
+                     head + "reshard_after_forward={k}: {value} all-gathers a step, {small} in groups of < {n}",
+                     k=k, small=got["in_smaller_groups"], n=n)  # fmt: skip
+        report.claim(f"{name}_small_groups", got["in_smaller_groups"], "==", small,
+                     "    of them in groups smaller than the world: {value}")  # fmt: skip
+        report.claim(f"{name}_held_bytes", got["params"], "==", held,
+                     "    parameter bytes held from forward to backward: {value} (all gathered: {full})",
+                     full=full)  # fmt: skip
+    report.record("reshard_rows", rows)
+
+
+# -------- 5. a model that does not fit: meta device, fully_shard, to_empty, initialise
+def meta_model(s: Setup) -> NormalisedMLP:
+    with torch.device("meta"):  # shapes only: no memory, no random numbers drawn
+        model = NormalisedMLP(s.args.width, s.args.depth)
+    shard_blocks_then_root(model, s.mesh)
+    return model.to_empty(device=s.info.device)  # each rank allocates its shards, uninitialised
+
+
+def values(model) -> list[torch.Tensor]:
+    """Every parameter in full, then every buffer (the non-persistent ones too)."""
+    return [*full_params(model), *(b.detach() for b in model.buffers())]
+
+
+def meta_init(s: Setup) -> None:
+    args, report = s.args, s.report
+    eager, model_bytes = values(s.fresh()), storage_bytes(s.fresh().parameters())
+    naive = meta_model(s)
+    torch.manual_seed(args.seed)
+    for m in naive.modules():
+        if isinstance(m, nn.Linear):
+            m.reset_parameters()  # on DTensors: each rank's generator draws its own shard
+    naive.init_buffers()
+    report.value(
+        "reset_parameters_vs_eager",
+        s.worst(values(naive), eager) > EQUAL,
+        "5. meta, fully_shard, to_empty, reset_parameters(): differs from eager: {value}",
+    )
+    model = meta_model(s)
+    with allocations(s.info.device) as trace:
+        largest = init_like_eager(model, args.seed)
+    report.claim(
+        "meta_init_equals_eager",
+        s.worst(values(model), eager),
+        "==",
+        0.0,
+        "  init_like_eager (one layer in full at a time), buffers included: {value}",
+    )
+    peak = worst_over_ranks([trace.peak / model_bytes], s.info)[0]
+    report.claim(
+        "meta_init_peak_below_model",
+        peak,
+        "<=",
+        0.99,  # the full model never: a layer at a time (when gloo frees its buffers varies the peak)
+        "  init_like_eager's peak allocation: {value:.2f} of the model (largest layer {l:.2f})",
+        perf=True,
+        l=largest / model_bytes,
+    )
+    broadcast_load(s, eager, model_bytes)
+
+
+def broadcast_load(s: Setup, eager: list, model_bytes: int) -> None:
+    """A full state dict on rank 0 only (as read from a checkpoint), into the sharded meta-built model."""
+    info, report = s.info, s.report
+    model = meta_model(s)
+    # the other ranks pass nothing; rank 0 a copy: set_model_state_dict turns the values into DTensors
+    full = {k: v.clone() for k, v in s.init.items()} if info.master_process else {}
+    with allocations(info.device) as trace:
+        set_model_state_dict(
+            model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        )
+    skipped = s.worst(values(model), eager) > 0  # pixel_scale is not in any state dict
+    report.value(
+        "buffer_skipped_differs",
+        skipped,
+        "  broadcast_from_rank0 load; before init_buffers() it differs from eager: {value}",
+    )
+    model.init_buffers()
+    report.claim(
+        "broadcast_load_equals_eager",
+        s.worst(values(model), eager),
+        "==",
+        0.0,
+        "  after init_buffers(): max |difference| {value}",
+    )
+    peaks = all_gather_objects(trace.peak, info)[1:]  # the ranks that never had the full state dict
+    worst = max(peaks, default=0) / model_bytes
+    if peaks:
+        report.claim(
+            "broadcast_peak_below_model",
+            worst,
+            "<=",
+            0.99,  # one tensor at a time is broadcast (torch's _broadcast_state_dict), never the model
+            "  the other ranks' peak allocation during the load: {value:.2f} of the model",
+            perf=True,
+        )
+
+
+# -------- 6. gradient accumulation: set_requires_gradient_sync
+def held_after_micro_step(s: Setup, sync: bool) -> int:
+    """Bytes a first micro-step leaves held (activations freed): the gradients, unsharded or sharded."""
+    model = shard_blocks_then_root(s.fresh(), s.mesh)
+    model.set_requires_gradient_sync(sync)
+    x, y = s.batches[0]
+    xm, ym = s.mine(x, s.args.micro_steps)[0], s.mine(y, s.args.micro_steps)[0]
+    F.cross_entropy(model(xm), ym).backward()
+    return gradient_bytes(model)
+
+
+def accumulation(s: Setup, ref: list) -> None:
+    report, n, k = s.report, s.info.world_size, s.args.micro_steps
+    counted = {}
+    for sync_each in (False, True):
+        model = shard_blocks_then_root(s.fresh(), s.mesh)
+        with count_collectives() as c:
+            train(s, model, micro=k, sync_each=sync_each)
+        counted[sync_each] = c.calls.get(RS, 0)
+        if not sync_each:
+            report.claim(
+                "accumulation_equals_one_process",
+                s.worst(full_params(model), ref),
+                "<=",
+                EQUAL,
+                "6. {k} micro-steps, gradient sync on the last only, vs one process: {value:.1e}",
+                k=k,
+            )
+    report.claim(
+        "accumulation_fewer_reduce_scatters",
+        counted[True] / max(counted[False], 1),
+        "==",
+        k,
+        "  reduce-scatters: {a} synced every micro-step, {b} on the last only: x{value:g}",
+        a=counted[True],
+        b=counted[False],
+    )
+    params = list(s.fresh().parameters())
+    want = {False: storage_bytes(params), True: padded_bytes(params, n) // n}
+    for sync in (False, True):
+        report.claim(
+            f"accumulation_held_sync_{str(sync).lower()}",
+            held_after_micro_step(s, sync),
+            "==",
+            want[sync],
+            "  held after micro-step 1, sync {sync}: {value} bytes of gradients ({what})",
+            sync=sync,
+            what="sharded, rows padded" if sync else "unsharded, all of them",
+        )
+
+
+# -------- 8. what does not run here
+def not_here(s: Setup) -> None:
+    try:
+        model = shard_blocks_then_root(s.fresh(), s.mesh, offload_policy=CPUOffloadPolicy())
+        x, y = s.batches[0]
+        F.cross_entropy(model(s.mine(x)[0]), s.mine(y)[0]).backward()
+        outcome = "ran"
+    except Exception as e:  # the behaviour of this build is the value
+        outcome = f"{type(e).__name__}: {e}"
+    s.report.value(
+        "cpu_offload",
+        outcome,
+        "8. CPUOffloadPolicy on this {dev} build: {value}",
+        dev=s.info.device.type,
+    )
+
+
+def world_of_one() -> None:
+    """Plain `python`: FSDP2 needs a process group, so make a world of one (what torchrun would set)."""
+    if "RANK" not in os.environ:
+        os.environ.update(
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(29400 + os.getpid() % 1000),
+        )
+
+
+def main() -> None:
+    world_of_one()
+    args = parse_args()
+    with distributed_session(args) as info:
+        report = Report(info)
+        train_set, _ = digits_split(path=args.data)
+        set_seed(args.seed)
+        init = NormalisedMLP(args.width, args.depth).to(info.device).state_dict()
+        x_all, y_all = train_set.tensors
+        perm = torch.randperm(len(x_all), generator=torch.Generator().manual_seed(args.seed))
+        batches = [
+            (x_all[i].to(info.device), y_all[i].to(info.device))
+            for i in perm[: args.steps * args.global_batch].view(args.steps, -1)
+        ]
+        mesh = init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp_shard",))
+        s = Setup(args, info, report, batches, init, mesh)
+        n_params = sum(t.numel() for t in s.fresh().parameters())
+        report.record("world_size", info.world_size)
+        report.value(
+            "n_params",
+            n_params,
+            "world_size {n}, NormalisedMLP width {w} depth {d}: {value} parameters, {u} units",
+            n=info.world_size,
+            w=args.width,
+            d=args.depth,
+            u=len(units(s.fresh())),
+        )
+        ref = one_process(s)
+        hsdp(s, ref)
+        mixed_precision(s)
+        reshard_after_forward(s)
+        meta_init(s)
+        accumulation(s, ref)
+        not_here(s)
+        report.finish(args.results)
+
+
+if __name__ == "__main__":
+    run_main(main)
