@@ -5,8 +5,8 @@
     torchrun --standalone --nproc_per_node=8 lessons/14_fsdp2_in_practice.py --replicate 2   # HSDP 2 x 4
     python lessons/14_fsdp2_in_practice.py                                                   # a world of one
 
-Lesson 13 built ZeRO by hand and showed `fully_shard` against it. Here are the knobs a practitioner turns, each
-with a number that says what it does, on the model of lesson 13 with two buffers in front (NormalisedMLP,
+Lesson 13 built ZeRO by hand and showed `fully_shard` against it. Here are the knobs a practitioner turns,
+each with a number that says what it does, on lesson 13's model with two buffers in front (NormalisedMLP,
 common/sharding/fsdp2.py: width 32, depth 2, 6634 parameters in 3 units: 2 blocks, then the root).
 
 What to look for:
@@ -30,7 +30,7 @@ What to look for:
    on the global batch with k times fewer reduce-scatters; the price: the unsharded gradients held across
    micro-steps (measured: all of the model's parameters in float32, instead of a 1/N shard).
 8. What does not run here: CPUOffloadPolicy on a CPU-only build, tried; its error is the value.
-Prefetching (section 2) and clipping with the optimizer state (section 7) are not in this lesson yet.
+(Prefetching, clipping and the optimizer state: not measured here yet.)
 
 Sources: pytorch.org/docs/stable/distributed.fsdp.fully_shard.html; torchtitan (parallelize_llama,
 --training.mixed_precision_reduce); PyTorch FSDP (arxiv.org/abs/2304.11277).
@@ -62,8 +62,10 @@ from common.measure.precision import max_diff, worst_over_ranks
 from common.sharding.accounting import full_params
 from common.sharding.fsdp2 import (
     NormalisedMLP,
+    full_values,
     gradient_bytes,
     init_like_eager,
+    one_step_profile,
     padded_bytes,
     predicted_step_bytes,
     shard_blocks_then_root,
@@ -82,21 +84,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=32, help="samples per step, all ranks")
     p.add_argument("--steps", type=int, default=3, help="SGD steps of each comparison (default 3)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
-    p.add_argument(
-        "--replicate", type=int, default=0, help="HSDP replicas (default: 2 if N>=4 even)"
-    )
-    p.add_argument(
-        "--reshard-int", type=int, default=0, help="reshard_after_forward=k (default N/2)"
-    )
+    p.add_argument("--replicate", type=int, default=0, help="HSDP replicas (default 2 if N>=4)")
+    p.add_argument("--reshard-int", type=int, default=0, help="reshard_after_forward=k (N/2)")
     p.add_argument("--micro-steps", type=int, default=2, help="micro-steps accumulated (default 2)")
     p.add_argument("--param-dtype", default="bf16", help="mixed precision: bf16 or fp16")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--data", default=None, help="digits .npz (default: the bundled data/digits.npz)"
-    )
-    p.add_argument(
-        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
-    )
+    p.add_argument("--data", default=None, help="digits .npz (default: data/digits.npz)")
+    p.add_argument("--results", default=None, help="rank 0 writes the numbers here as JSON")
     add_distributed_args(p)
     args = p.parse_args(argv)
     check_args(args, read_torchrun_env()[2])
@@ -105,10 +99,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace, n: int) -> None:
     """Every rank checks the same numbers before any process group: every rank fails alike."""
-    if (
-        min(args.width, args.depth, args.steps, args.global_batch, args.micro_steps) < 1
-        or args.lr <= 0
-    ):
+    sizes = (args.width, args.depth, args.steps, args.global_batch, args.micro_steps, args.lr)
+    if min(sizes) <= 0:
         raise LessonError(
             "--width, --depth, --steps, --global-batch, --micro-steps, --lr must be > 0"
         )
@@ -125,9 +117,7 @@ def check_args(args: argparse.Namespace, n: int) -> None:
     if not args.reshard_int:  # half the world where that is a proper divisor, else the largest one
         args.reshard_int = n // 2 if n // 2 in divisors else max(divisors, default=0)
     if args.reshard_int and args.reshard_int not in divisors:
-        raise LessonError(
-            f"--reshard-int {args.reshard_int} must divide {n} and lie in 2 .. {n - 1}"
-        )
+        raise LessonError(f"--reshard-int {args.reshard_int} must divide {n}, in 2 .. {n - 1}")
 
 
 @dataclass
@@ -181,93 +171,62 @@ def one_process(s: Setup) -> list[torch.Tensor]:
     return [p.detach() for p in m.parameters()]
 
 
-def per_step(counted: dict, steps: int) -> dict:
-    return {op: b / steps for op, b in counted.items()}
-
-
 # -------- 1. HSDP: a 2-D mesh, sharded inside a group, replicated across groups
 def hsdp(s: Setup, ref: list) -> None:
     args, info, report = s.args, s.info, s.report
     shard = info.world_size // args.replicate
-    grid = Grid(info, dp_replicate=args.replicate, dp_shard=shard)
+    grid = Grid(
+        info, dp_replicate=args.replicate, dp_shard=shard
+    )  # init_device_mesh, outer dim first
     lines = grid.describe()
     report.value("mesh", grid.sizes, "1. HSDP mesh " + lines[0] + " (outer dim first)")
     report.value("groups", lines[1:], "  " + "\n  ".join(lines[1:]))
-    report.value(
-        "data_ranks", info.world_size, "  data parallel over both dims: {value} slices a step"
-    )
-    model = shard_blocks_then_root(s.fresh(), grid.mesh)
+    text = "  both dims are data parallel: {value} different slices of each global batch"
+    report.value("data_ranks", info.world_size, text)
+    model = shard_blocks_then_root(s.fresh(), grid.mesh)  # fully_shard(mesh=2-D mesh) is HSDP
     with count_collectives() as c:
         train(s, model)
+    text = "  HSDP vs one process on the global batch after {steps} steps: {value:.1e}"
     report.claim(
         "hsdp_equals_one_process",
         s.worst(full_params(model), ref),
         "<=",
         EQUAL,
-        "  HSDP vs one process on the global batch after {steps} steps: {value:.1e}",
+        text,
         steps=args.steps,
     )
-    moved, want = (
-        per_step(c.bytes, args.steps),
-        predicted_step_bytes(s.fresh(), shard, args.replicate),
-    )
+    want = predicted_step_bytes(s.fresh(), shard, args.replicate)
     for op, where in ((AG, "in dp_shard"), (RS, "in dp_shard"), (AR, "across dp_replicate")):
         if op in want:
-            report.claim(
-                f"hsdp_{op}_bytes",
-                moved.get(op, 0),
-                "==",
-                want[op],
-                "  {op} {where}: {value:.0f} bytes a step, predicted from the shapes",
-                op=op,
-                where=where,
-            )
-    group_of = {
-        AG: grid.ranks_in("dp_shard"),
-        RS: grid.ranks_in("dp_shard"),
-        AR: grid.ranks_in("dp_replicate"),
-    }
+            text = "  {op} {where}: {value:.0f} bytes a step, predicted from the shapes"
+            moved = c.bytes.get(op, 0) / args.steps
+            report.claim(f"hsdp_{op}_bytes", moved, "==", want[op], text, op=op, where=where)
+    group_of = {AG: grid.ranks_in("dp_shard"), RS: grid.ranks_in("dp_shard")}
+    group_of[AR] = grid.ranks_in("dp_replicate")
     wrong = sum(n for (op, ranks), n in c.groups.items() if list(ranks) != group_of.get(op))
-    report.claim(
-        "hsdp_groups_as_mesh",
-        worst_over_ranks([wrong], info)[0],
-        "==",
-        0,
-        "  collectives outside the group the mesh gives them: {value:.0f}",
-    )
+    text = "  collectives outside the group the mesh gives them: {value:.0f}"
+    report.claim("hsdp_groups_as_mesh", worst_over_ranks([wrong], info)[0], "==", 0, text)
     memory_between(s, model, shard)
 
 
 def memory_between(s: Setup, model, shard: int) -> None:
     """Parameter bytes a rank holds at rest: DDP (all of them), HSDP (1/shard), FSDP over the world (1/N)."""
     n, report = s.info.world_size, s.report
+    fsdp = shard_blocks_then_root(s.fresh(), s.mesh)
     held = {
         "DDP": storage_bytes(s.fresh().parameters()),
         "HSDP": storage_bytes(local_shard(p) for p in model.parameters()),
-        "FSDP": storage_bytes(
-            local_shard(p) for p in shard_blocks_then_root(s.fresh(), s.mesh).parameters()
-        ),
+        "FSDP": storage_bytes(local_shard(p) for p in fsdp.parameters()),
     }
     row = ", ".join(f"{k} {v}" for k, v in held.items())
     report.value("parameter_bytes", held, "  parameter bytes a rank holds at rest: {row}", row=row)
     want = padded_bytes(s.fresh().parameters(), shard) // shard
-    report.claim(
-        "hsdp_parameter_bytes",
-        held["HSDP"],
-        "==",
-        want,
-        "  HSDP: {value} = rows padded to {shard}, / {shard}",
-        shard=shard,
-    )
+    text = "  HSDP: {value} = rows padded to {shard}, / {shard}"
+    report.claim("hsdp_parameter_bytes", held["HSDP"], "==", want, text, shard=shard)
     if 1 < shard < n:  # a true 2-D mesh: strictly between the two
         gap = min(held["DDP"] - held["HSDP"], held["HSDP"] - held["FSDP"])
-        report.claim(
-            "hsdp_memory_between",
-            gap,
-            ">=",
-            1,
-            "  HSDP strictly between DDP and FSDP: smaller gap {value} bytes",
-        )
+        text = "  HSDP strictly between DDP and FSDP: the smaller gap is {value} bytes"
+        report.claim("hsdp_memory_between", gap, ">=", 1, text)
 
 
 # -------- 3. mixed precision: what reduce_dtype changes
@@ -291,75 +250,42 @@ def mixed_precision(s: Setup) -> None:
         g, b = gradients(s, MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce))
         rows[name] = {"error": s.worst(g, g32) / scale, "rs_share": b[RS] / b32[RS], **b}
     report.record("mixed_precision", rows)
-    lo, hi = rows["reduce_low"], rows["reduce_fp32"]
-    report.value(
-        "grad_dtype",
-        lo["grad_dtype"],
-        "3. param_dtype={low}: sharded gradients are {value} (the sharded parameters' dtype)",
-        low=s.args.param_dtype,
-    )
+    lo, hi, dt = rows["reduce_low"], rows["reduce_fp32"], s.args.param_dtype
+    text = "3. param_dtype={low}: the sharded gradients are {value} (the sharded parameters' dtype)"
+    report.value("grad_dtype", lo["grad_dtype"], text, low=dt)
+    text = "  reduce_dtype=None: reduce-scatter bytes {value} of fp32's (it reduces in {low})"
+    report.claim("mp_reduce_default_halves_bytes", lo["rs_share"], "==", 0.5, text, low=dt)
+    text = "  reduce_dtype=float32: reduce-scatter bytes {value} of fp32's"
+    report.claim("mp_reduce_fp32_bytes", hi["rs_share"], "==", 1.0, text)
+    text = "  gradient error vs fp32, max|diff|/max|g|: {lo:.1e} (None), {hi:.1e} (float32): x{value:.1f}"
+    ratio = lo["error"] / hi["error"]
     report.claim(
-        "mp_reduce_default_halves_bytes",
-        lo["rs_share"],
-        "==",
-        0.5,
-        "  reduce_dtype=None: reduce-scatter bytes {value} of fp32's (it reduces in {low})",
-        low=s.args.param_dtype,
-    )
-    report.claim(
-        "mp_reduce_fp32_bytes",
-        hi["rs_share"],
-        "==",
-        1.0,
-        "  reduce_dtype=float32: reduce-scatter bytes {value} of fp32's",
-    )
-    report.claim(
-        "mp_reduce_fp32_smaller_error",
-        lo["error"] / hi["error"],
-        ">=",
-        1.0,
-        "  gradient error vs fp32, max|diff|/max|g|: {lo:.1e} (None), {hi:.1e} (fp32): x{value:.1f}",
-        lo=lo["error"],
-        hi=hi["error"],
+        "mp_reduce_fp32_smaller_error", ratio, ">=", 1.0, text, lo=lo["error"], hi=hi["error"]
     )
 
 
 # -------- 4. reshard_after_forward: what stays gathered between forward and backward
-def one_step_traced(s: Setup, model) -> dict:
-    """One forward and backward: all-gathers (all, in smaller groups), parameter bytes after the forward."""
-    x, y = s.batches[0]
-    with count_collectives() as c:
-        loss = F.cross_entropy(model(s.mine(x)[0]), s.mine(y)[0])
-        # FSDP2 registers on each module what it holds now: a shard, the gathered tensor, or a 1/k shard
-        params = storage_bytes(local_shard(p) for p in model.parameters())
-        loss.backward()
-    n = s.info.world_size
-    small = sum(v for (op, ranks), v in c.groups.items() if op == AG and len(ranks) < n)
-    return {"all_gathers": c.calls.get(AG, 0), "in_smaller_groups": small, "params": params}
-
-
 def reshard_after_forward(s: Setup) -> None:
     args, report, n = s.args, s.report, s.info.world_size
     full = padded_bytes(s.fresh().parameters(), n)  # every unit gathered, rows padded to N
     count = len(units(s.fresh()))
-    # setting: (all-gathers a step, in groups smaller than N, parameter bytes held after forward)
+    # setting: (all-gathers a step, of them in groups smaller than N, parameter bytes held after forward)
     want = {True: (2 * count, 0, full // n), False: (count, 0, full)}
     if args.reshard_int:  # forward gathers over N; backward over k ranks, from the 1/k kept
         want[args.reshard_int] = (2 * count, count, full // args.reshard_int)
     rows = {}
     for k, (gathers, small, held) in want.items():
-        got = one_step_traced(s, shard_blocks_then_root(s.fresh(), s.mesh, reshard_after_forward=k))
-        rows[str(k)] = got
+        model = shard_blocks_then_root(s.fresh(), s.mesh, reshard_after_forward=k)
+        got = rows[str(k)] = one_step_profile(model, *s.batches[0], s.mine)
         name = f"reshard_{str(k).lower()}" if isinstance(k, bool) else "reshard_int"
-        head = "4. " if k is True else "  "
-        report.claim(f"{name}_all_gathers", got["all_gathers"], "==", gathers,
-                     head + "reshard_after_forward={k}: {value} all-gathers a step, {small} in groups of < {n}",
-                     k=k, small=got["in_smaller_groups"], n=n)  # fmt: skip
-        report.claim(f"{name}_small_groups", got["in_smaller_groups"], "==", small,
-                     "    of them in groups smaller than the world: {value}")  # fmt: skip
-        report.claim(f"{name}_held_bytes", got["params"], "==", held,
-                     "    parameter bytes held from forward to backward: {value} (all gathered: {full})",
-                     full=full)  # fmt: skip
+        text = (
+            "4. " if k is True else "  "
+        ) + "reshard_after_forward={k}: {value} all-gathers a step"
+        report.claim(f"{name}_all_gathers", got["all_gathers"], "==", gathers, text, k=k)
+        text = "    of them in groups smaller than the world: {value}"
+        report.claim(f"{name}_small_groups", got["in_smaller_groups"], "==", small, text)
+        text = "    parameter bytes held from forward to backward: {value} (all gathered: {full})"
+        report.claim(f"{name}_held_bytes", got["params"], "==", held, text, full=full)
     report.record("reshard_rows", rows)
 
 
@@ -371,44 +297,27 @@ def meta_model(s: Setup) -> NormalisedMLP:
     return model.to_empty(device=s.info.device)  # each rank allocates its shards, uninitialised
 
 
-def values(model) -> list[torch.Tensor]:
-    """Every parameter in full, then every buffer (the non-persistent ones too)."""
-    return [*full_params(model), *(b.detach() for b in model.buffers())]
-
-
 def meta_init(s: Setup) -> None:
     args, report = s.args, s.report
-    eager, model_bytes = values(s.fresh()), storage_bytes(s.fresh().parameters())
+    eager, model_bytes = full_values(s.fresh()), storage_bytes(s.fresh().parameters())
     naive = meta_model(s)
     torch.manual_seed(args.seed)
     for m in naive.modules():
         if isinstance(m, nn.Linear):
             m.reset_parameters()  # on DTensors: each rank's generator draws its own shard
     naive.init_buffers()
-    report.value(
-        "reset_parameters_vs_eager",
-        s.worst(values(naive), eager) > EQUAL,
-        "5. meta, fully_shard, to_empty, reset_parameters(): differs from eager: {value}",
-    )
+    text = "5. meta, fully_shard, to_empty, reset_parameters(): differs from eager: {value}"
+    report.value("reset_parameters_differs", s.worst(full_values(naive), eager) > EQUAL, text)
     model = meta_model(s)
     with allocations(s.info.device) as trace:
         largest = init_like_eager(model, args.seed)
-    report.claim(
-        "meta_init_equals_eager",
-        s.worst(values(model), eager),
-        "==",
-        0.0,
-        "  init_like_eager (one layer in full at a time), buffers included: {value}",
-    )
+    text = "  init_like_eager (one layer in full at a time), buffers included: {value}"
+    report.claim("meta_init_equals_eager", s.worst(full_values(model), eager), "==", 0.0, text)
     peak = worst_over_ranks([trace.peak / model_bytes], s.info)[0]
+    text = "  init_like_eager's peak allocation: {value:.2f} of the model (largest layer {l:.2f})"
+    # the full model never: one layer at a time (when gloo frees its buffers varies the peak: [perf])
     report.claim(
-        "meta_init_peak_below_model",
-        peak,
-        "<=",
-        0.99,  # the full model never: a layer at a time (when gloo frees its buffers varies the peak)
-        "  init_like_eager's peak allocation: {value:.2f} of the model (largest layer {l:.2f})",
-        perf=True,
-        l=largest / model_bytes,
+        "meta_init_peak_below_model", peak, "<=", 0.99, text, perf=True, l=largest / model_bytes
     )
     broadcast_load(s, eager, model_bytes)
 
@@ -419,40 +328,25 @@ def broadcast_load(s: Setup, eager: list, model_bytes: int) -> None:
     model = meta_model(s)
     # the other ranks pass nothing; rank 0 a copy: set_model_state_dict turns the values into DTensors
     full = {k: v.clone() for k, v in s.init.items()} if info.master_process else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     with allocations(info.device) as trace:
-        set_model_state_dict(
-            model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        )
-    skipped = s.worst(values(model), eager) > 0  # pixel_scale is not in any state dict
-    report.value(
-        "buffer_skipped_differs",
-        skipped,
-        "  broadcast_from_rank0 load; before init_buffers() it differs from eager: {value}",
-    )
+        set_model_state_dict(model, full, options=options)
+    skipped = s.worst(full_values(model), eager) > 0  # pixel_scale is in no state dict
+    text = "  broadcast_from_rank0 load; before init_buffers() it differs from eager: {value}"
+    report.value("buffer_skipped_differs", skipped, text)
     model.init_buffers()
-    report.claim(
-        "broadcast_load_equals_eager",
-        s.worst(values(model), eager),
-        "==",
-        0.0,
-        "  after init_buffers(): max |difference| {value}",
-    )
+    text = "  after init_buffers(): max |difference| {value}"
+    report.claim("broadcast_load_equals_eager", s.worst(full_values(model), eager), "==", 0.0, text)
     peaks = all_gather_objects(trace.peak, info)[1:]  # the ranks that never had the full state dict
-    worst = max(peaks, default=0) / model_bytes
-    if peaks:
-        report.claim(
-            "broadcast_peak_below_model",
-            worst,
-            "<=",
-            0.99,  # one tensor at a time is broadcast (torch's _broadcast_state_dict), never the model
-            "  the other ranks' peak allocation during the load: {value:.2f} of the model",
-            perf=True,
-        )
+    if peaks:  # torch broadcasts one tensor at a time (_broadcast_state_dict), never the model
+        text = "  the other ranks' peak allocation during the load: {value:.2f} of the model"
+        worst = max(peaks) / model_bytes
+        report.claim("broadcast_peak_below_model", worst, "<=", 0.99, text, perf=True)
 
 
 # -------- 6. gradient accumulation: set_requires_gradient_sync
 def held_after_micro_step(s: Setup, sync: bool) -> int:
-    """Bytes a first micro-step leaves held (activations freed): the gradients, unsharded or sharded."""
+    """Gradient bytes the first micro-step leaves held: unsharded (sync off) or sharded (sync on)."""
     model = shard_blocks_then_root(s.fresh(), s.mesh)
     model.set_requires_gradient_sync(sync)
     x, y = s.batches[0]
@@ -470,34 +364,28 @@ def accumulation(s: Setup, ref: list) -> None:
             train(s, model, micro=k, sync_each=sync_each)
         counted[sync_each] = c.calls.get(RS, 0)
         if not sync_each:
-            report.claim(
-                "accumulation_equals_one_process",
-                s.worst(full_params(model), ref),
-                "<=",
-                EQUAL,
-                "6. {k} micro-steps, gradient sync on the last only, vs one process: {value:.1e}",
-                k=k,
-            )
+            text = "6. {k} micro-steps, gradient sync on the last only, vs one process: {value:.1e}"
+            diff = s.worst(full_params(model), ref)
+            report.claim("accumulation_equals_one_process", diff, "<=", EQUAL, text, k=k)
+    text = "  reduce-scatters: {a} synced every micro-step, {b} on the last only: x{value:g}"
+    ratio = counted[True] / max(counted[False], 1)
     report.claim(
         "accumulation_fewer_reduce_scatters",
-        counted[True] / max(counted[False], 1),
+        ratio,
         "==",
         k,
-        "  reduce-scatters: {a} synced every micro-step, {b} on the last only: x{value:g}",
+        text,
         a=counted[True],
         b=counted[False],
     )
     params = list(s.fresh().parameters())
     want = {False: storage_bytes(params), True: padded_bytes(params, n) // n}
     for sync in (False, True):
+        text = "  gradients held after micro-step 1, sync {sync}: {value} bytes ({what})"
+        what = "sharded, rows padded" if sync else "unsharded: all of them"
+        name = f"accumulation_held_sync_{str(sync).lower()}"
         report.claim(
-            f"accumulation_held_sync_{str(sync).lower()}",
-            held_after_micro_step(s, sync),
-            "==",
-            want[sync],
-            "  held after micro-step 1, sync {sync}: {value} bytes of gradients ({what})",
-            sync=sync,
-            what="sharded, rows padded" if sync else "unsharded, all of them",
+            name, held_after_micro_step(s, sync), "==", want[sync], text, sync=sync, what=what
         )
 
 
@@ -510,25 +398,15 @@ def not_here(s: Setup) -> None:
         outcome = "ran"
     except Exception as e:  # the behaviour of this build is the value
         outcome = f"{type(e).__name__}: {e}"
-    s.report.value(
-        "cpu_offload",
-        outcome,
-        "8. CPUOffloadPolicy on this {dev} build: {value}",
-        dev=s.info.device.type,
-    )
+    text = "8. CPUOffloadPolicy on this {dev} build: {value}"
+    s.report.value("cpu_offload", outcome, text, dev=s.info.device.type)
 
 
 def world_of_one() -> None:
     """Plain `python`: FSDP2 needs a process group, so make a world of one (what torchrun would set)."""
     if "RANK" not in os.environ:
-        os.environ.update(
-            RANK="0",
-            LOCAL_RANK="0",
-            WORLD_SIZE="1",
-            LOCAL_WORLD_SIZE="1",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(29400 + os.getpid() % 1000),
-        )
+        port = str(29400 + os.getpid() % 1000)
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 
 
 def main() -> None:
@@ -549,15 +427,9 @@ def main() -> None:
         s = Setup(args, info, report, batches, init, mesh)
         n_params = sum(t.numel() for t in s.fresh().parameters())
         report.record("world_size", info.world_size)
-        report.value(
-            "n_params",
-            n_params,
-            "world_size {n}, NormalisedMLP width {w} depth {d}: {value} parameters, {u} units",
-            n=info.world_size,
-            w=args.width,
-            d=args.depth,
-            u=len(units(s.fresh())),
-        )
+        text = "world_size {n}, NormalisedMLP width {w} depth {d}: {value} parameters, {u} units"
+        u = len(units(s.fresh()))
+        report.value("n_params", n_params, text, n=info.world_size, w=args.width, d=args.depth, u=u)
         ref = one_process(s)
         hsdp(s, ref)
         mixed_precision(s)

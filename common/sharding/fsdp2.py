@@ -12,6 +12,8 @@
 - `predicted_step_bytes(...)`: the bytes one training step hands to each collective, from those shapes.
 - `gradient_bytes(model)`: the gradient bytes a rank holds: the sharded ones (`p.grad`) and the unsharded ones
   FSDP2 keeps on its own objects while gradient sync is off (no public API reports those).
+- `one_step_profile(model, x, y, mine)`: one step's all-gathers and the parameter bytes held after forward.
+- `full_values(model)`: every parameter in full, then every buffer: what "equal to eager" compares.
 - `init_like_eager(model, seed)`: the sharded model's values equal to `NormalisedMLP(...)` built eagerly after
   `torch.manual_seed(seed)`, holding one full layer at a time; buffers included.
 
@@ -21,12 +23,15 @@ Source: pytorch.org/docs/stable/distributed.fsdp.fully_shard.html; torchtitan's 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from common.measure.counters import local_shard
+from common.measure.counters import count_collectives, local_shard
 from common.measure.memory import ResidualMLP, storage_bytes
+from common.sharding.accounting import full_params
 
 __all__ = [
     "NormalisedMLP",
@@ -36,6 +41,8 @@ __all__ = [
     "predicted_step_bytes",
     "init_like_eager",
     "gradient_bytes",
+    "full_values",
+    "one_step_profile",
 ]
 
 
@@ -155,3 +162,33 @@ def gradient_bytes(model: nn.Module) -> int:
                 fp.unsharded_accumulated_grad,
             ]
     return storage_bytes(grads)
+
+
+def full_values(model: nn.Module) -> list[torch.Tensor]:
+    """Every parameter in full (a DTensor all-gathered: every rank calls it), then every buffer, non-persistent
+    ones included: what an initialisation must get right."""
+    return [*full_params(model), *(b.detach() for b in model.buffers())]
+
+
+def one_step_profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mine) -> dict:
+    """One forward and backward on this rank's slice `mine(x)[0]`: the all-gathers (all of them, and those in
+    groups smaller than the world), and the parameter bytes the model holds between forward and backward.
+
+    After forward FSDP2 registers on each module what it then holds: the sharded DTensor
+    (reshard_after_forward=True), the gathered tensor (False) or a DTensor sharded over k ranks (an int k).
+    """
+    with count_collectives() as c:
+        loss = F.cross_entropy(model(mine(x)[0]), mine(y)[0])
+        params = storage_bytes(local_shard(p) for p in model.parameters())
+        loss.backward()
+    world = dist.get_world_size()
+    small = sum(
+        v
+        for (op, ranks), v in c.groups.items()
+        if op.startswith("all_gather") and len(ranks) < world
+    )
+    return {
+        "all_gathers": c.calls.get("all_gather_single", 0),
+        "in_smaller_groups": small,
+        "params": params,
+    }
