@@ -248,15 +248,17 @@ def mixed_precision(s: Setup) -> None:
     rows = {}
     for name, reduce in (("reduce_low", None), ("reduce_fp32", torch.float32)):
         g, b = gradients(s, MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce))
-        rows[name] = {"error": s.worst(g, g32) / scale, "rs_share": b[RS] / b32[RS], **b}
+        share = b.get(RS, 0) / max(b32.get(RS, 0), 1)  # no reduce-scatter in a world of one
+        rows[name] = {"error": s.worst(g, g32) / scale, "rs_share": share, **b}
     report.record("mixed_precision", rows)
     lo, hi, dt = rows["reduce_low"], rows["reduce_fp32"], s.args.param_dtype
     text = "3. param_dtype={low}: the sharded gradients are {value} (the sharded parameters' dtype)"
     report.value("grad_dtype", lo["grad_dtype"], text, low=dt)
-    text = "  reduce_dtype=None: reduce-scatter bytes {value} of fp32's (it reduces in {low})"
-    report.claim("mp_reduce_default_halves_bytes", lo["rs_share"], "==", 0.5, text, low=dt)
-    text = "  reduce_dtype=float32: reduce-scatter bytes {value} of fp32's"
-    report.claim("mp_reduce_fp32_bytes", hi["rs_share"], "==", 1.0, text)
+    if s.info.world_size > 1:
+        text = "  reduce_dtype=None: reduce-scatter bytes {value} of fp32's (it reduces in {low})"
+        report.claim("mp_reduce_default_halves_bytes", lo["rs_share"], "==", 0.5, text, low=dt)
+        text = "  reduce_dtype=float32: reduce-scatter bytes {value} of fp32's"
+        report.claim("mp_reduce_fp32_bytes", hi["rs_share"], "==", 1.0, text)
     text = "  gradient error vs fp32, max|diff|/max|g|: {lo:.1e} (None), {hi:.1e} (float32): x{value:.1f}"
     ratio = lo["error"] / hi["error"]
     report.claim(
@@ -270,7 +272,8 @@ def reshard_after_forward(s: Setup) -> None:
     full = padded_bytes(s.fresh().parameters(), n)  # every unit gathered, rows padded to N
     count = len(units(s.fresh()))
     # setting: (all-gathers a step, of them in groups smaller than N, parameter bytes held after forward)
-    want = {True: (2 * count, 0, full // n), False: (count, 0, full)}
+    gathered = count if n > 1 else 0  # a world of one gathers nothing
+    want = {True: (2 * gathered, 0, full // n), False: (gathered, 0, full)}
     if args.reshard_int:  # forward gathers over N; backward over k ranks, from the 1/k kept
         want[args.reshard_int] = (2 * count, count, full // args.reshard_int)
     rows = {}
@@ -369,15 +372,9 @@ def accumulation(s: Setup, ref: list) -> None:
             report.claim("accumulation_equals_one_process", diff, "<=", EQUAL, text, k=k)
     text = "  reduce-scatters: {a} synced every micro-step, {b} on the last only: x{value:g}"
     ratio = counted[True] / max(counted[False], 1)
-    report.claim(
-        "accumulation_fewer_reduce_scatters",
-        ratio,
-        "==",
-        k,
-        text,
-        a=counted[True],
-        b=counted[False],
-    )
+    if n > 1:  # a world of one reduce-scatters nothing
+        a, b = counted[True], counted[False]
+        report.claim("accumulation_fewer_reduce_scatters", ratio, "==", k, text, a=a, b=b)
     params = list(s.fresh().parameters())
     want = {False: storage_bytes(params), True: padded_bytes(params, n) // n}
     for sync in (False, True):

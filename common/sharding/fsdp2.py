@@ -112,6 +112,8 @@ def predicted_step_bytes(
     ag = sum(gathers[0] * padded_bytes(u, shard, param_size) for u in block_units)
     ag += gathers[1] * padded_bytes(root, shard, param_size)
     rs = sum(padded_bytes(u, shard, reduce_size) for u in units(model))
+    if shard == 1:  # a shard group of one rank: nothing to gather or scatter
+        ag = rs = 0
     out = {"all_gather_single": ag, "reduce_scatter_single": rs}
     if replicate > 1:
         out["all_reduce"] = rs // shard
