@@ -7,7 +7,7 @@
 
 Lesson 13 built ZeRO by hand and showed `fully_shard` against it. Here are the knobs a practitioner turns,
 each with a number that says what it does, on lesson 13's model with two buffers in front (NormalisedMLP,
-common/sharding/fsdp2.py: width 32, depth 2, 6634 parameters in 3 units: 2 blocks, then the root).
+common/sharding/fsdp.py: width 32, depth 2, 6634 parameters in 3 units: 2 blocks, then the root).
 
 What to look for:
 1. HSDP: `fully_shard` on a 2-D mesh (dp_replicate, dp_shard). Both dims are data parallel: every rank reads
@@ -60,7 +60,7 @@ from common.measure.counters import count_collectives, local_shard
 from common.measure.memory import storage_bytes
 from common.measure.precision import max_diff, worst_over_ranks
 from common.sharding.accounting import full_params
-from common.sharding.fsdp2 import (
+from common.sharding.fsdp import (
     NormalisedMLP,
     full_values,
     gradient_bytes,
