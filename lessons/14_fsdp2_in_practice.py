@@ -10,27 +10,21 @@ each with a number that says what it does, on lesson 13's model with two buffers
 common/sharding/fsdp.py: width 32, depth 2, 6634 parameters in 3 units: 2 blocks, then the root).
 
 What to look for:
-1. HSDP: `fully_shard` on a 2-D mesh (dp_replicate, dp_shard). Both dims are data parallel: every rank reads
-   its own slice of the global batch. Parameters are sharded over dp_shard (all-gather, reduce-scatter inside
-   a shard group) and replicated over dp_replicate (the reduced shards all-reduced across replicas). It equals
-   one process on the global batch; its bytes are the prediction from the shapes; a rank holds 1/shard of the
-   parameters: between DDP (all) and FSDP over the world (1/N).
-3. Mixed precision: MixedPrecisionPolicy(param_dtype=bf16) reduces in bf16 too unless reduce_dtype=float32
-   is given (reduce_dtype defaults to param_dtype): half the reduce-scatter bytes, and a larger gradient error
-   against float32. The sharded gradients stay float32 (the sharded parameters' dtype) either way.
-4. reshard_after_forward: True all-gathers each unit twice per step (forward, backward), False once and
-   keeps the gathered parameters from forward to backward (the bytes measured), an int k reshards to groups
-   of k ranks after forward: the backward all-gather runs there, and 1/k of the parameters stay held.
-5. A model that does not fit on one device: built on the meta device, `fully_shard`, `to_empty`, then
-   initialised; `reset_parameters()` on DTensors draws each shard from its rank's generator (other values on
-   a CPU: measured); `init_like_eager` equals eager initialisation, buffers included, one layer in full at a
-   time. A full state dict on rank 0 only, loaded with `broadcast_from_rank0=True`: equal, and the other
-   ranks' peak allocation during the load stays below the model's bytes (measured, not assumed).
-6. Accumulation: `set_requires_gradient_sync(False)` on every micro-step but the last equals no accumulation
-   on the global batch with k times fewer reduce-scatters; the price: the unsharded gradients held across
-   micro-steps (measured: all of the model's parameters in float32, instead of a 1/N shard).
-8. What does not run here: CPUOffloadPolicy on a CPU-only build, tried; its error is the value.
-(Prefetching, clipping and the optimizer state: not measured here yet.)
+1. HSDP: `fully_shard` on a 2-D mesh (dp_replicate, dp_shard); both dims are data parallel. Sharded in a
+   dp_shard group (all-gather, reduce-scatter), replicated across dp_replicate (shards all-reduced): equal to
+   one process, bytes as predicted, 1/shard of the parameters per rank, between DDP's and FSDP's.
+3. Mixed precision: param_dtype=bf16 alone reduces in bf16 (reduce_dtype defaults to param_dtype): half the
+   reduce-scatter bytes, a larger gradient error than reduce_dtype=float32; sharded gradients stay float32.
+4. reshard_after_forward: True all-gathers each unit twice a step, False once and holds the gathered
+   parameters from forward to backward, an int k keeps 1/k and all-gathers backward in groups of k.
+5. Meta device, `fully_shard`, `to_empty`: `reset_parameters()` on DTensors draws each shard from its
+   rank's generator (not eager's values on a CPU); `init_like_eager` equals eager, buffers included, a layer
+   at a time; a full state dict on rank 0 only (`broadcast_from_rank0=True`) loads equal, the other ranks'
+   peak allocation below the model's bytes.
+6. Accumulation: `set_requires_gradient_sync(False)` but on the last micro-step equals the global batch with
+   k times fewer reduce-scatters; the price: every gradient held unsharded across micro-steps.
+7. `clip_grad_norm_` on DTensor gradients is one process's norm; Adam's state is sharded (rows padded / N).
+8. CPUOffloadPolicy on a CPU-only build, tried: its error is the value. (Prefetching: not measured yet.)
 
 Sources: pytorch.org/docs/stable/distributed.fsdp.fully_shard.html; torchtitan (parallelize_llama,
 --training.mixed_precision_reduce); PyTorch FSDP (arxiv.org/abs/2304.11277).
@@ -65,6 +59,7 @@ from common.sharding.fsdp import (
     full_values,
     gradient_bytes,
     init_like_eager,
+    one_backward,
     one_step_profile,
     padded_bytes,
     predicted_step_bytes,
@@ -101,18 +96,14 @@ def check_args(args: argparse.Namespace, n: int) -> None:
     """Every rank checks the same numbers before any process group: every rank fails alike."""
     sizes = (args.width, args.depth, args.steps, args.global_batch, args.micro_steps, args.lr)
     if min(sizes) <= 0:
-        raise LessonError(
-            "--width, --depth, --steps, --global-batch, --micro-steps, --lr must be > 0"
-        )
+        raise LessonError("--width, --depth, --steps, --global-batch, --micro-steps, --lr: > 0")
     if args.param_dtype not in DTYPES:
         raise LessonError(f"unknown --param-dtype {args.param_dtype!r}: choose bf16 or fp16")
     args.replicate = args.replicate or (2 if n >= 4 and n % 2 == 0 else 1)
     if args.replicate < 1 or n % args.replicate:
         raise LessonError(f"--replicate {args.replicate} does not divide the world of {n} ranks")
     if args.global_batch % (n * args.micro_steps):
-        raise LessonError(
-            f"--global-batch {args.global_batch} is not {n} ranks x {args.micro_steps} micro-steps x b"
-        )
+        raise LessonError(f"--global-batch {args.global_batch} is not {n} x {args.micro_steps} x b")
     divisors = [k for k in range(2, n) if n % k == 0]
     if not args.reshard_int:  # half the world where that is a proper divisor, else the largest one
         args.reshard_int = n // 2 if n // 2 in divisors else max(divisors, default=0)
@@ -145,29 +136,26 @@ class Setup:
         return worst_over_ranks([max_diff(a, b)], self.info)[0]
 
 
-def sgd_step(model: nn.Module, lr: float) -> None:
-    with torch.no_grad():
-        for p in model.parameters():
-            p -= lr * p.grad  # a DTensor updates its local shard
-    model.zero_grad(set_to_none=True)
-
-
 def train(s: Setup, model: nn.Module, micro: int = 1, sync_each: bool = False) -> None:
     """`--steps` SGD steps; each accumulates `micro` micro-batches (loss / micro) of this rank's slice."""
+    opt = torch.optim.SGD(model.parameters(), lr=s.args.lr)  # on DTensors: updates the local shards
     for x, y in s.batches:
         for i, (xm, ym) in enumerate(zip(s.mine(x, micro), s.mine(y, micro))):
             if micro > 1:  # reduce-scatter only after the last micro-step's backward
                 model.set_requires_gradient_sync(sync_each or i == micro - 1)
             (F.cross_entropy(model(xm), ym) / micro).backward()
-        sgd_step(model, s.args.lr)
+        opt.step()
+        opt.zero_grad()
 
 
 def one_process(s: Setup) -> list[torch.Tensor]:
     """The reference: one model on the whole global batch, every rank computing it alike."""
     m = s.fresh()
+    opt = torch.optim.SGD(m.parameters(), lr=s.args.lr)
     for x, y in s.batches:
         F.cross_entropy(m(x), y).backward()
-        sgd_step(m, s.args.lr)
+        opt.step()
+        opt.zero_grad()
     return [p.detach() for p in m.parameters()]
 
 
@@ -175,9 +163,7 @@ def one_process(s: Setup) -> list[torch.Tensor]:
 def hsdp(s: Setup, ref: list) -> None:
     args, info, report = s.args, s.info, s.report
     shard = info.world_size // args.replicate
-    grid = Grid(
-        info, dp_replicate=args.replicate, dp_shard=shard
-    )  # init_device_mesh, outer dim first
+    grid = Grid(info, dp_replicate=args.replicate, dp_shard=shard)  # init_device_mesh
     lines = grid.describe()
     report.value("mesh", grid.sizes, "1. HSDP mesh " + lines[0] + " (outer dim first)")
     report.value("groups", lines[1:], "  " + "\n  ".join(lines[1:]))
@@ -230,24 +216,18 @@ def memory_between(s: Setup, model, shard: int) -> None:
 
 
 # -------- 3. mixed precision: what reduce_dtype changes
-def gradients(s: Setup, policy: MixedPrecisionPolicy) -> tuple[list, dict]:
-    """One backward of the first global batch under `policy`: the full gradients, the bytes per op."""
-    model = shard_blocks_then_root(s.fresh(), s.mesh, mp_policy=policy)
-    x, y = s.batches[0]
-    with count_collectives() as c:
-        F.cross_entropy(model(s.mine(x)[0]), s.mine(y)[0]).backward()
-    grads = [p.grad.full_tensor() for p in model.parameters()]
-    dtype = {str(p.grad.dtype).removeprefix("torch.") for p in model.parameters()}
-    return grads, {**c.bytes, "grad_dtype": ",".join(sorted(dtype))}
-
-
 def mixed_precision(s: Setup) -> None:
     report, low = s.report, DTYPES[s.args.param_dtype]
-    g32, b32 = gradients(s, MixedPrecisionPolicy())
+    x, y = s.mine(s.batches[0][0])[0], s.mine(s.batches[0][1])[0]  # this rank's slice
+
+    def gradients(policy: MixedPrecisionPolicy) -> tuple[list, dict]:
+        return one_backward(shard_blocks_then_root(s.fresh(), s.mesh, mp_policy=policy), x, y)
+
+    g32, b32 = gradients(MixedPrecisionPolicy())
     scale = max(g.abs().max().item() for g in g32)
     rows = {}
     for name, reduce in (("reduce_low", None), ("reduce_fp32", torch.float32)):
-        g, b = gradients(s, MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce))
+        g, b = gradients(MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce))
         share = b.get(RS, 0) / max(b32.get(RS, 0), 1)  # no reduce-scatter in a world of one
         rows[name] = {"error": s.worst(g, g32) / scale, "rs_share": share, **b}
     report.record("mixed_precision", rows)
@@ -348,16 +328,6 @@ def broadcast_load(s: Setup, eager: list, model_bytes: int) -> None:
 
 
 # -------- 6. gradient accumulation: set_requires_gradient_sync
-def held_after_micro_step(s: Setup, sync: bool) -> int:
-    """Gradient bytes the first micro-step leaves held: unsharded (sync off) or sharded (sync on)."""
-    model = shard_blocks_then_root(s.fresh(), s.mesh)
-    model.set_requires_gradient_sync(sync)
-    x, y = s.batches[0]
-    xm, ym = s.mine(x, s.args.micro_steps)[0], s.mine(y, s.args.micro_steps)[0]
-    F.cross_entropy(model(xm), ym).backward()
-    return gradient_bytes(model)
-
-
 def accumulation(s: Setup, ref: list) -> None:
     report, n, k = s.report, s.info.world_size, s.args.micro_steps
     counted = {}
@@ -377,13 +347,48 @@ def accumulation(s: Setup, ref: list) -> None:
         report.claim("accumulation_fewer_reduce_scatters", ratio, "==", k, text, a=a, b=b)
     params = list(s.fresh().parameters())
     want = {False: storage_bytes(params), True: padded_bytes(params, n) // n}
-    for sync in (False, True):
+    xm, ym = s.mine(s.batches[0][0], k)[0], s.mine(s.batches[0][1], k)[0]  # micro-step 1's batch
+    for sync in (False, True):  # the gradients it leaves held: unsharded (sync off) or sharded (on)
+        model = shard_blocks_then_root(s.fresh(), s.mesh)
+        model.set_requires_gradient_sync(sync)
+        one_backward(model, xm, ym)
         text = "  gradients held after micro-step 1, sync {sync}: {value} bytes ({what})"
         what = "sharded, rows padded" if sync else "unsharded: all of them"
         name = f"accumulation_held_sync_{str(sync).lower()}"
-        report.claim(
-            name, held_after_micro_step(s, sync), "==", want[sync], text, sync=sync, what=what
-        )
+        report.claim(name, gradient_bytes(model), "==", want[sync], text, sync=sync, what=what)
+
+
+# -------- 7. clipping and the optimizer state
+def clipping_and_state(s: Setup) -> None:
+    report, n = s.report, s.info.world_size
+    model, plain = shard_blocks_then_root(s.fresh(), s.mesh), s.fresh()
+    x, y = s.batches[0]
+    F.cross_entropy(model(s.mine(x)[0]), s.mine(y)[0]).backward()
+    F.cross_entropy(plain(x), y).backward()  # one process, the global batch
+    norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)  # a DTensor: over all shards
+    norm, want = norm.full_tensor().item(), nn.utils.clip_grad_norm_(plain.parameters(), 0.5).item()
+    text = "7. clip_grad_norm_ on DTensor gradients: norm {norm:.6f}, vs one process's: {value:.1e}"
+    rel = abs(norm - want) / want  # relative
+    report.claim("clip_norm_equals_one_process", rel, "<=", 1e-6, text, norm=norm)
+    grads = [p.grad.full_tensor() for p in model.parameters()]
+    text = "  the clipped gradients vs one process's: max |difference| {value:.1e}"
+    report.claim(
+        "clipped_grads_equal",
+        s.worst(grads, [p.grad for p in plain.parameters()]),
+        "<=",
+        1e-6,
+        text,
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt.step()
+    state = [local_shard(t) for st in opt.state.values() for t in st.values() if torch.is_tensor(t)]
+    params = list(plain.parameters())
+    want = 2 * padded_bytes(params, n) // n + 4 * len(
+        params
+    )  # exp_avg, exp_avg_sq, a 4-byte step each
+    text = "  Adam's state per rank: {value} bytes = 2 x rows padded / {n} + 4 per step (one process: {full})"
+    full = 8 * sum(p.numel() for p in params) + 4 * len(params)
+    report.claim("adam_state_sharded", storage_bytes(state), "==", want, text, n=n, full=full)
 
 
 # -------- 8. what does not run here
@@ -433,6 +438,7 @@ def main() -> None:
         reshard_after_forward(s)
         meta_init(s)
         accumulation(s, ref)
+        clipping_and_state(s)
         not_here(s)
         report.finish(args.results)
 

@@ -13,6 +13,7 @@
 - `gradient_bytes(model)`: the gradient bytes a rank holds: the sharded ones (`p.grad`) and the unsharded ones
   FSDP2 keeps on its own objects while gradient sync is off (no public API reports those).
 - `one_step_profile(model, x, y, mine)`: one step's all-gathers and the parameter bytes held after forward.
+- `one_backward(model, x, y)`: one backward: the full gradients, the bytes per collective, the gradients' dtype.
 - `full_values(model)`: every parameter in full, then every buffer: what "equal to eager" compares.
 - `init_like_eager(model, seed)`: the sharded model's values equal to `NormalisedMLP(...)` built eagerly after
   `torch.manual_seed(seed)`, holding one full layer at a time; buffers included.
@@ -43,6 +44,7 @@ __all__ = [
     "gradient_bytes",
     "full_values",
     "one_step_profile",
+    "one_backward",
 ]
 
 
@@ -194,3 +196,18 @@ def one_step_profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mine) -
         "in_smaller_groups": small,
         "params": params,
     }
+
+
+def one_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[list, dict]:
+    """One forward and backward on (x, y): the gradients in full (every rank calls it), and {op: bytes} of
+    the collectives with "grad_dtype", the dtype(s) of the gradients the parameters hold."""
+    with count_collectives() as c:
+        F.cross_entropy(model(x), y).backward()
+    grads = [
+        p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        for p in model.parameters()
+    ]
+    dtype = {
+        str(p.grad.dtype).removeprefix("torch.") for p in model.parameters() if p.grad is not None
+    }
+    return grads, {**c.bytes, "grad_dtype": ",".join(sorted(dtype))}

@@ -2,7 +2,7 @@
 the groups the mesh names; reduce_dtype halves or keeps the reduce-scatter bytes; reshard_after_forward True,
 False and 2 gather and hold what they should; a meta-built model initialised or loaded from rank 0 equals eager,
 buffers included; accumulation with set_requires_gradient_sync equals one process with k times fewer
-reduce-scatters; bad input fails on every rank. One default launch (the notebook's and the minimal test's)."""
+reduce-scatters; clipping is one process's and Adam's state sharded; bad input fails on every rank. One default launch (the notebook's and the minimal test's)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ META = {
     "broadcast_load_equals_eager",
     "broadcast_peak_below_model",
 }
+CLIPPING = {"clip_norm_equals_one_process", "clipped_grads_equal", "adam_state_sharded"}
 ACCUMULATION = {
     "accumulation_equals_one_process",
     "accumulation_fewer_reduce_scatters",
@@ -49,8 +50,10 @@ def default4():
 
 @pytest.mark.timeout(400)
 def test_every_knob_is_a_claim_that_holds_on_4_ranks(default4):
-    claims = assert_claims(default4.results, HSDP | MIXED | RESHARD | META | ACCUMULATION)
-    assert len(claims) == 27
+    claims = assert_claims(
+        default4.results, HSDP | MIXED | RESHARD | META | ACCUMULATION | CLIPPING
+    )
+    assert len(claims) == 30
     assert_lines_fit(default4)
     assert claims["hsdp_equals_one_process"]["value"] <= 1e-6  # float32 rounding: 1.5e-8 measured
     assert claims["meta_init_equals_eager"]["value"] == 0.0  # the same numbers, bit for bit
@@ -79,6 +82,8 @@ def test_reshard_and_accumulation_hold_what_the_shapes_say(default4):
     # sync off keeps every gradient unsharded: 4x what a synced micro-step leaves (+ the head's padding)
     assert claims["accumulation_held_sync_false"]["value"] == 26536
     assert claims["accumulation_held_sync_true"]["value"] == 6700
+    # Adam per rank: exp_avg and exp_avg_sq of its padded quarter (6700 bytes each), + 12 four-byte steps
+    assert claims["adam_state_sharded"]["value"] == 2 * 6700 + 4 * 12
     rows = default4.results["mixed_precision"]
     assert rows["reduce_low"]["error"] >= rows["reduce_fp32"]["error"] > 0
     assert "CPUOffloadPolicy" in default4.stdout
