@@ -28,6 +28,7 @@ EXTRA=(
   "03 DDP equals one process (NCCL world of one)|torchrun|lessons/03_ddp.py|--check-equivalence"
   "03 through mp.spawn|python|lessons/03_ddp.py|--spawn 1 --check-equivalence"
   "06 nn.SyncBatchNorm (PyTorch's), world of one|torchrun|lessons/06_sync_batchnorm.py|--sync-impl torch"
+  "14 FSDP2 on a GPU: CPUOffloadPolicy runs, fp16 params (NCCL world of one)|torchrun|lessons/14_fsdp2_in_practice.py|--param-dtype fp16"
   "16 crash and restart (NCCL world of one)|torchrun-restart|lessons/16_fault_tolerance.py|--crash-at-step 7 --crash-rank 0"
   "peak CUDA memory per setting|python|benchmarks/memory_speed.py|--repeats 3"
   "peak CUDA memory where activations dominate|python|benchmarks/memory_speed.py|--repeats 3 --batch 16384 --width 1024"

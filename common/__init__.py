@@ -21,6 +21,7 @@ measure: instruments that make the invisible countable, on CPU as on GPU
     measure.group_traffic    which collective travelled in which grid group, and the bytes each rank sent
     measure.profiling        where a DDP step's time goes, read from a torch.profiler trace
     measure.precision        mixed precision by name, and how far two training steps end apart
+    measure.allocations      bytes allocated in a block, at named points and at the peak (the profiler)
 
 topics: a lesson's namesake algorithm, built by hand and checked against PyTorch's own
     collectives.ring                 the ring all-reduce from send/recv, its schedule and traffic (02)
@@ -41,6 +42,7 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     tensor_parallel.compare          a split module held to its unsplit one: differences, collectives (10)
     sharding.zero                    ZeRO-1/2/3 by hand on flat padded buffers (13)
     sharding.accounting              what a sharded rank holds and sends, ZeRO and FSDP2 (13)
+    sharding.fsdp                   FSDP2 in practice: wrapping, predicted bytes, init equal to eager (14)
     checkpoint.sharded               DCP checkpoints of FSDP2 state with a completion marker (13)
     checkpoint.reshard               DCP checkpoints of a DDP run that another world size loads (16)
     checkpoint.train_state           the whole training state in one checkpoint (16)
@@ -86,6 +88,7 @@ plots: the notebooks' pictures, drawn from the runs' own tensors
     plots.parallel           who holds what in model parallelism (10, 11)
     plots.hang               every rank's Python stack side by side (12)
     plots.zero               ZeRO-1/2/3 and FSDP2: who holds what, and when (13)
+    plots.fsdp              FSDP2's knobs as the bytes a rank holds (14)
     plots.profile            one step per rank, the bucket all-reduces against backward (17)
 
 run: used by notebooks, tests and benchmarks, never by a lesson

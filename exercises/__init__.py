@@ -49,6 +49,7 @@ EXERCISES: dict[str, tuple[str, str]] = {
         "13",
         "a sharded optimizer (ZeRO-1) around any torch.optim optimizer and its groups",
     ),
+    "hsdp_wrapping": ("14", "HSDP: a 2-D mesh and the fully_shard calls, each block then the root"),
     "training_state": ("16", "capture and restore the full training state, bit for bit"),
     "ring_attention_merge": (
         "19",

@@ -41,12 +41,17 @@ WRONG_SAYS = {
     "ring_attention_merge": "you averaged the two outputs",
     "moe_dispatch": "e // (E/ep)",
     "predict_memory": "ZeRO-1 shards only the optimizer state",
+    "hsdp_wrapping": "HSDP needs a 2-D mesh",
 }
 
 # More wrong answers (tests/exercises/wrong_answers/NAME__what.py), each a mistake a grader once passed or a
 # check no other wrong answer reaches, and what its problems must say. They are graded in the same launch,
 # before NAME.py (which may kill its processes).
 MORE_WRONG_SAYS = {
+    "hsdp_wrapping": {
+        "root_only": "fully_shard each block",
+        "sync_off": "leave gradient sync on",
+    },
     "ring_allreduce": {
         "alias": "dist.all_reduce called",
         "all_gather_object": "dist.all_gather_object called",

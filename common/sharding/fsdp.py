@@ -1,0 +1,213 @@
+"""FSDP2 in practice: the model, the wrapping, the predicted bytes and an initialisation that equals eager (14).
+
+- `NormalisedMLP`: lesson 13's ResidualMLP with two buffers in front, a persistent `pixel_mean` (in the state
+  dict) and a non-persistent `pixel_scale` (not in it, as RoPE's frequencies are not), so that a model built
+  on the meta device has something besides parameters to initialise, and a load that skips it shows.
+- `shard_blocks_then_root(model, mesh, **kw)`: `fully_shard` each block (its own all-gather and
+  reduce-scatter), then the root (stem and head); on a 2-D mesh (replicate, shard) that is HSDP.
+- `units(model)`: the parameters of each of those units, blocks first, the root last.
+- `padded_bytes(params, shard)`: FSDP2 shards each parameter on dim 0 in `shard` equal chunks, so an
+  all-gather's output is each parameter with its rows padded to a multiple of `shard`:
+      sum over parameters of ceil(rows / shard) x shard x (elements per row) x element size.
+- `predicted_step_bytes(...)`: the bytes one training step hands to each collective, from those shapes.
+- `gradient_bytes(model)`: the gradient bytes a rank holds: the sharded ones (`p.grad`) and the unsharded ones
+  FSDP2 keeps on its own objects while gradient sync is off (no public API reports those).
+- `one_step_profile(model, x, y, mine)`: one step's all-gathers and the parameter bytes held after forward.
+- `one_backward(model, x, y)`: one backward: the full gradients, the bytes per collective, the gradients' dtype.
+- `full_values(model)`: every parameter in full, then every buffer: what "equal to eager" compares.
+- `init_like_eager(model, seed)`: the sharded model's values equal to `NormalisedMLP(...)` built eagerly after
+  `torch.manual_seed(seed)`, holding one full layer at a time; buffers included.
+
+Source: pytorch.org/docs/stable/distributed.fsdp.fully_shard.html; torchtitan's `parallelize_llama`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from common.measure.counters import count_collectives, local_shard
+from common.measure.memory import ResidualMLP, storage_bytes
+from common.sharding.accounting import full_params
+
+__all__ = [
+    "NormalisedMLP",
+    "shard_blocks_then_root",
+    "units",
+    "padded_bytes",
+    "predicted_step_bytes",
+    "init_like_eager",
+    "gradient_bytes",
+    "full_values",
+    "one_step_profile",
+    "one_backward",
+]
+
+
+class NormalisedMLP(ResidualMLP):
+    """ResidualMLP on (x - pixel_mean) * pixel_scale. x (B, 1, 8, 8) or (B, 64) -> logits (B, 10).
+
+    pixel_mean (64,) is persistent (saved and loaded with the state dict); pixel_scale (64,) is not: after
+    `to_empty` or a state-dict load only `init_buffers()` gives it its values again.
+    """
+
+    def __init__(self, width: int = 32, depth: int = 2):
+        super().__init__(width, depth)
+        self.register_buffer("pixel_mean", torch.empty(64))
+        self.register_buffer("pixel_scale", torch.empty(64), persistent=False)
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        """The buffers' values, from a formula (no random numbers: the same on every rank and every device)."""
+        with torch.no_grad():
+            self.pixel_mean.copy_(torch.linspace(0.0, 0.5, 64))
+            self.pixel_scale.copy_(torch.linspace(1.0, 2.0, 64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = (x.flatten(1) - self.pixel_mean) * self.pixel_scale
+        # FSDP2 casts parameters (MixedPrecisionPolicy), never buffers: back to the weights' dtype
+        return super().forward(h.to(self.stem.weight.dtype))
+
+
+def shard_blocks_then_root(model: ResidualMLP, mesh, **kw) -> ResidualMLP:
+    """fully_shard each block, then the root (stem and head), all with the same options `kw`."""
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, **kw)
+    return fully_shard(model, mesh=mesh, **kw)
+
+
+def units(model: ResidualMLP) -> list[list[nn.Parameter]]:
+    """The parameters of each fully_shard unit: each block's, then the root's (stem and head)."""
+    blocks = [list(b.parameters()) for b in model.blocks]
+    return [*blocks, [*model.stem.parameters(), *model.head.parameters()]]
+
+
+def padded_bytes(params, shard: int, element_size: int = 4) -> int:
+    """Bytes of `params` with each one's rows (dim 0) padded to a multiple of `shard`."""
+    total = 0
+    for p in params:
+        rows = p.shape[0]
+        total += -(-rows // shard) * shard * (p.numel() // rows) * element_size
+    return total
+
+
+def predicted_step_bytes(
+    model: ResidualMLP,
+    shard: int,
+    replicate: int = 1,
+    gathers: tuple[int, int] = (2, 1),
+    param_size: int = 4,
+    reduce_size: int = 4,
+) -> dict[str, int]:
+    """The bytes one step hands to each collective (a call's full buffer, as `count_collectives` counts it).
+
+    Per unit U (padded to `shard`): all-gather U in the parameter dtype, `gathers[0]` times for a block
+    (forward, and backward again after a reshard) and `gathers[1]` for the root (by default FSDP2 does not
+    reshard the root after forward: backward needs it at once); reduce-scatter U in the reduce dtype, once;
+    with replicas (HSDP) all-reduce the reduced shard, U / shard, once. Without replicas no all-reduce.
+    """
+    block_units, root = units(model)[:-1], units(model)[-1]
+    ag = sum(gathers[0] * padded_bytes(u, shard, param_size) for u in block_units)
+    ag += gathers[1] * padded_bytes(root, shard, param_size)
+    rs = sum(padded_bytes(u, shard, reduce_size) for u in units(model))
+    if shard == 1:  # a shard group of one rank: nothing to gather or scatter
+        ag = rs = 0
+    out = {"all_gather_single": ag, "reduce_scatter_single": rs}
+    if replicate > 1:
+        out["all_reduce"] = rs // shard
+    return out
+
+
+def init_like_eager(model: ResidualMLP, seed: int) -> int:
+    """Give a sharded (or plain) model the values `NormalisedMLP` has when built after manual_seed(seed).
+
+    Eager construction draws each Linear's weight, then bias, in module order. Here each rank draws the same
+    numbers, one full Linear at a time, and keeps its shard (`distribute_tensor(..., src_data_rank=None)`: no
+    communication, each rank slices its own copy): one layer in full at most, never the model. Then the
+    buffers. (`reset_parameters()` on DTensor parameters draws each shard from the rank's own generator on a
+    CPU: other values; lesson 14 measures how far.) Returns the largest full layer's bytes held.
+    """
+    torch.manual_seed(seed)
+    largest = 0
+    with torch.no_grad():
+        for m in model.modules():
+            if not isinstance(m, nn.Linear):
+                continue
+            full = nn.Linear(m.in_features, m.out_features, device=m.weight.device)  # eager's draw
+            largest = max(largest, 4 * sum(p.numel() for p in full.parameters()))
+            for mine, theirs in ((m.weight, full.weight), (m.bias, full.bias)):
+                if isinstance(mine, DTensor):
+                    part = distribute_tensor(
+                        theirs, mine.device_mesh, mine.placements, src_data_rank=None
+                    )
+                    mine.to_local().copy_(part.to_local())
+                else:
+                    mine.copy_(theirs)
+    model.init_buffers()
+    return largest
+
+
+def gradient_bytes(model: nn.Module) -> int:
+    """Bytes of the gradients `model` holds on this rank, each storage once: each parameter's `.grad` (a
+    DTensor: its local shard) and, for each FSDP2 unit, the unsharded gradients it accumulates while
+    `set_requires_gradient_sync(False)` (on its FSDPParam objects: `unsharded_param.grad`, or
+    `unsharded_accumulated_grad` when reduce_dtype differs from param_dtype)."""
+    grads = [local_shard(p.grad) for p in model.parameters() if p.grad is not None]
+    for m in model.modules():
+        group = m._get_fsdp_state()._fsdp_param_group if hasattr(m, "_get_fsdp_state") else None
+        for fp in group.fsdp_params if group is not None else []:
+            unsharded = getattr(fp, "_unsharded_param", None)
+            grads += [
+                unsharded.grad if unsharded is not None else None,
+                fp.unsharded_accumulated_grad,
+            ]
+    return storage_bytes(grads)
+
+
+def full_values(model: nn.Module) -> list[torch.Tensor]:
+    """Every parameter in full (a DTensor all-gathered: every rank calls it), then every buffer, non-persistent
+    ones included: what an initialisation must get right."""
+    return [*full_params(model), *(b.detach() for b in model.buffers())]
+
+
+def one_step_profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mine) -> dict:
+    """One forward and backward on this rank's slice `mine(x)[0]`: the all-gathers (all of them, and those in
+    groups smaller than the world), and the parameter bytes the model holds between forward and backward.
+
+    After forward FSDP2 registers on each module what it then holds: the sharded DTensor
+    (reshard_after_forward=True), the gathered tensor (False) or a DTensor sharded over k ranks (an int k).
+    """
+    with count_collectives() as c:
+        loss = F.cross_entropy(model(mine(x)[0]), mine(y)[0])
+        params = storage_bytes(local_shard(p) for p in model.parameters())
+        loss.backward()
+    world = dist.get_world_size()
+    small = sum(
+        v
+        for (op, ranks), v in c.groups.items()
+        if op.startswith("all_gather") and len(ranks) < world
+    )
+    return {
+        "all_gathers": c.calls.get("all_gather_single", 0),
+        "in_smaller_groups": small,
+        "params": params,
+    }
+
+
+def one_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[list, dict]:
+    """One forward and backward on (x, y): the gradients in full (every rank calls it), and {op: bytes} of
+    the collectives with "grad_dtype", the dtype(s) of the gradients the parameters hold."""
+    with count_collectives() as c:
+        F.cross_entropy(model(x), y).backward()
+    grads = [
+        p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        for p in model.parameters()
+    ]
+    dtype = {
+        str(p.grad.dtype).removeprefix("torch.") for p in model.parameters() if p.grad is not None
+    }
+    return grads, {**c.bytes, "grad_dtype": ",".join(sorted(dtype))}
