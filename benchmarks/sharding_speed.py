@@ -31,8 +31,8 @@ from common.harness.grid import Grid
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.counters import count_collectives
-from common.measure.memory import ResidualMLP
-from common.sharding.accounting import held_bytes, moved_bytes
+from common.measure.memory import ResidualMLP, held_bytes
+from common.sharding.accounting import moved_bytes
 from common.sharding.zero import ZeRO
 
 lesson = importlib.import_module("lessons.13_sharded_data_parallel")

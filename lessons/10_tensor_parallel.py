@@ -71,7 +71,8 @@ from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.counters import count_collectives
 from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
-from common.measure.dtensor_counts import count_dtensor_collectives, saved_local_bytes
+from common.measure.dtensor_counts import count_dtensor_collectives
+from common.measure.memory import saved_bytes
 from common.tensor_parallel.compare import placements, split_vs_unsplit, weight_bytes
 from common.tensor_parallel.layers import (
     MLP,
@@ -267,7 +268,7 @@ def sequence_parallel(report: Report, grid: Grid, x: torch.Tensor) -> None:
     )
     saved = {}
     for name, block, xin in (("tp", tp_block, x), ("sp", sp_block, x.chunk(tp, 1)[tp_rank])):
-        with saved_local_bytes(exclude=list(block.parameters())) as s:
+        with saved_bytes(exclude=list(block.parameters())) as s:
             block(xin.clone().requires_grad_()).sum().backward()
         saved[name] = s.bytes
     norm_saved = (

@@ -59,8 +59,9 @@ from common.harness.grid import Grid
 from common.harness.ranks import all_gather_objects
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
-from common.measure.counters import count_collectives, saved_tensor_bytes
+from common.measure.counters import count_collectives
 from common.measure.differences import max_abs_diff, max_abs_diff_all, max_over_ranks, nan_max
+from common.measure.memory import saved_bytes
 from common.models import CausalTransformer
 from common.planning.transformer import matmul_attention
 
@@ -122,7 +123,7 @@ def qkv(args, B: int, S: int, device) -> list[torch.Tensor]:
 def saved_by(fn, tensors) -> int:
     """Bytes autograd saves for backward when `fn` runs on copies of `tensors` that require grad."""
     leaves = [t.detach().clone().requires_grad_() for t in tensors]
-    with saved_tensor_bytes() as saved:
+    with saved_bytes() as saved:
         fn(*leaves)
     return saved.bytes
 

@@ -3,13 +3,11 @@
 - `CommCounter`: a DDP communication hook that counts the all-reduce calls DDP makes (one per gradient bucket)
   and their bytes, then performs the same averaging all-reduce as DDP's default hook.
   (https://pytorch.org/docs/stable/ddp_comm_hooks.html)
-- `saved_tensor_bytes`: the older name of `common.measure.memory.saved_bytes` (the bytes autograd saves for
-  backward inside a `with` block), which it calls.
 - `count_collectives`: counts the Python-level calls to `torch.distributed` collectives in a block, with their
   bytes and the ranks of the group each travelled in.
 """
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -18,7 +16,6 @@ import torch.distributed as dist
 
 __all__ = [
     "CommCounter",
-    "saved_tensor_bytes",
     "CollectiveCount",
     "count_collectives",
     "local_shard",
@@ -68,15 +65,6 @@ class CommCounter:
 def local_shard(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (what this rank really stores); any other tensor itself."""
     return getattr(t, "_local_tensor", t)
-
-
-def saved_tensor_bytes(exclude: Iterable[torch.Tensor] = ()):
-    """`common.measure.memory.saved_bytes(exclude)`, under the name lesson 19 imports."""
-    from common.measure.memory import (
-        saved_bytes,
-    )  # memory imports this module: import it when called
-
-    return saved_bytes(exclude)
 
 
 @dataclass

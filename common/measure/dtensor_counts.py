@@ -1,4 +1,4 @@
-"""Count what DTensor and FSDP2 communicate (collectives, bytes, groups) and save for backward (lessons 10, 11).
+"""Count what DTensor and FSDP2 communicate: collectives, their bytes and their groups (lessons 10, 11).
 
 `common.measure.counters.count_collectives` wraps the Python functions of `torch.distributed`; DTensor
 (`parallelize_module`) calls functional collectives (`torch.ops._c10d_functional.*`), which it does not see, and
@@ -6,15 +6,14 @@ FSDP2 (`fully_shard`) calls `dist.all_gather_single` and `dist.reduce_scatter_si
 them reach the dispatcher as ops, where `torch.distributed.tensor.debug.CommDebugMode` counts them
 (https://pytorch.org/docs/stable/distributed.tensor.html#debugging). This subclass of it also records each one's
 bytes and group, into the same `CollectiveCount` that `count_collectives` fills, so a lesson compares the two.
-`saved_local_bytes` is the older name of `common.measure.memory.saved_bytes`, which counts a DTensor by its local
-shard (what a rank keeps for backward).
+The bytes saved for backward are `common.measure.memory.saved_bytes`'s (a DTensor counts by its local shard).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -22,9 +21,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 from common.measure.counters import CollectiveCount
-from common.measure.memory import SavedBytes, saved_bytes
 
-__all__ = ["count_dtensor_collectives", "saved_local_bytes"]
+__all__ = ["count_dtensor_collectives"]
 
 _NAMES = {
     "all_reduce": "all_reduce",
@@ -89,9 +87,3 @@ def count_dtensor_collectives() -> Iterator[CollectiveCount]:
         # CommDebugMode's module tracker uses full backward hooks, which warn when a module's inputs need no grad
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         yield counter
-
-
-def saved_local_bytes(exclude=()) -> AbstractContextManager[SavedBytes]:
-    """`common.measure.memory.saved_bytes(exclude)`, under the name lesson 10 imports: a DTensor counts its
-    local shard, the bytes this rank keeps for backward (each storage once; `exclude` not counted)."""
-    return saved_bytes(exclude)

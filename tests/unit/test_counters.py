@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from common.measure.counters import saved_tensor_bytes
+from common.measure.memory import saved_bytes
 from tests._workers import count_two_collectives, run_world
 
 
@@ -25,7 +25,7 @@ def test_count_collectives_calls_bytes_and_groups(tmp_path):
 def test_saved_tensor_bytes_counts_each_storage_once_and_excludes_parameters():
     lin = nn.Linear(16, 8)
     x = torch.randn(4, 16, requires_grad=True)
-    with saved_tensor_bytes(exclude=lin.parameters()) as saved:
+    with saved_bytes(exclude=lin.parameters()) as saved:
         y = torch.relu(lin(x))  # Linear saves x (and its weight, excluded); ReLU saves its output
         (y * y).sum()  # saves y twice (both operands): one storage, counted once
     assert saved.bytes == x.numel() * 4 + y.numel() * 4

@@ -122,8 +122,7 @@ RAW_MAX_ALLOWED = {
     "common/measure/bandwidth.py": 1,  # the slowest rank's seconds
     "common/exhibits/collectives.py": 2,  # a length to pad to, a skip flag
     "lessons/02_collectives.py": 1,  # bytes on the busiest link (a count)
-    "lessons/21_planning.py": 1,
-}  # the slowest rank's seconds
+}
 
 
 def test_no_difference_is_maximised_over_ranks_with_a_raw_max():
