@@ -1,4 +1,4 @@
-"""Lesson 17's knobs timed, weak-scaling efficiency against this machine's own limit, and the input side.
+"""The knobs of lessons 17 and 18 timed, weak-scaling efficiency against this machine's own limit, and the input side.
 
     python benchmarks/ddp_knobs.py                       # all three parts, 3 alternating repetitions (~10 min here)
     python benchmarks/ddp_knobs.py --parts knobs --reps 5 --compile    # + torch.compile (inductor; minutes on CPU)
@@ -35,13 +35,13 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from common.compression.hooks import comm_hook
 from common.data import digits_split
 from common.harness.env import LessonError
 from common.harness.ranks import all_gather_objects
 from common.harness.session import add_distributed_args, distributed_session, run_main
 from common.measure.bandwidth import time_calls
 from common.measure.memory import ResidualMLP, no_sync_unless
-from common.performance.comm_hooks import comm_hook
 from common.run.launch import REPO_ROOT, run_command, torchrun_command
 
 KNOBS = [
