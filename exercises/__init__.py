@@ -50,6 +50,10 @@ EXERCISES: dict[str, tuple[str, str]] = {
         "a sharded optimizer (ZeRO-1) around any torch.optim optimizer and its groups",
     ),
     "training_state": ("16", "capture and restore the full training state, bit for bit"),
+    "compress_hook": (
+        "18",
+        "a DDP comm hook that sends each bucket in float16 / bfloat16, bit for bit PyTorch's",
+    ),
     "ring_attention_merge": (
         "19",
         "the log-sum-exp merge of two partial attentions (ring attention's core)",
