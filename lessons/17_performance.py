@@ -354,9 +354,8 @@ def compile_rules(raw, init_state, model, batch, args, info, report) -> None:
         raw.load_state_dict(init_state)
         return wrap(raw, info, bucket_cap_mb=cap)
 
-    rows = graphs_by_cap(
-        make_ddp, batch
-    )  # eager counting: the split does not depend on the backend
+    # eager counting: the split does not depend on the backend
+    rows = graphs_by_cap(make_ddp, batch)
     report.value(
         "compiled_graphs_by_cap",
         rows,

@@ -363,13 +363,10 @@ def resume_powersgd(ckpt: dict, batch, run: Run, hook_state: bool = True, rebuil
     raw, model = fresh_ddp(run)
     raw.load_state_dict(ckpt["model"])
     opt = torch.optim.SGD(raw.parameters(), lr=run.args.lr, momentum=0.9)
-    opt.load_state_dict(
-        copy.deepcopy(ckpt["optimizer"])
-    )  # it keeps (and updates) the tensors it gets
+    opt.load_state_dict(copy.deepcopy(ckpt["optimizer"]))  # it keeps and updates what it gets
     hook, state = comm_hook("powersgd1", seed=run.args.seed)
-    if (
-        hook_state
-    ):  # the docs' way; its process group becomes the default group (set it if yours is not)
+    # the docs' way; its process group becomes the default group (set it if yours is not)
+    if hook_state:
         state = pickle.loads(ckpt["hook_state"])
     resumed_hook, switch = plain_until_switched(hook)
     model.register_comm_hook(state, resumed_hook)

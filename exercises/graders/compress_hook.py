@@ -85,9 +85,8 @@ def judge(answers: list) -> list[str]:
             ]
     for kind in DTYPES:
         own, large = got[kind, "own"], got[kind, "large"]
-        summed = (
-            WORLD_SIZE * own["pytorchs"]
-        )  # within float16's rounding, relative to its largest value
+        # the sum of the ranks' gradients, within float16's rounding relative to its largest value
+        summed = WORLD_SIZE * own["pytorchs"]
         if (own["ours"] - summed).abs().max() <= 1e-2 * summed.abs().max():
             return [
                 f"{kind}: your gradients are {WORLD_SIZE} x PyTorch's: that is the sum of the ranks' "

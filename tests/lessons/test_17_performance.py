@@ -78,9 +78,8 @@ def test_profile_counts_one_allreduce_per_bucket_on_every_rank(two_ranks, traces
             steps = step_profiles(load_trace(path))
             assert [len(s.allreduce) for s in steps] == [buckets] * 3, path
             assert all(s.backward_ops > 0 for s in steps)
-            assert "traceEvents" in json.loads(
-                path.read_text()
-            )  # opens in Perfetto / chrome://tracing
+            # opens in Perfetto / chrome://tracing
+            assert "traceEvents" in json.loads(path.read_text())
         timeline = two_ranks["timeline"][f"{float(cap)}"]
         assert len(timeline) == 2  # one entry per rank, gathered on rank 0
         for rank_profile in timeline:
