@@ -1,4 +1,4 @@
-"""Lesson 17's knobs timed, weak-scaling efficiency against this machine's own limit, and the input side.
+"""The knobs of lessons 17 and 18 timed, weak-scaling efficiency against this machine's own limit, and the input side.
 
     python benchmarks/ddp_knobs.py                       # all three parts, 3 alternating repetitions (~10 min here)
     python benchmarks/ddp_knobs.py --parts knobs --reps 5 --compile    # + torch.compile (inductor; minutes on CPU)
@@ -35,13 +35,13 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from common.compression.hooks import comm_hook
 from common.data import digits_split
 from common.harness.env import LessonError
 from common.harness.ranks import all_gather_objects
 from common.harness.session import add_distributed_args, distributed_session, run_main
 from common.measure.bandwidth import time_calls
 from common.measure.memory import ResidualMLP, no_sync_unless
-from common.performance.comm_hooks import comm_hook
 from common.run.launch import REPO_ROOT, run_command, torchrun_command
 
 KNOBS = [
@@ -73,9 +73,8 @@ def ddp_variant(name: str, info, args):
     )
     model = DDP(raw, device_ids=[info.local_rank] if info.device.type == "cuda" else None, **kw)
     if "hook" in name or "powersgd" in name:
-        hook, state = comm_hook(
-            name.split()[0]
-        )  # "fp16 hook" -> "fp16", "powersgd1 (1 bucket)" -> "powersgd1"
+        # "fp16 hook" -> "fp16", "powersgd1 (1 bucket)" -> "powersgd1"
+        hook, state = comm_hook(name.split()[0])
         model.register_comm_hook(state, hook)
     opt = torch.optim.SGD(raw.parameters(), lr=0.01, momentum=0.9)
     x, y = (
@@ -127,9 +126,7 @@ def knobs_worker(info, args) -> dict:
         steps[names[-1]], compile_s = compiled_variant(info, args)
     times = {n: [] for n in names}
     for rep in range(args.reps):
-        order = (
-            names[rep % len(names) :] + names[: rep % len(names)]
-        )  # rotated: no knob always runs first
+        order = names[rep % len(names) :] + names[: rep % len(names)]  # rotated: none always first
         for name in order:
             mine = 1e3 * statistics.median(
                 time_calls(steps[name], args.steps, 2, info.device, False)
@@ -212,9 +209,8 @@ def input_worker(info, args) -> dict:
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     t0, n = time.perf_counter(), 0
-    for epoch in range(
-        args.epochs
-    ):  # short epochs: worker start-up recurs each epoch unless persistent
+    # short epochs: worker start-up recurs each epoch unless persistent
+    for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for x, y in loader:
             x, y = x.to(info.device, non_blocking=pin), y.to(info.device, non_blocking=pin)
@@ -464,9 +460,8 @@ def main() -> None:
             (2, 2, 1, False, False),
             (2, 2, 1, True, False),
         ]
-        if (
-            torch.cuda.is_available()
-        ):  # pin_memory + non_blocking: page-locked host memory, the copy can overlap
+        # pin_memory + non_blocking: page-locked host memory, the copy can overlap
+        if torch.cuda.is_available():
             configs += [(1, 2, 1, True, True)]
         for procs, workers, threads, persistent, pin in configs:
             rates = []

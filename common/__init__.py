@@ -47,8 +47,10 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     checkpoint.reshard               DCP checkpoints of a DDP run that another world size loads (16)
     checkpoint.train_state           the whole training state in one checkpoint (16)
     fault_tolerance.faults           injected faults and the timeline of a run that survives them (16)
-    performance.comm_hooks           DDP's communication hooks, counted (17)
+    performance.buckets              DDP's buckets: its rule predicted, all-reduce calls and storage counted (07, 17)
     performance.compile_graphs       torch.compile of a DDP model: the graphs DDPOptimizer cuts (17)
+    compression.hooks                PyTorch's compression hooks by name, a plain pass-through, gradients through one (18)
+    compression.powersgd             PowerSGD counted from shapes: the numbers it sends, the best rank-r error (18)
     context_parallel.ring_attention  ring attention by hand (19)
     context_parallel.ulysses         Ulysses attention: the split moves from the sequence to the heads (19)
     context_parallel.training        training with cp: the token loss and the gradients summed over cp (19)
@@ -90,6 +92,7 @@ plots: the notebooks' pictures, drawn from the runs' own tensors
     plots.zero               ZeRO-1/2/3 and FSDP2: who holds what, and when (13)
     plots.fsdp              FSDP2's knobs as the bytes a rank holds (14)
     plots.profile            one step per rank, the bucket all-reduces against backward (17)
+    plots.compression        bytes against gradient error, one point per comm hook (18)
 
 run: used by notebooks, tests and benchmarks, never by a lesson
     run.launch               run a lesson as a user does (torchrun / python) with a timeout

@@ -51,6 +51,10 @@ EXERCISES: dict[str, tuple[str, str]] = {
     ),
     "hsdp_wrapping": ("14", "HSDP: a 2-D mesh and the fully_shard calls, each block then the root"),
     "training_state": ("16", "capture and restore the full training state, bit for bit"),
+    "compress_hook": (
+        "18",
+        "a DDP comm hook that sends each bucket in float16 / bfloat16, bit for bit PyTorch's",
+    ),
     "ring_attention_merge": (
         "19",
         "the log-sum-exp merge of two partial attentions (ring attention's core)",

@@ -10,10 +10,10 @@ def hooks_on_gloo(rank: int, world_size: int):
     """A small DDP model on gloo: gradients after the bf16 and fp16 hooks against the plain all-reduce hook, the
     all-reduce calls counted against `predicted_buckets`, and the storage bytes with and without
     gradient_as_bucket_view."""
+    from common.compression.hooks import comm_hook
     from common.models import mlp
-    from common.performance.comm_hooks import (
+    from common.performance.buckets import (
         allreduces_per_backward,
-        comm_hook,
         gradient_storage_bytes,
         predicted_buckets,
     )

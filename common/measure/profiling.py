@@ -37,11 +37,8 @@ __all__ = [
     "is_allreduce",
 ]
 
-PHASES = (
-    "forward",
-    "backward",
-    "optimizer",
-)  # the record_function labels the lesson puts around each phase
+# the record_function labels the lesson puts around each phase
+PHASES = ("forward", "backward", "optimizer")
 _ALLREDUCE = re.compile(r"^(gloo|nccl|c10d):all_?reduce$|nccl\w*kernel_?allreduce", re.IGNORECASE)
 _ENQUEUE = "c10d::allreduce_"  # the caller enqueuing an all-reduce: not the communication itself
 

@@ -1,1 +1,1 @@
-"""DDP's communication hooks and torch.compile's graphs, counted (lesson 17)."""
+"""DDP's buckets and torch.compile's graphs, counted (lesson 17)."""

@@ -18,7 +18,7 @@ import torch._dynamo
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common.performance.comm_hooks import predicted_buckets
+from common.performance.buckets import predicted_buckets
 
 __all__ = ["compiled_graphs", "graphs_by_cap", "refusal_below_1mib"]
 

@@ -33,9 +33,8 @@ def _draw_rank(ax, step: dict, y: float, rank: int, label: bool) -> None:
         color="black",
         label="backward compute" if label else None,
     )
-    for b, (s, e) in enumerate(
-        step["allreduce"]
-    ):  # one bar per bucket, in the order they were issued
+    # one bar per bucket, in the order they were issued
+    for b, (s, e) in enumerate(step["allreduce"]):
         ax.barh(
             y,
             e - s,

@@ -38,6 +38,7 @@ WRONG_SAYS = {
     "tensor_parallel_mlp": "f's backward must all-reduce",
     "zero1_optimizer": "broadcast each parameter",
     "training_state": "copy the state_dicts",
+    "compress_hook": "Divide by the world size before the all-reduce",
     "ring_attention_merge": "you averaged the two outputs",
     "moe_dispatch": "e // (E/ep)",
     "predict_memory": "ZeRO-1 shards only the optimizer state",
@@ -123,6 +124,13 @@ MORE_WRONG_SAYS = {
         "no_param_groups": "param_groups hold the lr",
         "step_after": "restore returned step 4",
         "no_torch_rng": "torch.get_rng_state() for dropout",
+    },
+    "compress_hook": {
+        "summed": "that is the sum of the ranks' gradients",
+        "fp32": "expected float16: cast the bucket's buffer",
+        "always_fp16": "expected bfloat16",
+        "divide_in_fp32": "expected 0 (bit for bit)",
+        "local": "never called dist.all_reduce",
     },
     "ring_attention_merge": {
         "exp_lse": "exp(lse) overflows",

@@ -1,5 +1,6 @@
-"""common.measure.profiling (intervals from a torch.profiler trace) and common.performance.comm_hooks (PyTorch's hooks, counted),
-checked on hand-made traces with known answers and in one small 2-rank gloo world."""
+"""common.measure.profiling (intervals from a torch.profiler trace), common.performance.buckets (DDP's buckets,
+counted) and common.compression.hooks (PyTorch's hooks by name), checked on hand-made traces with known answers
+and in one small 2-rank gloo world."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from common.compression.hooks import comm_hook, powersgd_rank
 from common.measure.profiling import (
     intersect_length,
     is_allreduce,
@@ -17,7 +19,7 @@ from common.measure.profiling import (
     summarize,
     union_length,
 )
-from common.performance.comm_hooks import comm_hook, powersgd_rank, predicted_buckets
+from common.performance.buckets import predicted_buckets
 from tests._workers import run_world
 
 
