@@ -47,7 +47,7 @@ from common.measure.counters import CommCounter
 from common.measure.differences import nan_max
 from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
 from common.measure.precision import PRECISIONS, autocast_context, max_diff, worst_over_ranks
-from common.performance.comm_hooks import predicted_buckets
+from common.performance.buckets import predicted_buckets
 
 TOL = 1e-5  # float32 rounding of sums taken in another order (measured: ~1e-8)
 

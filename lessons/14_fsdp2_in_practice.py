@@ -250,7 +250,7 @@ def mixed_precision(s: Setup) -> None:
 def reshard_after_forward(s: Setup) -> None:
     args, report, n = s.args, s.report, s.info.world_size
     full = padded_bytes(s.fresh().parameters(), n)  # every unit gathered, rows padded to N
-    count = len(units(s.fresh()))
+    count = len(fsdp_units(s.fresh()))
     # setting: (all-gathers a step, of them in groups smaller than N, parameter bytes held after forward)
     gathered = count if n > 1 else 0  # a world of one gathers nothing
     want = {True: (2 * gathered, 0, full // n), False: (gathered, 0, full)}
@@ -430,7 +430,7 @@ def main() -> None:
         n_params = sum(t.numel() for t in s.fresh().parameters())
         report.record("world_size", info.world_size)
         text = "world_size {n}, NormalisedMLP width {w} depth {d}: {value} parameters, {u} units"
-        u = len(units(s.fresh()))
+        u = len(fsdp_units(s.fresh()))
         report.value("n_params", n_params, text, n=info.world_size, w=args.width, d=args.depth, u=u)
         ref = one_process(s)
         hsdp(s, ref)

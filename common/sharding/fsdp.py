@@ -5,7 +5,7 @@
   on the meta device has something besides parameters to initialise, and a load that skips it shows.
 - `shard_blocks_then_root(model, mesh, **kw)`: `fully_shard` each block (its own all-gather and
   reduce-scatter), then the root (stem and head); on a 2-D mesh (replicate, shard) that is HSDP.
-- `units(model)`: the parameters of each of those units, blocks first, the root last.
+- `fsdp_units(model)`: the parameters of each of those units, blocks first, the root last.
 - `padded_bytes(params, shard)`: FSDP2 shards each parameter on dim 0 in `shard` equal chunks, so an
   all-gather's output is each parameter with its rows padded to a multiple of `shard`:
       sum over parameters of ceil(rows / shard) x shard x (elements per row) x element size.
@@ -37,7 +37,7 @@ from common.sharding.accounting import full_params
 __all__ = [
     "NormalisedMLP",
     "shard_blocks_then_root",
-    "units",
+    "fsdp_units",
     "padded_bytes",
     "predicted_step_bytes",
     "init_like_eager",
@@ -80,7 +80,7 @@ def shard_blocks_then_root(model: ResidualMLP, mesh, **kw) -> ResidualMLP:
     return fully_shard(model, mesh=mesh, **kw)
 
 
-def units(model: ResidualMLP) -> list[list[nn.Parameter]]:
+def fsdp_units(model: ResidualMLP) -> list[list[nn.Parameter]]:
     """The parameters of each fully_shard unit: each block's, then the root's (stem and head)."""
     blocks = [list(b.parameters()) for b in model.blocks]
     return [*blocks, [*model.stem.parameters(), *model.head.parameters()]]
@@ -110,10 +110,10 @@ def predicted_step_bytes(
     reshard the root after forward: backward needs it at once); reduce-scatter U in the reduce dtype, once;
     with replicas (HSDP) all-reduce the reduced shard, U / shard, once. Without replicas no all-reduce.
     """
-    block_units, root = units(model)[:-1], units(model)[-1]
+    block_units, root = fsdp_units(model)[:-1], fsdp_units(model)[-1]
     ag = sum(gathers[0] * padded_bytes(u, shard, param_size) for u in block_units)
     ag += gathers[1] * padded_bytes(root, shard, param_size)
-    rs = sum(padded_bytes(u, shard, reduce_size) for u in units(model))
+    rs = sum(padded_bytes(u, shard, reduce_size) for u in fsdp_units(model))
     if shard == 1:  # a shard group of one rank: nothing to gather or scatter
         ag = rs = 0
     out = {"all_gather_single": ag, "reduce_scatter_single": rs}
