@@ -24,6 +24,7 @@ measure: instruments that make the invisible countable, on CPU as on GPU
 topics: a lesson's namesake algorithm, built by hand and checked against PyTorch's own
     collectives.ring                 the ring all-reduce from send/recv, its schedule and traffic (02)
     collectives.backends             which backend runs which operation on which device (02)
+    collectives.checks               every collective checked against the local answer, the ring against it (02)
     data_parallel.samplers           distributed samplers by hand, with their contracts (04, 05)
     data_parallel.bucketing          length-grouped batches for variable-length sequences (04)
     data_parallel.seeding            random streams that differ by rank and reproduce on a rerun (05)
