@@ -271,7 +271,7 @@ def check_ring(info, args, report: Report) -> None:
         same,
         "==",
         1,
-        "\nring schedule simulated in one process (1..4 ranks, lengths {lengths}) = the plain sum: {value}",
+        "\nring schedule simulated for 1..4 ranks, lengths {lengths}: equals the plain sum: {value}",
         lengths=args.lengths,
     )
     if not info.distributed:
