@@ -105,7 +105,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32, help="samples per process per step")
     p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate (default %(default)s)")
     p.add_argument(
-        "--lr-scaling", choices=["none", "linear"], default="none", help="linear: x global/base"
+        "--lr-scaling",
+        choices=["none", "linear"],
+        default="none",
+        help="linear: lr x global batch / --base-batch",
     )
     p.add_argument("--base-batch", type=int, default=32, help="the global batch --lr is tuned for")
     p.add_argument("--warmup-steps", type=int, default=0, help="ramp the lr up from --lr")
@@ -175,9 +178,7 @@ def build(args: argparse.Namespace, info: DistInfo):
     # finds, which must already be on this rank's device. `raw_model` is what we save, load and evaluate.
     raw_model = DigitsCNN(image_size=train_set.tensors[0].shape[-1]).to(info.device)
     model = raw_model
-    if (
-        info.distributed
-    ):  # forward_sync_buffers defaults to True: see the docstring for when it sends
+    if info.distributed:  # forward_sync_buffers defaults to True: the docstring says when it sends
         model = DDP(raw_model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
     optimizer = torch.optim.SGD(raw_model.parameters(), lr=args.lr, momentum=args.momentum)
 
