@@ -26,7 +26,10 @@ measure: instruments that make the invisible countable, on CPU as on GPU
 topics: a lesson's namesake algorithm, built by hand and checked against PyTorch's own
     collectives.ring                 the ring all-reduce from send/recv, its schedule and traffic (02)
     collectives.backends             which backend runs which operation on which device (02)
-    data_parallel.samplers           distributed samplers by hand, with their contracts (04, 05)
+    collectives.checks               every collective checked against the local answer, the ring against it (02)
+    data_parallel.samplers           distributed samplers by hand, their contracts, checked against torch (04, 05)
+    data_parallel.sampler_len        a sampler's __len__ and each rank's steps: the blog-post counter-example (04)
+    data_parallel.references         what DDP is checked against: its one-process replay, nn.DataParallel (03)
     data_parallel.bucketing          length-grouped batches for variable-length sequences (04)
     data_parallel.seeding            random streams that differ by rank and reproduce on a rerun (05)
     data_parallel.sync_batchnorm     SyncBatchNorm from two all-reduces (06)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import Subset, TensorDataset
 
 from common.harness.env import LessonError
 
@@ -23,6 +23,7 @@ __all__ = [
     "digits_split",
     "synthetic_images",
     "synthetic_split",
+    "imbalanced_subset",
     "digit_sequences",
     "next_token_targets",
     "PIXEL_VOCAB",
@@ -145,6 +146,22 @@ def synthetic_split(
     x, y = synthetic_images(num_samples, image_size=image_size, seed=seed).tensors
     n_test = max(1, round(test_fraction * num_samples))
     return TensorDataset(x[n_test:], y[n_test:]), TensorDataset(x[:n_test], y[:n_test])
+
+
+def imbalanced_subset(
+    train_set: TensorDataset, imbalance: float, seed: int
+) -> tuple[Subset, torch.Tensor]:
+    """Keep fraction imbalance**(c/9) of class c (all of class 0, `imbalance` of class 9), at least 2 each.
+    Returns (Subset, labels (m,) int64). The choice is seeded, hence identical on every rank (lesson 04)."""
+    y = train_set.tensors[1]
+    g = torch.Generator().manual_seed(seed)
+    keep = []
+    for c in range(NUM_CLASSES):
+        idx = torch.nonzero(y == c).flatten()
+        k = max(2, round(len(idx) * imbalance ** (c / (NUM_CLASSES - 1))))
+        keep.append(idx[torch.randperm(len(idx), generator=g)[:k]])
+    keep = torch.sort(torch.cat(keep)).values
+    return Subset(train_set, keep.tolist()), y[keep]
 
 
 def digit_sequences(test_fraction: float = 0.2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -132,22 +132,20 @@ def resume_difference(args, loader, generator, device, info, reference: nn.Modul
     set_seed(args.seed)
     model, optimizer = build(args, device)
     for epoch in range(half):
-        generator.manual_seed(
-            args.seed + epoch
-        )  # the data order of `epoch`, as in the uninterrupted run
+        # the data order of `epoch`, as in the uninterrupted run
+        generator.manual_seed(args.seed + epoch)
         train_epoch(model, optimizer, loader, device, info)
     with tempfile.TemporaryDirectory() as tmp:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": half}
         save_checkpoint(state, Path(tmp) / "ckpt.pt", info)
-        set_seed(
-            args.seed + 1
-        )  # "the process restarts": fresh weights, fresh (empty) momentum buffers
+        # "the process restarts": fresh weights, fresh (empty) momentum buffers
+        set_seed(args.seed + 1)
         model, optimizer = build(args, device)
         ckpt = load_checkpoint(Path(tmp) / "ckpt.pt", device)
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(
         ckpt["optimizer"]
-    )  # without it the momentum restarts at 0 and the runs differ
+    )  # without it the momentum restarts at 0: runs differ
     for epoch in range(int(ckpt["epoch"]), args.epochs):
         generator.manual_seed(args.seed + epoch)
         train_epoch(model, optimizer, loader, device, info)
@@ -163,7 +161,7 @@ def setup(args: argparse.Namespace):
     _, device = choose_backend_and_device("auto", args.device)
     if (
         device.type == "cuda"
-    ):  # exact resume on a GPU needs deterministic kernels (see deterministic_cuda)
+    ):  # exact resume on a GPU needs deterministic kernels (deterministic_cuda)
         deterministic_cuda()
     set_seed(args.seed)
     train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8) and (359, 1, 8, 8)
@@ -188,29 +186,28 @@ def setup(args: argparse.Namespace):
 def main() -> None:
     args = parse_args()
     device, train_set, test_set, loader, generator, model, optimizer, start_epoch = setup(args)
-    info = DistInfo(
-        device=device
-    )  # a world of one: evaluate() and save_checkpoint() need no process group
+    # a world of one: evaluate() and save_checkpoint() need no process group
+    info = DistInfo(device=device)
     report = Report(info)
-    report.results.update(device=device.type, world_size=1)
+    report.record("device", device.type)
+    report.record("world_size", 1)
     report.value(
         "batch_size",
         args.batch_size,
-        f"device {device.type}  batch {{value}}  epochs {args.epochs}",
+        "device {device}  batch {value}  epochs {epochs}",
+        device=device.type,
+        epochs=args.epochs,
     )
     before = test = evaluate(model, test_set, info)  # the untrained model: about ln(10) = 2.30
-    sync = (
-        torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    )  # GPU work is asynchronous
+    # GPU work is asynchronous: wait for it before reading the clock
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     history, samples_per_s = [], []
     for epoch in range(start_epoch, args.epochs):
-        generator.manual_seed(
-            args.seed + epoch
-        )  # a new order every epoch, the same order on every rerun
+        generator.manual_seed(args.seed + epoch)  # a new order every epoch, the same on every rerun
         sync()
         t0 = time.perf_counter()
         train_loss = train_epoch(model, optimizer, loader, device, info)
-        sync()  # wait for the GPU before reading the clock
+        sync()
         samples_per_s.append(len(train_set) / (time.perf_counter() - t0))
         test = evaluate(model, test_set, info)
         history.append(
@@ -236,14 +233,14 @@ def main() -> None:
     report.record("history", history)
     report_claims(report, args, test, before, len(test_set), samples_per_s)
     if args.check_resume:
-        diff = resume_difference(args, loader, generator, device, info, model)
         report.claim(
             "resume_reproduces_uninterrupted",
-            diff,
+            resume_difference(args, loader, generator, device, info, model),
             "==",
             0.0,
-            f"stopped after epoch {args.epochs // 2}, resumed from the checkpoint: max |difference| "
-            "to the uninterrupted run over parameters and buffers = {value:.1e}",
+            "resumed after epoch {half}: max |difference| to the uninterrupted run "
+            "(parameters, buffers) {value:.1e}",
+            half=args.epochs // 2,
         )
     report.finish(args.results)
 
@@ -257,12 +254,12 @@ def report_claims(
         test["loss"] / before["loss"],
         "<=",
         0.5,
-        f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: "
-        "ratio {value:.3f}",
+        "test loss {start:.4f} at this run's start -> {end:.4f}: ratio {value:.3f}",
+        start=before["loss"],
+        end=test["loss"],
     )
-    if (
-        args.epochs >= 4
-    ):  # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
+    # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
+    if args.epochs >= 4:
         report.claim(
             "test_accuracy", test["accuracy"], ">=", 0.95, "final test accuracy {value:.4f}"
         )
@@ -276,7 +273,8 @@ def report_claims(
     report.perf(
         "samples_per_s",
         samples_per_s,
-        "samples/s per epoch: " + ", ".join(f"{s:.0f}" for s in samples_per_s),
+        "samples/s per epoch: {rates}",
+        rates=", ".join(f"{s:.0f}" for s in samples_per_s),
     )
     report.perf("peak_rss_mb", peak_rss_mb(), "peak RSS {value:.0f} MB")
 

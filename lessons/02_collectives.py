@@ -39,15 +39,13 @@ https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md (algbw, busb
 from __future__ import annotations
 
 import argparse
-import os
-import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from common.collectives.backends import backend_table
+from common.collectives.checks import busiest_link, ring_vs_all_reduce, run_collectives
 from common.collectives.ring import (
     LinkStats,
     parameter_server_all_reduce,
@@ -69,12 +67,9 @@ from common.harness.session import (
 )
 from common.measure.bandwidth import bus_bandwidth_factor
 from common.measure.counters import count_collectives
-from common.measure.differences import max_over_ranks, nan_max
+from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
 from common.models import mlp
 
-DEMO_LEN = (
-    4  # elements in the small tensors each collective demonstrates on (printed, so kept short)
-)
 PSI = 1024  # float32 elements in the ring-versus-server count: 4096 bytes, divisible by 2, 4 and 8 ranks
 
 
@@ -87,26 +82,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=[1, 3, 7, 1001],
         help="tensor lengths (elements) on which ring all-reduce is compared with dist.all_reduce",
     )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=16,
-        help="samples per process in the SGD step (x world_size)",
-    )
+    p.add_argument("--batch-size", type=int, default=16, help="samples per process in the SGD step")
     p.add_argument(
         "--lr", type=float, default=0.1, help="SGD learning rate of that step (default %(default)s)"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
-    )
+    p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here (JSON)")
     add_distributed_args(p)
     args = p.parse_args(argv)
     # Validate before any process group exists: every rank sees the same argv, so every rank fails alike.
     if min(args.lengths) < 1:
-        raise LessonError(
-            f"--lengths must be positive integers (elements), got {min(args.lengths)}"
-        )
+        raise LessonError(f"--lengths must be positive (elements), got {min(args.lengths)}")
     if args.lr <= 0:
         raise LessonError(f"--lr must be positive, got {args.lr}")
     world_size = read_torchrun_env()[2]
@@ -116,105 +102,6 @@ def parse_args(argv=None) -> argparse.Namespace:
             f"{args.batch_size} x {world_size}"
         )
     return args
-
-
-def max_err(got: torch.Tensor, expected: torch.Tensor) -> float:
-    return (got.cpu().double() - expected.cpu().double()).abs().max().item() if got.numel() else 0.0
-
-
-def run_collectives(info, late_s: float = 0.05) -> tuple[dict[str, float], float]:
-    """Every collective once, each result compared with the local answer; returns {check: this rank's number},
-    0.0 meaning right (max |error|, arrivals missed, fallback used), and this rank's wait in the barrier."""
-    n, r, dev = info.world_size, info.rank, info.device
-    # rank k's input [100k, 100k+1, 100k+2, 100k+3]: integers in float32 (exact sums), computable on any rank
-    x = lambda k: torch.arange(DEMO_LEN, dtype=torch.float32, device=dev) + 100 * k  # noqa: E731
-    total = sum(x(k) for k in range(n))
-    err: dict[str, float] = {}
-    if n >= 2:  # send/recv: blocking, rank 0 -> rank 1
-        buf = torch.empty(DEMO_LEN, device=dev)
-        if r == 0:
-            dist.send(x(0), dst=1)
-        elif r == 1:
-            dist.recv(buf, src=0)
-        err["send_recv"] = (
-            max_err(buf, x(0)) if r == 1 else 0.0
-        )  # only rank 1 has something to check
-        # everybody shifts its tensor one step right on the ring at once: blocking sends in that pattern could
-        # all wait for a receive nobody has posted yet; batch_isend_irecv posts each rank's send and receive
-        # together
-        buf = torch.empty(DEMO_LEN, device=dev)
-        for w in dist.batch_isend_irecv(
-            [dist.P2POp(dist.isend, x(r), (r + 1) % n), dist.P2POp(dist.irecv, buf, (r - 1) % n)]
-        ):
-            w.wait()
-        err["isend_irecv_ring_shift"] = max_err(buf, x((r - 1) % n))
-    t = x(r)
-    dist.broadcast(t, src=0)  # everybody ends with rank 0's tensor
-    err["broadcast"] = max_err(t, x(0))
-    t = x(r)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)  # everybody ends with the sum
-    err["all_reduce"] = max_err(t, total)
-    t = x(r)
-    dist.reduce(
-        t, dst=0, op=dist.ReduceOp.SUM
-    )  # only rank 0's result is defined; the others' are scratch
-    err["reduce"] = max_err(t, total) if r == 0 else 0.0
-    parts = [torch.empty(DEMO_LEN, device=dev) for _ in range(n)]
-    dist.all_gather(parts, x(r))  # everybody ends with every rank's tensor, in rank order
-    err["all_gather"] = nan_max(max_err(parts[k], x(k)) for k in range(n))
-    # reduce_scatter: rank k contributes [x_k + 1000 j for j in ranks]; rank j ends with the sum of the j-th
-    # entries. It is the first half of the ring all-reduce. MPI lacks it (docs table): from all_reduce then.
-    inputs, got = [x(r) + 1000 * j for j in range(n)], torch.empty(DEMO_LEN, device=dev)
-    try:
-        dist.reduce_scatter(got, inputs, op=dist.ReduceOp.SUM)
-        err["reduce_scatter_fallback"] = 0.0
-    except (RuntimeError, NotImplementedError):  # fallback: 2x a ring reduce-scatter's link bytes
-        err["reduce_scatter_fallback"] = 1.0
-        full = torch.cat(inputs)
-        dist.all_reduce(full)
-        got = full[r * DEMO_LEN : (r + 1) * DEMO_LEN]
-    err["reduce_scatter"] = max_err(got, total + 1000 * r * n)
-    err["barrier_missed_arrivals"], waited = check_barrier(info, late_s)
-    return err, waited
-
-
-def check_barrier(info, late_s: float) -> tuple[int, float]:
-    """The last rank arrives `late_s` late; returns (arrivals a rank had not seen when it left the barrier,
-    this rank's own wait in it).
-
-    Each rank counts itself in torchrun's key-value store (reachable from every node) before the barrier;
-    after it, a rank that left before the last arrival would read fewer than n. No clock is compared across
-    ranks.
-    """
-    n = info.world_size
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=timedelta(seconds=60),
-    )
-    run_id, attempt = (
-        os.environ.get("TORCHELASTIC_RUN_ID"),
-        os.environ.get("TORCHELASTIC_RESTART_COUNT"),
-    )
-    key = f"lesson02/arrived/{run_id}/{attempt}"
-    if info.rank == n - 1:
-        time.sleep(late_s)  # the last rank arrives late on purpose
-    store.add(key, 1)
-    t0 = time.perf_counter()
-    dist.barrier()
-    waited = time.perf_counter() - t0  # this rank's own clock: valid on any node
-    return n - store.add(key, 0), waited  # add 0 reads the counter
-
-
-def busiest_link(info, fn, m: int, group) -> float:
-    """Bytes in + out on the busiest link when ranks 0..m-1 sum a PSI-element float32 tensor with `fn`."""
-    stats = LinkStats()
-    if info.rank < m:  # the others are not in `group`
-        fn(torch.ones(PSI, device=info.device), stats=stats, group=group)
-    worst = torch.tensor(float(stats.link_bytes), dtype=torch.float64, device=info.device)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return int(worst.item())
 
 
 def average_gradients(model: torch.nn.Module, world_size: int, distributed: bool) -> torch.Tensor:
@@ -241,12 +128,10 @@ def one_sgd_step(info, args) -> dict:
     train_set, _ = digits_split()  # every rank loads the same data; no rank distributes it
     x_global = (
         train_set.tensors[0][: b * n].reshape(b * n, -1).to(dev)
-    )  # (b*n, 64) flattened 8x8 images
+    )  # (b*n, 64): 8x8 images, flat
     y_global = train_set.tensors[1][: b * n].to(dev)  # (b*n,)
-    x, y = (
-        x_global[r * b : (r + 1) * b],
-        y_global[r * b : (r + 1) * b],
-    )  # this rank's shard: (b, 64), (b,)
+    x = x_global[r * b : (r + 1) * b]  # this rank's shard: (b, 64)
+    y = y_global[r * b : (r + 1) * b]  # (b,)
     set_seed(args.seed)  # same seed -> same initial weights on every rank, nothing is broadcast
     model = mlp([64, 32, 10]).to(dev)
     set_seed(args.seed)
@@ -260,16 +145,14 @@ def one_sgd_step(info, args) -> dict:
         reference(x_global), y_global
     ).backward()  # mean over all b*n samples, one process
     ref_opt.step()
-    ref_grads, rank0_grads = (
-        torch.cat([p.grad.reshape(-1) for p in reference.parameters()]),
-        grads.clone(),
-    )
+    ref_grads = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+    rank0_grads = grads.clone()
     if info.distributed:
         dist.broadcast(rank0_grads, src=0)  # for the CHECK only; training never needs it
     mine = [
-        max_err(grads, rank0_grads),
-        max_err(grads, ref_grads),
-        nan_max(max_err(p, q) for p, q in zip(model.parameters(), reference.parameters())),
+        max_abs_diff(grads, rank0_grads),
+        max_abs_diff(grads, ref_grads),
+        nan_max(max_abs_diff(p, q) for p, q in zip(model.parameters(), reference.parameters())),
     ]
     worst = [max_over_ranks(e) for e in mine]  # the worst rank's (NaN-safe: gloo's MAX drops a NaN)
     return {
@@ -296,9 +179,8 @@ def who_am_i(info, report: Report) -> None:
         "{rank:>4} {local_rank:>10} {world_size:>10} {local_world_size:>16} {device:>6}".format(**f)
         for f in facts
     ]
-    report.value(
-        "ranks", facts, "\n".join(["rank local_rank world_size local_world_size device"] + rows)
-    )
+    header = "rank local_rank world_size local_world_size device"
+    report.value("ranks", facts, "{header}\n{rows}", header=header, rows="\n".join(rows))
     if info.master_process:
         report.claim(
             "ranks_are_0_to_n_minus_1",
@@ -322,13 +204,8 @@ def backends(report: Report) -> None:
         "torch contains"
     )
     print0("\n".join(backend_table(built)))
-    report.claim(
-        "gloo_built",
-        built["gloo"],
-        "==",
-        True,
-        "gloo is in this build (CPU tensors need it): {value}",
-    )
+    text = "gloo is in this build (CPU tensors need it): {value}"
+    report.claim("gloo_built", built["gloo"], "==", True, text)
 
 
 def check_collectives(info, report: Report) -> None:
@@ -340,14 +217,13 @@ def check_collectives(info, report: Report) -> None:
             "torchrun --nproc_per_node=1: a world of one)"
         )
         return
+    alone = "  (send/recv need a peer: skipped in a world of one)" if n == 1 else ""
     print0(
-        f"\ncollectives on {info.backend}/{info.device.type}: rank k contributes x_k = [0 1 2 3] + 100 k"
-        + ("  (send/recv need a peer: skipped in a world of one)" if n == 1 else "")
+        f"\ncollectives on {info.backend}/{info.device.type}: rank k contributes "
+        f"x_k = [0 1 2 3] + 100 k{alone}"
     )
     err, waited = run_collectives(info)
-    worst = [
-        max_over_ranks(e) for e in err.values()
-    ]  # the worst rank's number for every check, NaN-safe
+    worst = [max_over_ranks(e) for e in err.values()]  # the worst rank's, for every check, NaN-safe
     for check, e in zip(err, worst):
         if check == "barrier_missed_arrivals":
             report.claim(
@@ -364,7 +240,8 @@ def check_collectives(info, report: Report) -> None:
                 e,
                 "==",
                 0.0,
-                f"  {check:<24} max |error| over ranks {{value:.1e}}",
+                "  {check:<24} max |error| over ranks {value:.1e}",
+                check=check,
             )
         elif info.backend in (
             "gloo",
@@ -375,31 +252,14 @@ def check_collectives(info, report: Report) -> None:
                 e == 0,
                 "==",
                 True,
-                f"  reduce_scatter runs natively on {info.backend}: {{value}}",
+                "  reduce_scatter runs natively on {backend}: {value}",
+                backend=info.backend,
             )
     report.perf(
         "barrier_wait_ms",
         gather_to_rank0(round(waited * 1e3, 1), info),
         "  barrier: each rank's own wait in it, ms {value}",
     )
-
-
-def ring_vs_all_reduce(info, args, length: int) -> dict:
-    """The ring from isend/irecv and dist.all_reduce on `length` integers and `length` floats: max |diff|."""
-    gen = torch.Generator().manual_seed(args.seed * 1000 + 17 * info.rank + length)
-    integers = torch.randint(-1000, 1000, (length,), generator=gen).float()
-    data = torch.cat([integers, torch.randn(length, generator=gen)]).to(
-        info.device
-    )  # (2 * length,)
-    ring, ref = ring_all_reduce(data.clone()), data.clone()
-    dist.all_reduce(ref)
-    # floats may differ in the last bit (the ring adds around the ring, gloo in its own order); integers have
-    # no rounding, so there the two must agree exactly
-    return {
-        "length": length,
-        "int_diff": max_over_ranks(max_err(ring[:length], ref[:length])),
-        "float_diff": max_over_ranks(max_err(ring[length:], ref[length:])),
-    }
 
 
 def check_ring(info, args, report: Report) -> None:
@@ -411,22 +271,21 @@ def check_ring(info, args, report: Report) -> None:
         same,
         "==",
         1,
-        f"\nring schedule simulated in one process for "
-        f"1..4 ranks, lengths {args.lengths}: equals the plain sum: {{value}}",
+        "\nring schedule simulated for 1..4 ranks, lengths {lengths}: equals the plain sum: {value}",
+        lengths=args.lengths,
     )
     if not info.distributed:
         return
     # integers in float32 sum exactly; random floats round
-    rows = [ring_vs_all_reduce(info, args, length) for length in args.lengths]
-    lines = [
-        "  length {length:>6}  integer data max |diff| {int_diff:.1e}  float data "
-        "max |diff| {float_diff:.1e}".format(**row)
-        for row in rows
-    ]
+    rows = [ring_vs_all_reduce(info, length, args.seed) for length in args.lengths]
+    row = "  length {length:>6}  integer data max |diff| {int_diff:.1e}  "
+    row += "float data max |diff| {float_diff:.1e}"
     report.value(
         "ring_vs_all_reduce",
         rows,
-        "\n".join([f"ring all-reduce (isend/irecv) vs dist.all_reduce on {n} ranks:"] + lines),
+        "ring all-reduce (isend/irecv) vs dist.all_reduce on {n} ranks:\n{lines}",
+        n=n,
+        lines="\n".join(row.format(**r) for r in rows),
     )
     report.claim(
         "ring_equals_all_reduce_on_integers",
@@ -442,6 +301,12 @@ def check_ring(info, args, report: Report) -> None:
         1e-4,
         "  on float data (another summation order): max |diff| {value:.1e}",
     )
+    ring_traffic(info, report)
+
+
+def ring_traffic(info, report: Report) -> None:
+    """4, continued: the messages and bytes one rank of the ring sends, counted."""
+    n = info.world_size
     stats = LinkStats()
     ring_all_reduce(torch.ones(1024 * n, device=info.device), stats=stats)  # n divides the length
     report.claim(
@@ -449,7 +314,8 @@ def check_ring(info, args, report: Report) -> None:
         stats.messages_sent,
         "==",
         2 * (n - 1),
-        f"  one all-reduce of {1024 * n} float32: messages each rank sends {{value}} = 2(n-1)",
+        "  one all-reduce of {elements} float32: messages each rank sends {value} = 2(n-1)",
+        elements=1024 * n,
     )
     print0(
         "  nccl-tests' algbw = bytes / time; busbw = algbw x the share of the tensor each rank sends:"
@@ -459,8 +325,8 @@ def check_ring(info, args, report: Report) -> None:
         stats.bytes_sent / (1024 * n * 4),
         "==",
         bus_bandwidth_factor("all_reduce", n),
-        f"  bytes each rank sends {stats.bytes_sent} = "
-        "{value:.4f} x the tensor = 2(n-1)/n, nccl-tests' busbw / algbw",
+        "  bytes each rank sends {sent} = {value:.4f} x the tensor = 2(n-1)/n, nccl-tests' busbw / algbw",
+        sent=stats.bytes_sent,
     )
 
 
@@ -477,28 +343,32 @@ def ring_vs_server(info, report: Report) -> None:
             server / ring,
             "==",
             m / 2,
-            f"  n = {m} (formula): server {server}, ring {ring:.0f}, "
-            "server / ring {value:g} = n/2",
+            "  n = {m} (formula): server {server}, ring {ring:.0f}, server / ring {value:g} = n/2",
+            m=m,
+            server=server,
+            ring=ring,
         )
     for m in [m for m in (2, 4, 8) if m <= info.world_size]:
         # every rank creates every group
         group = dist.new_group(list(range(m))) if m < info.world_size else None
-        ring = busiest_link(info, ring_all_reduce, m, group)
-        server = busiest_link(info, parameter_server_all_reduce, m, group)
+        ring = busiest_link(info, ring_all_reduce, m, group, PSI)
+        server = busiest_link(info, parameter_server_all_reduce, m, group, PSI)
         report.claim(
             f"ring_link_bytes_measured_n{m}",
             ring,
             "==",
             ring_link_bytes(m, 4 * PSI),
-            f"  n = {m} (counted): ring {{value:.0f}} = 4(n-1) Psi / n",
+            "  n = {m} (counted): ring {value:.0f} = 4(n-1) Psi / n",
+            m=m,
         )
         report.claim(
             f"server_link_bytes_measured_n{m}",
             server,
             "==",
             server_link_bytes(m, 4 * PSI),
-            f"  n = {m} (counted): server {{value:.0f}} = 2(n-1) Psi, "
-            f"{server / ring:g} x the ring's",
+            "  n = {m} (counted): server {value:.0f} = 2(n-1) Psi, {ratio:g} x the ring's",
+            m=m,
+            ratio=server / ring,
         )
 
 
@@ -515,8 +385,9 @@ def no_parameter_server(info, args, report: Report) -> None:
         s["calls"],
         "==",
         int(info.distributed),
-        "  collectives in the step "
-        f"{{value}}: {s['all_reduces']} all_reduce of the gradient; no broadcast of weights",
+        "  collectives in the step {value}: {all_reduces} all_reduce of the gradient; "
+        "no broadcast of weights",
+        all_reduces=s["all_reduces"],
     )
     report.claim(
         "grad_same_on_every_rank",
@@ -552,14 +423,15 @@ def main() -> None:
     args = parse_args()
     with distributed_session(args) as info:
         report = Report(info)
-        report.results.update(
-            backend=info.backend, device=info.device.type, distributed=info.distributed
-        )
+        report.record("backend", info.backend)
+        report.record("device", info.device.type)
+        report.record("distributed", info.distributed)
         report.value(
             "world_size",
             info.world_size,
-            f"world_size {{value}}  backend "
-            f"{info.backend or 'none (plain python)'}  device {info.device.type}",
+            "world_size {value}  backend {backend}  device {device}",
+            backend=info.backend or "none (plain python)",
+            device=info.device.type,
         )
         who_am_i(info, report)
         check_collectives(info, report)
@@ -568,9 +440,8 @@ def main() -> None:
         ring_vs_server(info, report)
         no_parameter_server(info, args, report)
         report.finish(args.results)
-        barrier(
-            info
-        )  # every message received before teardown: 1 in 30 4-rank gloo runs aborted without it
+        # every message received before teardown: 1 in 30 4-rank gloo runs aborted without it
+        barrier(info)
 
 
 if __name__ == "__main__":

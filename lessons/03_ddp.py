@@ -39,21 +39,14 @@ global batch / --base-batch; first epoch 1.04 on 2, 1.28 on 4 processes. Its war
 --lr up) matters when the scaled lr is large: --lr 0.05 on 4 processes (lr 0.2), first epoch 3.28 without,
 1.64 with 12 warm-up steps.
 
-Launchers: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, runs the rendezvous across nodes and
-restarts EVERY rank when one fails (--max-restarts=N, default 0). mp.spawn (--spawn N) calls fn(rank, *args)
-in N fresh interpreters: the parent sets MASTER_ADDR/PORT, each child passes rank and world size to
-init_process_group, and fn must be importable (children unpickle it by module and name: one from a notebook
-cell fails, notebook 03). `python -m torch.distributed.launch` (deprecated) passes --local-rank=N: accepted,
-with a note.
-
-DataParallel is ONE process: each forward copies the module to every GPU, scatters the batch from the first
-GPU, runs the copies in threads sharing one GIL, gathers outputs and reduces gradients on the first GPU. DDP:
-one process per device, all-reduce overlapped with backward; PyTorch recommends it even on one machine (docs:
-CUDA semantics, "Use nn.parallel.DistributedDataParallel instead of ... nn.DataParallel"). Without GPUs
-DataParallel has no devices and just calls the module (measured below). Sources:
+Launchers (docs/launchers.md): torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, runs the
+rendezvous across nodes and restarts EVERY rank when one fails (--max-restarts=N, default 0). mp.spawn
+(--spawn N) calls fn(rank, *args) in N fresh interpreters; fn must be importable (notebook 03). `python -m
+torch.distributed.launch` (deprecated) passes --local-rank=N: accepted, with a note. nn.DataParallel is ONE
+process driving every GPU with threads; PyTorch recommends DDP even on one machine, and without GPUs
+DataParallel just calls the module (measured below). Sources:
 https://pytorch.org/docs/stable/notes/ddp.html, https://pytorch.org/docs/stable/notes/cuda.html,
-https://pytorch.org/docs/stable/elastic/run.html,
-https://pytorch.org/docs/stable/multiprocessing.html#spawning-subprocesses
+https://pytorch.org/docs/stable/elastic/run.html
 """
 
 from __future__ import annotations
@@ -73,6 +66,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from common.data import digits_split, synthetic_split
+from common.data_parallel.references import dataparallel_difference, replay_on_one_process
 from common.harness.atomic import load_checkpoint, save_checkpoint
 from common.harness.env import DistInfo, LessonError, choose_backend_and_device
 from common.harness.metrics import evaluate
@@ -97,71 +91,35 @@ from common.measure.differences import max_abs_diff_all
 from common.models import DigitsCNN
 
 
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """Where the samples come from: the bundled digits, or synthetic images for the benchmarks."""
+    p.add_argument("--data", default=None, help="digits .npz (default: data/digits.npz)")
+    p.add_argument("--dataset", choices=["digits", "synthetic"], default="digits")
+    p.add_argument("--image-size", type=int, default=32, help="synthetic images are 1 x N x N")
+    p.add_argument("--synthetic-samples", type=int, default=4096, help="synthetic train + test")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--epochs", type=int, default=4, help="passes over the training set (default %(default)s)"
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=32,
-        help="samples per process per step; x world_size = global",
-    )
+    p.add_argument("--epochs", type=int, default=4, help="passes over the training set")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per process per step")
     p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate (default %(default)s)")
     p.add_argument(
         "--lr-scaling",
         choices=["none", "linear"],
         default="none",
-        help="linear: lr x global/base batch",
+        help="linear: lr x global batch / --base-batch",
     )
     p.add_argument("--base-batch", type=int, default=32, help="the global batch --lr is tuned for")
-    p.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=0,
-        help="ramp the lr linearly from --lr to its scaled value",
-    )
+    p.add_argument("--warmup-steps", type=int, default=0, help="ramp the lr up from --lr")
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument(
-        "--seed", type=int, default=0, help="model init and data order (same on every rank)"
-    )
-    p.add_argument(
-        "--data", default=None, help="digits .npz (default: the bundled data/digits.npz)"
-    )
-    p.add_argument(
-        "--dataset",
-        choices=["digits", "synthetic"],
-        default="digits",
-        help="synthetic: for benchmarks",
-    )
-    p.add_argument(
-        "--image-size",
-        type=int,
-        default=32,
-        help="synthetic images are 1 x N x N (default %(default)s)",
-    )
-    p.add_argument(
-        "--synthetic-samples",
-        type=int,
-        default=4096,
-        help="train + test samples (default %(default)s)",
-    )
+    p.add_argument("--seed", type=int, default=0, help="init and data order (every rank)")
+    add_data_args(p)
     p.add_argument("--checkpoint", default=None, help="write a checkpoint here after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
-    p.add_argument(
-        "--check-equivalence", action="store_true", help="rank 0 replays the run in one process"
-    )
-    p.add_argument(
-        "--spawn",
-        type=int,
-        default=0,
-        metavar="N",
-        help="start N processes with mp.spawn (plain python)",
-    )
-    p.add_argument(
-        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
-    )
+    p.add_argument("--check-equivalence", action="store_true", help="rank 0 replays the run alone")
+    p.add_argument("--spawn", type=int, default=0, metavar="N", help="N processes by mp.spawn")
+    p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here (JSON)")
     add_distributed_args(p)
     args = p.parse_args(argv)
     # Validate before any process group exists: every rank sees the same argv, so every rank fails alike.
@@ -180,60 +138,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.resume and not args.checkpoint:
         raise LessonError("--resume needs --checkpoint PATH")
     if args.resume and args.check_equivalence:
-        raise LessonError(
-            "--check-equivalence replays a run from its start; it cannot follow --resume"
-        )
+        raise LessonError("--check-equivalence replays a run from its start: not after --resume")
     if args.spawn and "RANK" in os.environ:
-        raise LessonError(
-            "--spawn starts its own processes: run it with plain python, not under a launcher"
-        )
+        raise LessonError("--spawn starts its own processes: run it with plain python")
     return args
 
 
 def lr_at(step: int, args: argparse.Namespace, world_size: int) -> float:
     """The learning rate of optimizer step `step` (0-based): --lr, or the linear scaling rule with warm-up."""
-    scale = (
-        args.batch_size * world_size / args.base_batch if args.lr_scaling == "linear" else 1.0
-    )  # 128/32
-    warm = (
-        min(1.0, step / args.warmup_steps) if args.warmup_steps else 1.0
-    )  # 0 -> 1 (Goyal et al., 2.2)
+    scale = 1.0
+    if args.lr_scaling == "linear":
+        scale = args.batch_size * world_size / args.base_batch  # 4 x 32 / 32 = 4
+    # the warm-up goes from 0 to 1 over --warmup-steps (Goyal et al., section 2.2)
+    warm = min(1.0, step / args.warmup_steps) if args.warmup_steps else 1.0
     return args.lr + (args.lr * scale - args.lr) * warm  # from --lr up to --lr x scale
-
-
-def replay_on_one_process(
-    train_set, world_size: int, args, device
-) -> tuple[nn.Module, list[float]]:
-    """Train in ONE process from the same initial weights, on the same global batches and lr schedule as DDP.
-
-    Each rank's chunk is forwarded apart (BatchNorm normalises per rank, lesson 06); the loss is the mean over
-    the global batch, whose gradient DDP's average is. Returns the model and each epoch's mean train loss.
-    """
-    set_seed(args.seed)
-    model = DigitsCNN(image_size=train_set.tensors[0].shape[-1]).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    samplers = [
-        DistributedSampler(train_set, num_replicas=world_size, rank=r, shuffle=True, seed=args.seed)
-        for r in range(world_size)
-    ]
-    step, epoch_losses = 0, []
-    for epoch in range(args.epochs):
-        for s in samplers:
-            s.set_epoch(epoch)
-        loaders = [DataLoader(train_set, batch_size=args.batch_size, sampler=s) for s in samplers]
-        loss_sum, seen = 0.0, 0
-        for chunks in zip(*loaders):  # chunks[r] = (x, y) that rank r trained on at this step
-            losses = [F.cross_entropy(model(x.to(device)), y.to(device)) for x, y in chunks]
-            loss = torch.stack(losses).mean()  # equal chunk sizes: mean of means = global mean
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, args, world_size)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            step, n = step + 1, sum(len(y) for _, y in chunks)
-            loss_sum, seen = loss_sum + loss.item() * n, seen + n
-        epoch_losses.append(loss_sum / seen)
-    return model, epoch_losses
 
 
 def build(args: argparse.Namespace, info: DistInfo):
@@ -242,9 +160,8 @@ def build(args: argparse.Namespace, info: DistInfo):
     # Same seed on every rank -> same initial weights (DDP also copies rank 0's once, when it wraps it).
     set_seed(args.seed)
     if args.dataset == "digits":
-        train_set, test_set = digits_split(
-            path=args.data
-        )  # (1438, 1, 8, 8) and (359, 1, 8, 8), every rank
+        # (1438, 1, 8, 8) and (359, 1, 8, 8), on every rank
+        train_set, test_set = digits_split(path=args.data)
     else:
         train_set, test_set = synthetic_split(
             args.synthetic_samples, args.image_size, seed=args.seed
@@ -261,9 +178,7 @@ def build(args: argparse.Namespace, info: DistInfo):
     # finds, which must already be on this rank's device. `raw_model` is what we save, load and evaluate.
     raw_model = DigitsCNN(image_size=train_set.tensors[0].shape[-1]).to(info.device)
     model = raw_model
-    if (
-        info.distributed
-    ):  # forward_sync_buffers defaults to True: see the docstring for when it sends
+    if info.distributed:  # forward_sync_buffers defaults to True: the docstring says when it sends
         model = DDP(raw_model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
     optimizer = torch.optim.SGD(raw_model.parameters(), lr=args.lr, momentum=args.momentum)
 
@@ -277,40 +192,58 @@ def build(args: argparse.Namespace, info: DistInfo):
     return train_set, test_set, sampler, loader, raw_model, model, optimizer, start_epoch
 
 
+def save(raw_model: nn.Module, optimizer, epoch: int, path: str, info: DistInfo) -> bool:
+    """Global rank 0 writes the unwrapped model, the optimizer and the epoch; every rank waits for it.
+    Returns whether this rank wrote (temporary file + rename: a crash never leaves half a file)."""
+    state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+    return save_checkpoint(state, path, info)
+
+
+def report_setup(report: Report, args, info: DistInfo) -> None:
+    """Who runs, on what, with which global batch and learning rate."""
+    W, B = info.world_size, args.batch_size
+    report.record("world_size", W)
+    report.record("backend", info.backend)
+    report.record("device", info.device.type)
+    report.record("batch_size_per_process", B)
+    report.value(
+        "global_batch_size",
+        W * B,
+        "world_size {W}  backend {backend}  device {device}  global batch {value} ({W} x {B})",
+        W=W,
+        B=B,
+        backend=info.backend or "none",
+        device=info.device.type,
+    )
+    scaled = " on every world size (--lr-scaling none)"
+    if args.lr_scaling == "linear":
+        scaled = " = {lr:g} x {global_batch} / {base} (linear scaling), warm-up {warmup} steps"
+    report.value(
+        "lr",
+        lr_at(10**9, args, W),
+        "learning rate {value:g}" + scaled,
+        lr=args.lr,
+        global_batch=W * B,
+        base=args.base_batch,
+        warmup=args.warmup_steps,
+    )
+
+
 def train(args: argparse.Namespace, info: DistInfo) -> None:
     """The lesson: every rank runs this inside a process group (or alone, without one)."""
     report = Report(info)
     train_set, test_set, sampler, loader, raw_model, model, optimizer, start_epoch = build(
         args, info
     )
-    W, B = info.world_size, args.batch_size
-    report.results.update(
-        world_size=W, backend=info.backend, device=info.device.type, batch_size_per_process=B
-    )
-    report.value(
-        "global_batch_size",
-        W * B,
-        f"world_size {W}  backend {info.backend or 'none'}  device "
-        f"{info.device.type}  global batch {{value}} ({W} x {B})",
-    )
-    scaled = (
-        f" = {args.lr:g} x {W * B} / {args.base_batch} (linear scaling), warm-up {args.warmup_steps} "
-        "steps"
-        if args.lr_scaling == "linear"
-        else " on every world size (--lr-scaling none)"
-    )
-    report.value("lr", lr_at(10**9, args, W), "learning rate {value:g}" + scaled)
+    report_setup(report, args, info)
     before = evaluate(raw_model, test_set, info)  # the untrained model: about ln(10) = 2.30
     history, steps, wrote_checkpoint, samples_per_s, test = [], 0, False, [], before
-    step0 = start_epoch * len(
-        loader
-    )  # optimizer steps before this run (a resumed warm-up continues)
+    # optimizer steps before this run: a resumed warm-up continues where it stopped
+    step0 = start_epoch * len(loader)
     sync = torch.cuda.synchronize if info.device.type == "cuda" else (lambda: None)
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # without it every epoch repeats epoch 0's order
-        first_indices = list(sampler)[
-            :8
-        ]  # recorded to show: a new order each epoch, the same on rerun
+        first_indices = list(sampler)[:8]  # recorded: a new order each epoch, the same on a rerun
         model.train()
         loss_sum, seen = 0.0, 0
         sync()
@@ -318,7 +251,7 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
         for x, y in rank0_progress(loader, info, desc=f"epoch {epoch + 1}"):
             x, y = x.to(info.device), y.to(info.device)  # x (B, 1, 8, 8) for digits, y (B,); B = 32
             for g in optimizer.param_groups:
-                g["lr"] = lr_at(step0 + steps, args, W)
+                g["lr"] = lr_at(step0 + steps, args, info.world_size)
             loss = F.cross_entropy(model(x), y)  # mean over this rank's B samples
             optimizer.zero_grad(set_to_none=True)
             # DDP all-reduces (averages) each gradient bucket as soon as backward has filled it (default
@@ -327,86 +260,54 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
             optimizer.step()  # every rank applies the same averaged gradient: no broadcast needed
             loss_sum, seen, steps = loss_sum + loss.item() * len(y), seen + len(y), steps + 1
         sync()  # GPU work is asynchronous: wait before reading the clock
-        elapsed = time.perf_counter() - t0
-        train_loss = global_mean(
-            loss_sum, seen, info
-        )  # reduce (sum, count) pairs over ranks, divide once
-        # raw_model (common/harness/metrics.py), with its own BatchNorm buffers
-        test = evaluate(raw_model, test_set, info)
+        # every rank saw the same count (DistributedSampler pads)
+        samples_per_s.append(seen * info.world_size / (time.perf_counter() - t0))
+        train_loss = global_mean(loss_sum, seen, info)  # (sum, count) over ranks, divided once
+        test = evaluate(raw_model, test_set, info)  # the unwrapped model, sharded over ranks
+        row = {"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test["loss"]}
         history.append(
-            {
-                "epoch": epoch + 1,
-                "train_loss": train_loss,
-                "test_loss": test["loss"],
-                "test_accuracy": test["accuracy"],
-                "rank0_first_indices": first_indices,
-            }
+            {**row, "test_accuracy": test["accuracy"], "rank0_first_indices": first_indices}
         )
-        # recorded once, in "history"
         print0(
             f"epoch {epoch + 1}/{args.epochs}  train_loss {train_loss:.4f}  test_loss {test['loss']:.4f}  "
             f"test_acc {test['accuracy']:.4f}"
         )
-        samples_per_s.append(
-            seen * W / elapsed
-        )  # every rank saw the same count (DistributedSampler pads)
         if args.checkpoint:
-            state = {
-                "model": raw_model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "epoch": epoch + 1,
-            }
-            wrote_checkpoint |= save_checkpoint(
-                state, args.checkpoint, info
-            )  # rank 0 writes, all wait
+            wrote_checkpoint |= save(raw_model, optimizer, epoch + 1, args.checkpoint, info)
     report.record("history", history)
+    # per epoch, over all ranks (benchmarks/ddp_scaling.py)
+    report.record("samples_per_s", samples_per_s)
     mine = {"steps": steps, "wrote_checkpoint": wrote_checkpoint}
-    report_claims(report, args, info, raw_model, mine, test, before, len(test_set), samples_per_s)
+    report_claims(report, args, info, raw_model, mine, test, before, len(test_set))
     compare_with_dataparallel(report, info, raw_model, test_set)
     if args.check_equivalence:
         check_equivalence(report, args, info, raw_model, train_set)
     report.finish(args.results)
 
 
-def report_claims(
-    report: Report,
-    args,
-    info: DistInfo,
-    raw_model: nn.Module,
-    mine: dict,
-    test: dict,
-    before: dict,
-    test_images: int,
-    samples_per_s: list,
-) -> None:
-    """Every rank's facts (printed by rank 0 in rank order), then the run's claims."""
-    facts = gather_to_rank0(
-        {
-            "rank": info.rank,
-            "local_rank": info.local_rank,
-            "device": str(info.device),
-            **mine,
-            "peak_rss_mb": peak_rss_mb(),
-        },
-        info,
-    )
-    print0(
-        f"{'rank':>4} {'local_rank':>10} {'device':>8} {'steps':>5}"
-        + ("  wrote the checkpoint" if args.checkpoint else "")
-    )
-    for f in facts or []:  # rank 0 prints every rank's facts, in rank order
-        print0(
-            f"{f['rank']:>4} {f['local_rank']:>10} {f['device']:>8} {f['steps']:>5}"
-            + (f"  {'yes' if f['wrote_checkpoint'] else 'no'}" if args.checkpoint else "")
-        )
+def print_ranks(args, facts: list[dict]) -> None:
+    """Rank 0 prints every rank's facts, in rank order (raw prints from several ranks interleave)."""
+    wrote = "  wrote the checkpoint" if args.checkpoint else ""
+    print0(f"{'rank':>4} {'local_rank':>10} {'device':>8} {'steps':>5}{wrote}")
+    for f in facts:
+        wrote = f"  {'yes' if f['wrote_checkpoint'] else 'no'}" if args.checkpoint else ""
+        print0(f"{f['rank']:>4} {f['local_rank']:>10} {f['device']:>8} {f['steps']:>5}{wrote}")
     if not args.checkpoint:
         print0(
             "(no --checkpoint given: no rank wrote one; with --checkpoint PATH only global rank 0 writes)"
         )
+
+
+def report_claims(report: Report, args, info, raw_model, mine, test, before, n_test) -> None:
+    """Every rank's facts (printed by rank 0 in rank order), then the run's claims: `mine` holds this rank's
+    steps and whether it wrote the checkpoint, `test` and `before` the last and the first evaluation, `n_test`
+    the number of test images."""
+    here = {"rank": info.rank, "local_rank": info.local_rank, "device": str(info.device)}
+    facts = gather_to_rank0({**here, **mine, "peak_rss_mb": peak_rss_mb()}, info) or []
+    print_ranks(args, facts)
     report.record("ranks", facts)
-    if (
-        info.distributed
-    ):  # no rank sent parameters since the wrap, yet: same start, same gradients, same step
+    # no rank sent parameters since the wrap, yet: same start, same gradients, same step
+    if info.distributed:
         report.claim(
             "replicas_identical",
             max_param_diff_across_ranks(raw_model, info),
@@ -414,20 +315,16 @@ def report_claims(
             0.0,
             "max parameter difference across ranks: {value:.1e} (no parameter server)",
         )
-    ratio = test["loss"] / before["loss"]  # test: the last epoch's evaluation
-    sentence = (
-        f"test loss {before['loss']:.4f} at this run's start -> {test['loss']:.4f}: "
-        "ratio {value:.3f}"
-    )
+    ratio = test["loss"] / before["loss"]
+    sentence = "test loss {start:.4f} at this run's start -> {end:.4f}: ratio {value:.3f}"
+    losses = {"start": before["loss"], "end": test["loss"]}
     if mine["steps"] >= 40:  # a run of this length halves the test loss; a shorter one need not:
-        report.claim("loss_falls", ratio, "<=", 0.5, sentence)
+        report.claim("loss_falls", ratio, "<=", 0.5, sentence, **losses)
     else:  # 4 ranks x 1 epoch = 12 steps end at 0.83; a resumed run starts trained
-        report.value(
-            "loss_ratio", ratio, sentence + f" (no claim: {mine['steps']} steps, it needs 40)"
-        )
-    if (
-        args.epochs >= 4
-    ):  # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
+        note = " (no claim: {steps} steps, it needs 40)"
+        report.value("loss_ratio", ratio, sentence + note, steps=mine["steps"], **losses)
+    # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
+    if args.epochs >= 4:
         report.claim(
             "test_accuracy", test["accuracy"], ">=", 0.95, "final test accuracy {value:.4f}"
         )
@@ -435,46 +332,36 @@ def report_claims(
         "each_test_image_counted_once",
         test["count"],
         "==",
-        test_images,
+        n_test,
         "test images counted over all ranks: {value} (the padded repeats dropped)",
     )
     report.perf(
         "peak_rss_mb",
-        [f["peak_rss_mb"] for f in facts or []],
-        "peak RSS per rank (MB): " + ", ".join(f"{f['peak_rss_mb']:.0f}" for f in facts or []),
+        [f["peak_rss_mb"] for f in facts],
+        "peak RSS per rank (MB): {mb}",
+        mb=", ".join(f"{f['peak_rss_mb']:.0f}" for f in facts),
     )
-    report.record(
-        "samples_per_s", samples_per_s
-    )  # per epoch, over all ranks (benchmarks/ddp_scaling.py)
 
 
-def compare_with_dataparallel(
-    report: Report, info: DistInfo, raw_model: nn.Module, test_set
-) -> None:
+def compare_with_dataparallel(report: Report, info: DistInfo, raw_model, test_set) -> None:
     """nn.DataParallel (one process, threads) on rank 0: its output equals the module's."""
     with rank0_only(info, "the DataParallel comparison") as mine:
-        # nn.DataParallel's device_ids: every visible GPU; [] without CUDA, and then forward = the module's
         if mine:
             print0(
                 "nn.DataParallel, the older API DDP replaces: ONE process drives every GPU with threads "
                 "(docs/launchers.md)"
             )
-            dp, x = (
-                nn.DataParallel(raw_model).eval(),
-                test_set.tensors[0].to(info.device),
-            )  # x (359, 1, 8, 8)
-            with (
-                torch.no_grad()
-            ):  # eval mode: each sample's output does not depend on how the batch is split
-                diff = (dp(x) - raw_model(x)).abs().max().item()
-            report.record("dataparallel_device_ids", list(dp.device_ids))
+            x = test_set.tensors[0].to(info.device)  # (359, 1, 8, 8)
+            device_ids, diff = dataparallel_difference(raw_model, x)
+            report.record("dataparallel_device_ids", device_ids)
             report.claim(
                 "dataparallel_output_equals_module",
                 diff,
                 "<=",
                 1e-5,
-                f"nn.DataParallel on device_ids {list(dp.device_ids)} vs the module itself: "
+                "nn.DataParallel on device_ids {ids} vs the module itself: "
                 "max |output difference| = {value:.1e}",
+                ids=device_ids,
             )
 
 
@@ -487,27 +374,30 @@ def compare_with_dataparallel(
 ORDER_NOTE = " (3+ ranks: float32 sums in another order, no claim; see ORDER_NOTE in the code)"
 
 
-def check_equivalence(
-    report: Report, args, info: DistInfo, raw_model: nn.Module, train_set
-) -> None:
+def check_equivalence(report: Report, args, info: DistInfo, raw_model, train_set) -> None:
     """--check-equivalence: rank 0 replays the run in one process; the parameters match."""
-    with rank0_only(
-        info, "the one-process replay"
-    ) as mine:  # no --timeout-s bound on the waiting ranks
+    # the other ranks wait for this rank-0-only phase without the --timeout-s bound
+    with rank0_only(info, "the one-process replay") as mine:
         if mine:
             t0 = time.perf_counter()
-            reference, _ = replay_on_one_process(train_set, info.world_size, args, info.device)
+            reference, _ = replay_on_one_process(
+                train_set, info.world_size, args, info.device, lr_at
+            )
             report.perf("replay_s", time.perf_counter() - t0, "one-process replay: {value:.2f} s")
             ddp, replay = list(raw_model.parameters()), list(reference.parameters())
             diff = max_abs_diff_all(ddp, replay)  # NaN-safe: a diverged run fails the claim
             sentence = (
-                f"DDP on {info.world_size} ranks vs one process on the global batch: max |parameter "
-                "difference| = {value:.1e}"
+                "DDP on {ranks} ranks vs one process on the global batch: "
+                "max |parameter difference| = {value:.1e}"
             )
             if info.world_size <= 2:
-                report.claim("ddp_equals_one_process", diff, "<=", 1e-5, sentence)
+                report.claim(
+                    "ddp_equals_one_process", diff, "<=", 1e-5, sentence, ranks=info.world_size
+                )
             else:
-                report.value("ddp_vs_one_process_max", diff, sentence + ORDER_NOTE)
+                report.value(
+                    "ddp_vs_one_process_max", diff, sentence + ORDER_NOTE, ranks=info.world_size
+                )
 
 
 def spawn_worker(rank: int, world_size: int, args: argparse.Namespace) -> None:

@@ -27,8 +27,8 @@ def ring_all_reduce(t: torch.Tensor) -> torch.Tensor:
         # post the send and the receive together: if every rank sent first, all could wait forever
         ops = [
             dist.P2POp(dist.isend, send, (rank + 1) % n),  # to the right neighbour
-            dist.P2POp(dist.irecv, buf, (rank - 1) % n),
-        ]  # from the left one
+            dist.P2POp(dist.irecv, buf, (rank - 1) % n),  # from the left one
+        ]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         if step < n - 1:

@@ -3,10 +3,9 @@
     torchrun --standalone --nproc_per_node=2 minimal/04_custom_sampler.py --epochs 2
     python minimal/04_custom_sampler.py                             # plain python: a world of one
 
-`diff minimal/03_ddp.py minimal/04_custom_sampler.py`: `shard_indices` replaces DistributedSampler.
-Every rank draws the SAME permutation from (seed, epoch), pads it by repeating its start until it
-divides by the world size, and keeps every world_size-th index from its rank: no message needed.
-The check: its indices are torch's, so the training equals minimal/03's. Lesson: lessons/04.
+`diff minimal/03_ddp.py minimal/04_custom_sampler.py`: `shard_indices` replaces DistributedSampler:
+every rank draws the SAME permutation of (seed, epoch), pads it with its start to a multiple of the
+world size and keeps every world_size-th index from its rank. Checked against torch's; lessons/04.
 """
 
 import argparse
@@ -54,9 +53,7 @@ def make_model() -> nn.Module:
 
 
 def shard_indices(n: int, world_size: int, rank: int, seed: int, epoch: int) -> list[int]:
-    """The indices DistributedSampler(shuffle=True, drop_last=False) gives `rank` in `epoch`.
-
-    Its length is what THIS rank yields (ceil(n / world_size)), not n: a sampler's __len__."""
+    """DistributedSampler(shuffle=True)'s indices for `rank` in `epoch`: ceil(n / W), not n."""
     g = torch.Generator().manual_seed(seed + epoch)  # the same seed on every rank ...
     order = torch.randperm(n, generator=g).tolist()  # ... so the same permutation: no communication
     total = math.ceil(n / world_size) * world_size  # pad: 11 samples on 2 ranks -> 12 positions
@@ -74,8 +71,7 @@ def train(args, rank, world_size, device) -> None:
 
     # --- the training loop ---
     for epoch in range(args.epochs):
-        # each rank reads a disjoint 1/world_size of a permutation of (seed, epoch): 719 of 1438
-        indices = shard_indices(len(train_set), world_size, rank, args.seed, epoch)  # set_epoch
+        indices = shard_indices(len(train_set), world_size, rank, args.seed, epoch)  # 719 of 1438
         loader = DataLoader(train_set, batch_size=args.batch_size, sampler=indices)
         loss_sum, seen = 0.0, 0
         for x, y in loader:

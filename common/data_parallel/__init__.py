@@ -1,1 +1,1 @@
-"""Data parallelism's pieces: samplers, per-rank seeding, SyncBatchNorm, DDP's buffers (lessons 04-06)."""
+"""Data parallelism's pieces: DDP's references, samplers, per-rank seeding, SyncBatchNorm, DDP's buffers (03-06)."""

@@ -20,19 +20,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence, Sized
+from itertools import product
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler, Sampler, WeightedRandomSampler
 
 __all__ = [
     "check_replicas",
     "pad_or_cut",
     "EpochSampler",
     "distributed_indices",
+    "count_matching_configs",
     "DistributedSamplerByHand",
     "UnpaddedDistributedSampler",
     "WeightedDistributedSampler",
+    "interleave",
+    "weighted_union_vs_torch",
 ]
 
 
@@ -121,6 +125,22 @@ def distributed_indices(
     else:
         order = torch.arange(n)
     return pad_or_cut(order, total_size)[rank:total_size:num_replicas]
+
+
+def count_matching_configs(seeds=(0, 7), epochs=(0, 1)) -> tuple[int, int]:
+    """(matching, total) configurations (n, W, shuffle, drop_last, seed, epoch) on which `distributed_indices`
+    equals torch's DistributedSampler on every rank, indices and length (n = 0..12, W = 1..4)."""
+    configs = list(product(range(13), range(1, 5), (False, True), (False, True), seeds, epochs))
+    match = 0
+    for n, w, shuffle, drop_last, seed, epoch in configs:
+        ok = True
+        for r in range(w):
+            ref = DistributedSampler(range(n), w, r, shuffle, seed, drop_last)
+            ref.set_epoch(epoch)
+            mine = distributed_indices(n, w, r, shuffle, seed, epoch, drop_last).tolist()
+            ok &= list(ref) == mine and len(ref) == len(mine)
+        match += ok
+    return match, len(configs)
 
 
 class EpochSampler(Sampler):
@@ -306,3 +326,41 @@ class WeightedDistributedSampler(EpochSampler):
 
     def __len__(self) -> int:
         return self.num_samples
+
+
+def interleave(streams: list[list[int]]) -> list[int]:
+    """Rank streams back into the global order: position k came from rank k % W (the stride
+    `WeightedDistributedSampler` and `DistributedSampler` deal positions out by)."""
+    return [streams[k % len(streams)][k // len(streams)] for k in range(sum(map(len, streams)))]
+
+
+def weighted_union_vs_torch(
+    weights: torch.Tensor, with_replacement: list, without: list, m: int, seed: int
+) -> dict:
+    """`WeightedDistributedSampler`'s rank streams (epoch 0), interleaved, against `WeightedRandomSampler`'s
+    draw in one process from the same generator (seed + epoch 0).
+
+    Args:
+        weights: the per-sample weights both drew with.
+        with_replacement: each rank's stream drawn with replacement.
+        without: each rank's stream drawn without replacement, num_samples = m, padded to a multiple of W by
+            repeating the start.
+        m: the draws without replacement.
+        seed: the samplers' seed.
+
+    Returns:
+        {"with": the union IS the one-process draw of as many samples, "padded": without replacement it is the
+        draw of m plus padding, "whole": it equals the one-process draw of all its positions (only when W
+        divides m), "positions": how many positions the ranks filled without replacement}.
+    """
+
+    def g() -> torch.Generator:
+        return torch.Generator().manual_seed(seed)
+
+    union = interleave(with_replacement)
+    same = union == list(WeightedRandomSampler(weights, len(union), True, generator=g()))
+    union = interleave(without)
+    drawn = list(WeightedRandomSampler(weights, m, False, generator=g()))
+    padded = union[:m] == drawn and union[m:] == union[: len(union) - m]
+    whole = union == list(WeightedRandomSampler(weights, len(union), False, generator=g()))
+    return {"with": same, "padded": padded, "whole": whole, "positions": len(union)}

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from common.run.launch import lesson_path, run_command, run_lesson
-from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 CLAIMS = {"loss_falls", "test_accuracy", "each_test_image_counted_once"}
 
@@ -16,10 +16,8 @@ CLAIMS = {"loss_falls", "test_accuracy", "each_test_image_counted_once"}
 @pytest.fixture(scope="module")
 def full():
     """The default run, plus the in-run check that a run stopped at epoch 2 and resumed ends identical."""
-    args = [
-        *DEV,
-        "--check-resume",
-    ]  # without a GPU, notebook 01's command: the session launches it once
+    # without a GPU, notebook 01's command: the session launches it once
+    args = [*DEV, "--check-resume"]
     return run_lesson("01_single_gpu", nproc=None, args=args, timeout_s=360).check()
 
 
@@ -34,6 +32,7 @@ def test_baseline_learns(full):
     assert losses[-1] < 0.5 * losses[0]  # the loss actually falls
     assert all(s > 0 for s in r["samples_per_s"])
     assert "note:" not in full.stdout and r["world_size"] == 1
+    assert_lines_fit(full)
 
 
 @pytest.mark.timeout(480)

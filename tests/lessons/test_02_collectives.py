@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from common.run.launch import REPO_ROOT, run_lesson
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 UNEVEN_LENGTHS = [
     "1",
@@ -19,6 +19,7 @@ UNEVEN_LENGTHS = [
     "7",
     "1001",
 ]  # none divisible by 4; 1, 2, 3 are smaller than 4 ranks
+DEFAULT_LENGTHS = ["1", "3", "7", "1001"]  # the lesson's default: odd, so none divides by 2
 BENCHMARK = REPO_ROOT / "benchmarks" / "allreduce_bandwidth.py"
 PSI_BYTES = 4096  # the lesson's PSI = 1024 float32
 COLLECTIVES = {
@@ -66,7 +67,8 @@ def launch(nproc, args=(), timeout_s=400):
 
 @pytest.fixture(scope="module")
 def two():
-    return launch(2, ["--lengths", *UNEVEN_LENGTHS])
+    """The default run on 2 processes: without a GPU, notebook 02's command (one launch serves both)."""
+    return launch(2, DEV)
 
 
 @pytest.fixture(scope="module", params=[1, 3, 4])
@@ -74,9 +76,9 @@ def world(request):
     return request.param, launch(request.param, ["--lengths", *UNEVEN_LENGTHS])
 
 
-def _check_ring(res: dict, n: int) -> None:
+def _check_ring(res: dict, n: int, lengths=UNEVEN_LENGTHS) -> None:
     claims = res["claims"]
-    assert [row["length"] for row in res["ring_vs_all_reduce"]] == [int(x) for x in UNEVEN_LENGTHS]
+    assert [row["length"] for row in res["ring_vs_all_reduce"]] == [int(x) for x in lengths]
     for row in res["ring_vs_all_reduce"]:
         assert row["int_diff"] == 0.0, row  # integer-valued data: bit for bit
         assert row["float_diff"] < 1e-4, row  # float32 sums of n ~N(0,1) values, other order
@@ -125,7 +127,7 @@ def test_lesson_two_processes_checks_every_claim(two):
     ]
     assert res["backends_built"]["gloo"] is True
     _check_collectives(res, 2)
-    _check_ring(res, 2)
+    _check_ring(res, 2, DEFAULT_LENGTHS)
     _check_no_parameter_server(res, True)
     # ring versus server, in + out on the busiest link, counted: equal at n = 2 (the old print suggested 2x)
     assert res["claims"]["ring_link_bytes_measured_n2"]["value"] == 2 * PSI_BYTES
@@ -133,6 +135,7 @@ def test_lesson_two_processes_checks_every_claim(two):
     # deterministic summary on stdout, timings only on [perf] lines (here: the barrier waits)
     assert "DOES NOT HOLD" not in two.stdout
     assert [line for line in two.lines(perf=True) if "barrier" in line] == two.lines(perf=True)
+    assert_lines_fit(two)
 
 
 def test_output_runs_the_collectives_before_tabulating_them_and_defines_busbw_before_using_it(two):
@@ -181,6 +184,7 @@ def test_lesson_plain_python_runs_without_a_process_group():
         claims["grad_equals_global_batch"]["value"] == 0.0
         and claims["params_equal_global_batch"]["value"] == 0.0
     )
+    assert_lines_fit(run)
 
 
 @pytest.mark.timeout(360)

@@ -16,7 +16,7 @@ import torch
 
 from common.harness.env import LessonError
 from common.run.launch import REPO_ROOT, lesson_path, run_command, run_lesson, torchrun_command
-from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 from tests._nan_on_rank1 import failing_claims, launch_with_nan_on_rank1
 from tests._workers import free_port
 
@@ -77,6 +77,7 @@ def test_ddp_learns_on_two_processes(ddp2):
     )  # every test image counted once, none twice
     assert r["history"][-1]["train_loss"] < 0.5 * r["history"][0]["train_loss"]
     assert LEGACY_NOTE not in ddp2.stdout
+    assert_lines_fit(ddp2)
 
 
 @pytest.mark.timeout(600)
@@ -194,6 +195,7 @@ def test_one_process_under_torchrun_and_plain_python(nproc, one):
     assert r["claims"]["each_test_image_counted_once"]["value"] == 359
     assert r["history"][-1]["test_accuracy"] > 0.9
     assert_claims(r, {"loss_falls", "each_test_image_counted_once"})
+    assert_lines_fit(run)
 
 
 @pytest.mark.timeout(600)
@@ -215,6 +217,7 @@ def test_linear_lr_scaling_on_four_processes(ddp2, one):
     ] * 4  # 1438 / 4 -> 360 -> 12 batches of 32 x 4 epochs
 
     from common.data import digits_split
+    from common.data_parallel.references import replay_on_one_process
     from common.harness.env import DistInfo
     from common.harness.metrics import evaluate
 
@@ -225,9 +228,8 @@ def test_linear_lr_scaling_on_four_processes(ddp2, one):
     try:
 
         def replay(world, *argv):
-            return lesson.replay_on_one_process(
-                train_set, world, lesson.parse_args(list(argv)), torch.device("cpu")
-            )
+            args = lesson.parse_args(list(argv))
+            return replay_on_one_process(train_set, world, args, torch.device("cpu"), lesson.lr_at)
 
         model_4, one_lr_4 = replay(4)
         test_loss_4 = evaluate(model_4, test_set, DistInfo())["loss"]

@@ -4,7 +4,7 @@ The samplers' properties (hypothesis), given cases and bad input are unit tests:
 import pytest
 
 from common.run.launch import run_lesson
-from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 CLAIMS = {
     "padding_repeats",
@@ -47,6 +47,7 @@ def test_two_ranks_claims_hold(two_ranks):
     res = two_ranks.results
     claims = assert_claims(res, CLAIMS | {"weighted_ranks_differ"})
     assert res["world_size"] == 2
+    assert_lines_fit(two_ranks)
     # 1. index by index: 832 configurations, every index once plus exactly the padding, set_epoch reshuffles
     assert res["configs_total"] > 500 and claims["by_hand_equals_torch_configs"]["value"] == 0
     for epoch_indices in res["indices"]:
@@ -86,6 +87,7 @@ def test_one_process_claims_hold(one_process):
     res = one_process.results
     claims = assert_claims(res, CLAIMS)
     assert res["world_size"] == 1 and res["configs_total"] == 832
+    assert_lines_fit(one_process)
     assert res["len_check"]["blog"] == [
         {"len": 6, "yielded": 6}
     ]  # one rank: the dataset IS this rank's share

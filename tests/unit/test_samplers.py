@@ -2,7 +2,6 @@
 lesson 04's and 05's pure functions: hypothesis properties, given cases, bad input. No torchrun: a sampler takes
 (num_replicas, rank) directly, so every rank of a world is built in this one process."""
 
-import importlib
 import runpy
 from collections import Counter
 
@@ -23,11 +22,15 @@ from common.data_parallel.bucketing import (
     padded_token_fraction,
     padded_tokens,
 )
+from common.data_parallel.sampler_len import BlogShardSampler, blog_steps_differ, len_vs_yield
 from common.data_parallel.samplers import (
     DistributedSamplerByHand,
     UnpaddedDistributedSampler,
     WeightedDistributedSampler,
+    count_matching_configs,
     distributed_indices,
+    interleave,
+    weighted_union_vs_torch,
 )
 from common.data_parallel.seeding import (
     augmentation_streams,
@@ -41,8 +44,6 @@ from common.harness.env import DistInfo, LessonError
 from common.harness.metrics import evaluate
 from common.harness.session import set_seed
 from common.run.launch import REPO_ROOT
-
-lesson04 = importlib.import_module("lessons.04_custom_sampler")
 
 sizes = st.integers(0, 200)
 worlds = st.integers(1, 8)
@@ -282,12 +283,10 @@ def test_weighted_without_replacement_is_torch_draw_plus_padding(n, w, seed, epo
 # ------------------------------ __len__ and step counts of the blog sampler (lesson 04) ------------------------------
 @given(n=st.integers(1, 120), w=worlds, b=st.integers(1, 9), drop_last=st.booleans())
 def test_blog_step_rule_matches_what_ranks_run(n, w, b, drop_last):
-    steps = [
-        len(list(BatchSampler(lesson04.BlogShardSampler(n, w, r), b, drop_last))) for r in range(w)
-    ]
-    assert (len(set(steps)) > 1) == lesson04.blog_steps_differ(n, w, b, drop_last)
+    steps = [len(list(BatchSampler(BlogShardSampler(n, w, r), b, drop_last))) for r in range(w)]
+    assert (len(set(steps)) > 1) == blog_steps_differ(n, w, b, drop_last)
     loader = DataLoader(
-        range(n), batch_size=b, sampler=lesson04.BlogShardSampler(n, w, 0), drop_last=drop_last
+        range(n), batch_size=b, sampler=BlogShardSampler(n, w, 0), drop_last=drop_last
     )
     assert len(loader) == (
         n // b if drop_last else -(-n // b)
@@ -296,20 +295,28 @@ def test_blog_step_rule_matches_what_ranks_run(n, w, b, drop_last):
 
 def test_blog_sampler_given_case_says_6_yields_3():
     """11 samples, batch 2, 2 ranks: len(DataLoader) says 6, each rank yields 3; with drop_last [3, 2] steps."""
-    rows = [lesson04.len_vs_yield(lesson04.BlogShardSampler(11, 2, r), 2, False) for r in range(2)]
+    rows = [len_vs_yield(BlogShardSampler(11, 2, r), 2, False) for r in range(2)]
     assert rows == [{"len": 6, "yielded": 3}] * 2
-    assert [
-        lesson04.len_vs_yield(lesson04.BlogShardSampler(11, 2, r), 2, True)["yielded"]
-        for r in range(2)
-    ] == [3, 2]
-    assert not lesson04.blog_steps_differ(11, 2, 2, False) and lesson04.blog_steps_differ(
-        9, 2, 2, False
-    )
+    assert [len_vs_yield(BlogShardSampler(11, 2, r), 2, True)["yielded"] for r in range(2)] == [
+        3,
+        2,
+    ]
+    assert not blog_steps_differ(11, 2, 2, False) and blog_steps_differ(9, 2, 2, False)
 
 
 def test_by_hand_matches_torch_on_the_lesson_grid():
-    match, total = lesson04.count_matching_configs()
+    match, total = count_matching_configs()
     assert match == total == 832
+
+
+def test_weighted_union_is_torchs_draw_with_replacement_and_its_draw_plus_padding_without():
+    """5 weights, 2 ranks, 3 draws without replacement fill 4 positions: the 4th repeats the first."""
+    weights = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=torch.float64)
+    with_r = [list(WeightedDistributedSampler(weights, 2, r, seed=3)) for r in range(2)]
+    without = [list(WeightedDistributedSampler(weights, 2, r, 3, False, 3)) for r in range(2)]
+    assert interleave([[0, 2, 4], [1, 3]]) == [0, 1, 2, 3, 4]
+    union = weighted_union_vs_torch(weights, with_r, without, 3, 3)
+    assert union == {"with": True, "padded": True, "whole": False, "positions": 4}
 
 
 # ------------------------------ evaluation on fewer samples than ranks ----------------------------
