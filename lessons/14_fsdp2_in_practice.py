@@ -56,6 +56,7 @@ from common.measure.precision import max_diff, worst_over_ranks
 from common.sharding.accounting import full_params
 from common.sharding.fsdp import (
     NormalisedMLP,
+    fsdp_units,
     full_values,
     gradient_bytes,
     init_like_eager,
@@ -64,7 +65,6 @@ from common.sharding.fsdp import (
     padded_bytes,
     predicted_step_bytes,
     shard_blocks_then_root,
-    units,
 )
 
 EQUAL = 1e-5  # max |difference| of parameters after a few SGD steps: float32 rounding is ~1e-7
