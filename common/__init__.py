@@ -73,6 +73,7 @@ plots: the notebooks' pictures, drawn from the runs' own tensors
     plots.parallel           who holds what in model parallelism (10, 11)
     plots.hang               every rank's Python stack side by side (12)
     plots.zero               ZeRO-1/2/3 and FSDP2: who holds what, and when (13)
+    plots.checkpoint         who wrote which bytes of a sharded checkpoint, who read them back (15)
     plots.profile            one step per rank, the bucket all-reduces against backward (17)
 
 run: used by notebooks, tests and benchmarks, never by a lesson

@@ -49,6 +49,10 @@ EXERCISES: dict[str, tuple[str, str]] = {
         "13",
         "a sharded optimizer (ZeRO-1) around any torch.optim optimizer and its groups",
     ),
+    "reshard_plan": (
+        "15",
+        "the reading plan of a resharding load: which rows of which saved file a rank reads",
+    ),
     "training_state": ("16", "capture and restore the full training state, bit for bit"),
     "ring_attention_merge": (
         "19",

@@ -214,7 +214,7 @@ def ddp_written_once(r: Run, folder: Path, model, opt) -> None:
         written - one_replica,
         "==",
         0,
-        "  DDP on {N} ranks: {written} bytes written = one replica's, by rank {by_rank}; extra: {value}",
+        "  DDP on {N} ranks: {written} bytes, by rank {by_rank}; beyond one replica: {value}",
         N=r.info.world_size,
         written=written,
         by_rank=by_rank,
