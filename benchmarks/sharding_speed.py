@@ -25,13 +25,15 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.data import digits_split
+from common.data import digits_split, global_batch_slices
 from common.harness.env import LessonError
 from common.harness.grid import Grid
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
+from common.measure.bandwidth import ring_bytes_sent
 from common.measure.counters import count_collectives
-from common.measure.memory import ResidualMLP, held_bytes
+from common.measure.memory import held_bytes
+from common.models import ResidualMLP
 from common.sharding.accounting import moved_bytes
 from common.sharding.zero import ZeRO
 
@@ -133,7 +135,15 @@ def main() -> None:
             raise LessonError(f"--global-batch {args.global_batch} cannot be split over {N} ranks")
         set_seed(args.seed)
         train_set, _ = digits_split()
-        data = lesson.global_batches(train_set, 0, args.repeats + 1, args, info)
+        data = global_batch_slices(
+            train_set,
+            args.repeats + 1,
+            args.global_batch,
+            args.seed,
+            info.rank,
+            N,
+            device=info.device,
+        )
         rows = {}
         for setup in SETUPS:
             model, step, _, _, _ = build(setup, args.width, args.depth, grid, info)
@@ -149,43 +159,39 @@ def main() -> None:
             slowest = torch.tensor(statistics.median(times), device=info.device)
             torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
             sent = moved_bytes(c.bytes, N) / args.repeats
-            if (
-                setup == "DDP"
-            ):  # DDP's all-reduce runs in C++: 2 Psi (N-1)/N from its parameter count
-                sent = 2 * 4 * n_params(args.width, args.depth) * (N - 1) / N
+            if setup == "DDP":  # DDP's all-reduce runs in C++: 2 Psi (N-1)/N from its parameters
+                sent = ring_bytes_sent("all_reduce", 4 * n_params(args.width, args.depth), N)
             rows[setup] = {"step_s": slowest.item(), "bytes_sent": sent}
         report.record("speed", rows)
         report.value(
             "width",
             args.width,
-            f"1. ResidualMLP width {{value}} depth {args.depth} "
-            f"({n_params(args.width, args.depth)} parameters), {N} ranks, global batch {args.global_batch}",
+            "1. ResidualMLP width {value} depth {depth} ({n} parameters), {N} ranks, global batch {B}",
+            depth=args.depth,
+            n=n_params(args.width, args.depth),
+            N=N,
+            B=args.global_batch,
         )
         for setup, row in rows.items():
             report.perf(
                 f"step_ratio_{setup.replace(' ', '')}",
                 row["step_s"] / rows["DDP"]["step_s"],
-                f"{setup:<8} step {row['step_s'] * 1e3:7.2f} ms = {{value:.2f}}x DDP's; "
-                f"sent {row['bytes_sent'] / 1e6:.3f} MB per rank per step",
+                "{setup:<8} step {ms:7.2f} ms = {value:.2f}x DDP's; sent {mb:.3f} MB per rank per step",
+                setup=setup,
+                ms=row["step_s"] * 1e3,
+                mb=row["bytes_sent"] / 1e6,
             )
 
         budget = args.budget_mb * 2**20
         widest = {}
-        for (
-            setup
-        ) in SETUPS:  # the widest model whose bytes per rank fit the budget, from the counts
+        # the widest model whose bytes per rank fit the budget, from the counts
+        for setup in SETUPS:
             w = 1
             while n_params(w + 1, args.depth) * bytes_per_param(setup, N) <= budget:
                 w += 1
             model, step, opt, params, grads = build(setup, w, args.depth, grid, info)
-            got = {}
-            lesson.train(
-                model,
-                step,
-                data[:1],
-                lambda: got.update(gradients=held_bytes([], grads(), opt)["gradients"]),
-            )
-            measured = sum(held_bytes(params, [], opt).values()) + got["gradients"]
+            _, grad_bytes = lesson.train(model, step, data[:1], grads)
+            measured = sum(held_bytes(params, [], opt).values()) + grad_bytes
             widest[setup] = {
                 "width": w,
                 "n_params": n_params(w, args.depth),
@@ -195,18 +201,19 @@ def main() -> None:
         report.value(
             "budget_mb",
             args.budget_mb,
-            f"2. widest model in {{value}} MB per rank (parameters, gradients at "
-            f"the end of backward, Adam state), depth {args.depth}, {N} ranks:\n"
-            + "\n".join(
+            "2. widest model in {value} MB per rank (parameters, gradients at the end of backward,"
+            " Adam state), depth {depth}, {N} ranks:\n{rows}",
+            depth=args.depth,
+            N=N,
+            rows="\n".join(
                 f"  {s:<8} width {r['width']:>4}: {r['n_params']:>9} parameters "
                 f"({r['n_params'] / widest['DDP']['n_params']:.2f}x DDP's), measured "
                 f"{r['measured_bytes'] / 2**20:.3f} MB"
                 for s, r in widest.items()
             ),
         )
-        fits = all(
-            r["measured_bytes"] <= budget * 1.01 for r in widest.values()
-        )  # + 1%: padding, step counters
+        # + 1%: padding, step counters
+        fits = all(r["measured_bytes"] <= budget * 1.01 for r in widest.values())
         report.claim(
             "every_widest_model_fits",
             int(fits),

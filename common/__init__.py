@@ -46,8 +46,7 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     sharding.zero                    ZeRO-1/2/3 by hand on flat padded buffers (13)
     sharding.accounting              what a sharded rank holds and sends, ZeRO and FSDP2 (13)
     sharding.fsdp                   FSDP2 in practice: wrapping, predicted bytes, init equal to eager (14)
-    checkpoint.sharded               DCP checkpoints of FSDP2 state with a completion marker (13)
-    checkpoint.reshard               DCP checkpoints of a DDP run that another world size loads (16)
+    checkpoint.sharded               DCP checkpoints any world size loads, one completion marker (15)
     checkpoint.train_state           the whole training state in one checkpoint (16)
     fault_tolerance.faults           injected faults and the timeline of a run that survives them (16)
     performance.buckets              DDP's buckets: its rule predicted, all-reduce calls and storage counted (07, 17)
@@ -94,6 +93,7 @@ plots: the notebooks' pictures, drawn from the runs' own tensors
     plots.hang               every rank's Python stack side by side (12)
     plots.zero               ZeRO-1/2/3 and FSDP2: who holds what, and when (13)
     plots.fsdp              FSDP2's knobs as the bytes a rank holds (14)
+    plots.checkpoint         who wrote which bytes of a sharded checkpoint, who read them back (15)
     plots.profile            one step per rank, the bucket all-reduces against backward (17)
     plots.compression        bytes against gradient error, one point per comm hook (18)
 

@@ -26,6 +26,7 @@ __all__ = [
     "imbalanced_subset",
     "digit_sequences",
     "next_token_targets",
+    "global_batch_slices",
     "PIXEL_VOCAB",
 ]
 
@@ -183,3 +184,33 @@ def next_token_targets(tokens: torch.Tensor, ignore_index: int = -100) -> torch.
     """
     last = torch.full_like(tokens[:, :1], ignore_index)
     return torch.cat([tokens[:, 1:], last], dim=1)
+
+
+def global_batch_slices(
+    dataset: TensorDataset,
+    steps: int,
+    global_batch: int,
+    seed: int,
+    rank: int,
+    world_size: int,
+    first: int = 0,
+    device: torch.device | str = "cpu",
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Steps first .. first+steps-1 of one fixed stream of global batches, and this rank's 1/N slice of each.
+
+    Step t's global batch is perm[t B : (t + 1) B] (wrapping around the data), perm fixed by `seed`; rank r takes
+    its r-th B/N of it. The stream does not depend on the world size, so a run on 4 ranks and one on 2 ranks see
+    the same global batches: what lets a checkpoint continue on another world size (lessons 13 and 15).
+    """
+    if global_batch % world_size:
+        raise LessonError(
+            f"a global batch of {global_batch} cannot be split over {world_size} ranks"
+        )
+    x_all, y_all = dataset.tensors
+    perm = torch.randperm(len(x_all), generator=torch.Generator().manual_seed(seed))
+    b = global_batch // world_size  # per-rank micro-batch
+    batches = []
+    for step in range(first, first + steps):
+        i = perm[(step * global_batch + rank * b + torch.arange(b)) % len(perm)]
+        batches.append((x_all[i].to(device), y_all[i].to(device)))  # (b, 1, 8, 8), (b,)
+    return batches

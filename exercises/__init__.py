@@ -50,6 +50,10 @@ EXERCISES: dict[str, tuple[str, str]] = {
         "a sharded optimizer (ZeRO-1) around any torch.optim optimizer and its groups",
     ),
     "hsdp_wrapping": ("14", "HSDP: a 2-D mesh and the fully_shard calls, each block then the root"),
+    "reshard_plan": (
+        "15",
+        "the reading plan of a resharding load: which rows of which saved file a rank reads",
+    ),
     "training_state": ("16", "capture and restore the full training state, bit for bit"),
     "compress_hook": (
         "18",

@@ -41,12 +41,8 @@ def train(args, rank, world_size, device) -> None:
         y_all = torch.from_numpy(f["labels"].astype(np.int64))  # (1797,) digits 0..9
     perm = torch.randperm(len(y_all), generator=torch.Generator().manual_seed(args.seed))
     b = 64 // world_size  # step t: the samples perm[64t: 64t + 64], rank r the r-th b of them
-    data = [
-        (x_all[i].to(device), y_all[i].to(device))
-        for i in (
-            perm[(t * 64 + rank * b + torch.arange(b)) % len(perm)] for t in range(args.steps)
-        )
-    ]
+    idx = [perm[(t * 64 + rank * b + torch.arange(b)) % len(perm)] for t in range(args.steps)]
+    data = [(x_all[i].to(device), y_all[i].to(device)) for i in idx]
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     raw_model = make_model().to(device)
     init = parameters_to_vector(raw_model.parameters()).detach()  # (n,) all parameters, flat
@@ -93,18 +89,9 @@ def train(args, rank, world_size, device) -> None:
         diff = (flat[:n] - want).abs().max()
         dist.all_reduce(diff, op=dist.ReduceOp.MAX)
         state = sum(t.nbytes for v in optimizer.state.values() for t in v.values())  # Adam's
+        line = dict(stage=stage, max_diff=diff.item(), adam_state_bytes=state, losses=losses)
         if rank == 0:  # one JSON line per stage, full precision
-            print(
-                json.dumps(
-                    {
-                        "stage": stage,
-                        "max_diff": diff.item(),
-                        "adam_state_bytes": state,
-                        "ddp_adam_state_bytes": ddp_state,
-                        "losses": losses,
-                    }
-                )
-            )
+            print(json.dumps({**line, "ddp_adam_state_bytes": ddp_state}))
         torch.testing.assert_close(flat[:n], want, rtol=0, atol=1e-6)
 
 

@@ -1,13 +1,19 @@
-"""Sharded checkpoints with `torch.distributed.checkpoint` (DCP), with a completion marker (lesson 13).
+"""Sharded checkpoints with `torch.distributed.checkpoint` (DCP), any world size, one completion marker (lesson 15).
 
-Every rank writes its own shard files (`__R_0.distcp`) and the coordinator writes `.metadata`; a checkpoint saved
-by N ranks loads on M ranks because DCP records which slice of which tensor each file holds and each loading rank
-reads the slices its own shards need (https://pytorch.org/docs/stable/distributed.checkpoint.html).
+Every rank writes the chunks it holds (`__R_0.distcp`: an FSDP2 rank its shards; replicated DDP tensors are
+written once, DCP spreading them over the ranks) and the coordinator writes `.metadata`: which chunk of which
+tensor sits where in which file. A checkpoint saved by N ranks loads on M because each loading rank reads, from
+whichever files hold them, the chunks that overlap its own shards
+(https://pytorch.org/docs/stable/distributed.checkpoint.html).
 
-A crash can leave some of those files written and some not. So the save removes any old marker first, and rank 0
-writes `COMPLETE.json` (the model's parameter names and shapes, the world size, the step) last, after a barrier
-that every rank reaches only when its files are written; a loader refuses a folder without it, or one whose
-shapes are not this model's, before any process group exists: every rank fails alike, with one line.
+The rules that never lose a checkpoint:
+1. every save goes to a NEW folder (`step_folder`); a folder with a marker is never written into again;
+2. every rank's files first, then a barrier, then rank 0 writes `COMPLETE.json` LAST, atomically (a temporary
+   file, fsync, `os.replace`: `common.harness.atomic.atomic_write`);
+3. a loader takes the newest folder that has a marker (`latest_complete`) and refuses one without it
+   (`check_complete`, on every rank before any process group: every rank fails alike, with one line);
+4. an older checkpoint is deleted only once a newer one is complete.
+A save killed half-way leaves files without a marker beside the last complete checkpoint, which still loads.
 """
 
 from __future__ import annotations
@@ -33,15 +39,25 @@ from common.harness.env import DistInfo, LessonError
 __all__ = [
     "MARKER",
     "FULL_MODEL",
-    "agreed_folder",
+    "step_folder",
     "check_complete",
+    "check_world_size_can_continue",
+    "latest_complete",
     "save_sharded",
+    "async_save_sharded",
     "mark_complete",
     "load_sharded",
+    "chunks_written",
+    "agreed_folder",
 ]
 
 MARKER = "COMPLETE.json"
 FULL_MODEL = "full_model.pt"  # the whole model in one file, for a single-process reader
+
+
+def step_folder(root: str | Path, step: int) -> Path:
+    """The folder of the checkpoint taken after `step` optimizer steps: root/step_000008."""
+    return Path(root) / f"step_{step:06d}"
 
 
 def check_complete(path: str | Path, signature: dict[str, list[int]]) -> dict:
@@ -74,30 +90,66 @@ def check_complete(path: str | Path, signature: dict[str, list[int]]) -> dict:
     return marker
 
 
+def check_world_size_can_continue(marker: dict, path: str | Path, world_size: int) -> None:
+    """DCP loads on any world size; continuing the SAME run needs the saved global batch split evenly over the
+    new ranks (each rank takes global_batch / world_size samples of every step). LessonError otherwise."""
+    global_batch = marker.get("global_batch")
+    if global_batch is not None and global_batch % world_size:
+        raise LessonError(
+            f"{path} was saved by {marker.get('world_size')} ranks with a global batch of {global_batch}: "
+            f"{world_size} ranks cannot continue it (use a world size that divides {global_batch})"
+        )
+
+
+def latest_complete(root: str | Path, signature: dict[str, list[int]]) -> tuple[Path, dict]:
+    """The newest step folder under `root` that has a marker, and its marker. Folders without a marker (a save
+    that died) are passed over, never loaded; LessonError when no folder has one."""
+    for folder in sorted(Path(root).glob("step_*"), reverse=True):
+        if (folder / MARKER).is_file():
+            return folder, check_complete(folder, signature)
+    raise LessonError(
+        f"{root} holds no complete checkpoint: no step_* folder with a {MARKER} (every save there died "
+        "before its marker, or it is not a checkpoint root)"
+    )
+
+
+def _state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # DTensors: this rank's shards, by name
+    return {"model": model_sd, "optim": optim_sd}
+
+
 def save_sharded(
-    model: nn.Module, optimizer: torch.optim.Optimizer, path: str | Path, info: DistInfo
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    path: str | Path,
+    info: DistInfo,
+    full_model: bool = True,
 ) -> None:
-    """Every rank saves its shards of the model and the optimizer state; rank 0 also writes the full model
-    (gathered to rank 0 on the CPU: `full_state_dict=True, cpu_offload=True`) as `full_model.pt`.
-    Call `mark_complete` after everything that belongs to the checkpoint is written."""
+    """Every rank saves its shards of the model and of the optimizer state into `path`; with `full_model`,
+    rank 0 also writes the whole model (gathered to rank 0 on the CPU: `full_state_dict=True,
+    cpu_offload=True`) as `full_model.pt`. A folder already marked complete is rewritten only after its
+    marker is removed (an old marker must not vouch for new files). Call `mark_complete` last."""
     path = Path(path)
     if info.master_process:
         path.mkdir(parents=True, exist_ok=True)
-        (path / MARKER).unlink(
-            missing_ok=True
-        )  # an old marker must not vouch for the files written now
+        (path / MARKER).unlink(missing_ok=True)
     dist.barrier()
-    model_sd, optim_sd = get_state_dict(
-        model, optimizer
-    )  # DTensors: this rank's shards, keyed by name
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
-    full = get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
-    if (
-        info.master_process
-    ):  # the other ranks got {}: the full tensors exist on rank 0 only, on the CPU
-        atomic_write(path / FULL_MODEL, lambda f: torch.save(full, f))
+    dcp.save(_state(model, optimizer), checkpoint_id=str(path))
+    if full_model:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = get_model_state_dict(
+            model, options=options
+        )  # {} off rank 0: the tensors are there only
+        if info.master_process:
+            atomic_write(path / FULL_MODEL, lambda f: torch.save(full, f))
+
+
+def async_save_sharded(model: nn.Module, optimizer, path: str | Path, group):
+    """`dcp.async_save` of model + optimizer: returns a Future once the state is staged (copied into CPU
+    memory), the files are written by a thread. `group` is a gloo group of its own, so that the writer's
+    collectives never interleave with the training loop's. Wait on the Future, then `mark_complete`."""
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return dcp.async_save(_state(model, optimizer), checkpoint_id=str(path), process_group=group)
 
 
 def mark_complete(path: str | Path, info: DistInfo, **facts) -> None:
@@ -108,15 +160,40 @@ def mark_complete(path: str | Path, info: DistInfo, **facts) -> None:
     dist.barrier()
 
 
-def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, path: str | Path) -> None:
-    """Load a checkpoint saved by any number of ranks into this (sharded) model and optimizer, in place: DCP reads
-    into the state dict's own DTensors, each rank the slices of its shards."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
+def load_sharded(model: nn.Module, optimizer, path: str | Path, group=None) -> None:
+    """Load a checkpoint saved by any number of ranks into this (sharded or replicated) model and optimizer, in
+    place: DCP reads into the state dict's own tensors, each rank of `group` (default: the world) the chunks
+    that overlap its shards."""
+    state = _state(model, optimizer)
+    dcp.load(state, checkpoint_id=str(path), process_group=group)
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
+
+
+def chunks_written(path: str | Path) -> list[dict]:
+    """Every tensor chunk in a DCP checkpoint, read from its `.metadata`: {"fqn", "offsets", "sizes", "shape"
+    (the whole tensor's), "bytes" (elements x element size), "rank" (whose file holds it: __R_0.distcp)}. One
+    process, no group needed."""
+    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    rows = []
+    for index, where in metadata.storage_data.items():
+        meta = metadata.state_dict_metadata[index.fqn]
+        if not hasattr(meta, "chunks"):  # a non-tensor entry (an optimizer's param group settings)
+            continue
+        chunk = next(c for c in meta.chunks if list(c.offsets) == list(index.offset))
+        element = torch.empty((), dtype=meta.properties.dtype).element_size()
+        rows.append(
+            {
+                "fqn": index.fqn,
+                "offsets": list(chunk.offsets),
+                "sizes": list(chunk.sizes),
+                "shape": list(meta.size),
+                "bytes": chunk.sizes.numel() * element,
+                "rank": int(where.relative_path.split("_")[2]),
+            }
+        )
+    return rows
 
 
 def agreed_folder(path: str | Path | None, info: DistInfo) -> Path:

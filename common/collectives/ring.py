@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from common.measure.bandwidth import ring_bytes_sent
+
 __all__ = [
     "chunk_bounds",
     "ring_schedule",
@@ -273,7 +275,7 @@ def parameter_server_all_reduce(
 
 def ring_link_bytes(world_size: int, nbytes: int) -> float:
     """In + out on one ring rank's link for an all-reduce of `nbytes`: 2 * 2(n-1)/n * nbytes = 4(n-1)/n * nbytes."""
-    return 4 * (world_size - 1) * nbytes / world_size
+    return 2 * ring_bytes_sent("all_reduce", nbytes, world_size)
 
 
 def server_link_bytes(world_size: int, nbytes: int) -> int:

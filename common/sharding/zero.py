@@ -37,7 +37,7 @@ import torch.nn as nn
 
 from common.harness.env import LessonError
 
-__all__ = ["STAGES", "check_stages", "check_world_size", "FlatUnit", "ZeRO"]
+__all__ = ["STAGES", "check_stages", "check_world_size", "padded_sizes", "FlatUnit", "ZeRO"]
 
 STAGES = (1, 2, 3)
 
@@ -70,6 +70,11 @@ def check_world_size(unit_numels: dict[str, int], world_size: int) -> None:
                 f"leave rank {world_size - 1} only padding; use at most {max(1, n // s)} ranks "
                 "or a wider model"
             )
+
+
+def padded_sizes(unit_numels: dict[str, int], world_size: int) -> dict[str, int]:
+    """name -> elements of each unit's flat buffer: n padded to N x ceil(n / N), a whole shard per rank."""
+    return {name: math.ceil(n / world_size) * world_size for name, n in unit_numels.items()}
 
 
 def _all_gather(out: torch.Tensor, shard: torch.Tensor, group) -> None:

@@ -37,6 +37,7 @@ WRONG_SAYS = {
     "one_f_one_b": "1F1B holds",
     "tensor_parallel_mlp": "f's backward must all-reduce",
     "zero1_optimizer": "broadcast each parameter",
+    "reshard_plan": "not rows // W",
     "training_state": "copy the state_dicts",
     "compress_hook": "Divide by the world size before the all-reduce",
     "ring_attention_merge": "you averaged the two outputs",
@@ -119,6 +120,13 @@ MORE_WRONG_SAYS = {
         "groups_merged": "each parameter group's options",
         "round_robin_two": "holds no shard",
         "no_local": "self.local",
+    },
+    "reshard_plan": {
+        "local_rows": "rows are global",
+        "empty_pieces": "has an empty piece",
+        "whole_files": "holds rows",
+        "not_a_list": "return a list",
+        "past_the_file": "only",
     },
     "training_state": {
         "no_param_groups": "param_groups hold the lr",
