@@ -343,7 +343,7 @@ def timeouts(report: Report) -> None:
         "==",
         1,
         "  TORCH_NCCL_ASYNC_ERROR_HANDLING = {mode} (unset: 3): 1 and 3 tear the process down"
-        " on an NCCL timeout: {value}",
+        " on a timeout: {value}",
         mode=mode,
     )
 

@@ -344,8 +344,8 @@ def batchnorm_claims(report: Report, v: dict, raw_model, built: list[int]) -> No
         built[0] - params,
         "==",
         buffers,
-        "DDP's construction sent the parameters and {value} bytes of buffers (even with "
-        "forward_sync_buffers=False)",
+        "DDP's construction sent the parameters and {value} bytes of buffers "
+        "(forward_sync_buffers=False too)",
     )
 
 
@@ -398,8 +398,8 @@ def buffer_sync_in_evaluation(model, raw_model, info, loader, test_set, channels
         len(sent),
         "==",
         1,
-        "evaluation, 3 forwards under no_grad: {value} broadcast (the first: the forward before it "
-        "synced gradients)",
+        "evaluation, 3 forwards under no_grad: {value} broadcast (at the first: the forward before "
+        "it synced)",
     )
     # the larger of the running means' and variances' spread
     after = nan_max(spread(gather_stats(raw_model, info), channels))
@@ -432,8 +432,8 @@ def buffer_sync_in_evaluation(model, raw_model, info, loader, test_set, channels
         accumulation / 2,
         "==",
         1,
-        "2 optimizer steps of 3 micro-steps, no_sync on 2: {sent} broadcasts ({value:g} per step, at "
-        "its first micro-step)",
+        "2 optimizer steps of 3 micro-steps, no_sync on 2: {sent} broadcasts ({value:g} per step, "
+        "at the first)",
         sent=accumulation,
     )
 
