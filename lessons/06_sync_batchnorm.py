@@ -145,6 +145,7 @@ def main() -> None:
         report_setup(report, args, info, grid, groups, steps)
         channels = [m.num_features for _, m in batchnorm_modules(DigitsCNN())]  # [16, 32]
         variants, rank0 = report.record("variants", {}), {}
+        # what every variant shares
         run = dict(info=info, groups=groups, loader=loader, steps=steps, test_set=test_set)
         run.update(channels=channels, report=report)
 
@@ -161,7 +162,10 @@ def main() -> None:
 
         # ---- 3. DDP's default, forward_sync_buffers=True: when it broadcasts, and what it hides ------------
         if info.distributed:
-            default_buffer_sync(args, rank0["batchnorm"], **run)
+            no_sync_model = rank0["batchnorm"]
+            default_buffer_sync(
+                args, no_sync_model, info, loader, steps, test_set, channels, report
+            )
         report.finish(args.results)
 
 
@@ -349,7 +353,7 @@ def batchnorm_claims(report: Report, v: dict, raw_model, built: list[int]) -> No
     )
 
 
-def default_buffer_sync(args, no_sync_model, info, loader, steps, test_set, channels, report, **_):
+def default_buffer_sync(args, no_sync_model, info, loader, steps, test_set, channels, report):
     """3. Plain BatchNorm under DDP's default: the broadcasts of a training step; rank 0's statistics."""
     raw_model, model = build("batchnorm_default", args, info, None)
     # tracker: the statistics of the world's batch
