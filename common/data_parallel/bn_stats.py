@@ -102,10 +102,9 @@ def global_batch_tracker(model: nn.Module, process_group=None) -> Iterator[nn.Mo
 
         def feed(module, inputs, shadow=shadow):
             if module.training:
+                # updates the shadow's running statistics; returns None: the input is unchanged
                 with torch.no_grad():
-                    shadow(
-                        inputs[0]
-                    )  # updates the shadow's running statistics; returns None: input unchanged
+                    shadow(inputs[0])
 
         handles.append(layer.register_forward_pre_hook(feed))
     try:
