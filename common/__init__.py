@@ -33,8 +33,9 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     data_parallel.bucketing          length-grouped batches for variable-length sequences (04)
     data_parallel.seeding            random streams that differ by rank and reproduce on a rerun (05)
     data_parallel.sync_batchnorm     SyncBatchNorm from two all-reduces (06)
-    data_parallel.bn_stats           BatchNorm running statistics across ranks (06)
+    data_parallel.bn_stats           BatchNorm running statistics across ranks; rank 0's run replayed (06)
     data_parallel.ddp_buffers        when DDP sends module buffers (06)
+    data_parallel.accumulation       gradient accumulation: the batch arithmetic, each variant's step (07)
     pipeline.naive                   the naive split in one process, and the unsplit step checked against (09)
     pipeline.schedules               stages, micro-batches, GPipe / 1F1B / interleaved orders, the bubble (09)
     pipeline.executor                a send/recv pipeline executor in a schedule's order (09)
@@ -74,7 +75,7 @@ shared by every topic
 exhibits: lesson 12's reproduced failures
     exhibits.frame           the registry, and a context that runs a broken version bounded
     exhibits.collectives     collectives that ranks do not all join
-    exhibits.uneven          ranks with different amounts of work
+    exhibits.uneven          ranks with different amounts of work (and lesson 05's failure demos)
     exhibits.training        training-loop mistakes that need no hang to show
     exhibits.gradients       gradient mistakes: accumulation under DDP, GradScaler, a NaN on one rank
     exhibits.nan             one rank's NaN reaches every rank

@@ -1,7 +1,5 @@
 """Lesson 05: uneven data -- evaluation without padding, Join for uneven shards, per-rank random streams.
 
-Run it:
-
     python lessons/05_uneven_data.py                                    # one process (world of 1)
     torchrun --standalone --nproc_per_node=2 lessons/05_uneven_data.py  # 2 processes: the failures need 2
 
@@ -12,16 +10,15 @@ What to look for:
    the DDP wrapper rank 0's forward broadcasts buffers (BatchNorm statistics) that rank 1 never joins, until
    the timeout (2 s here).
 2. Join: rank r holds 4 + r batches. Under `Join([model])` every rank finishes, after 4 and 5 steps, with
-   identical parameters: a rank that ran out shadows DDP's collectives. Without Join, rank 1 (every rank but
-   0) waits in its 5th gradient all-reduce until the timeout. Join covers ONLY the collectives of the objects
-   it wraps (DDP's all-reduce and buffer broadcast, ZeroRedundancyOptimizer): a `dist.all_reduce(loss)` of
-   yours inside the loop meets the finished rank's shadow collectives and gloo fails ("Received data size
-   doesn't match expected size"; the process aborts: shown in a child world). Reduce (loss_sum, count) after
-   the loop, or agree on a step count first (all-reduce MIN of the batch counts) and need no Join. Timeouts:
-   there is always one, by default 30 min for gloo, 10 min for NCCL; on NCCL a timed-out collective does not
-   raise, the watchdog tears the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING: torchrun sets 1, the default
-   is 3; both tear down, 2 only aborts the communicators). So the failure demos run on CPU with gloo, in
-   groups of their own with a short timeout.
+   identical parameters: a rank that ran out shadows DDP's collectives. Without Join, rank 1 waits in its
+   5th gradient all-reduce until the timeout. Join covers ONLY the collectives of the objects it wraps (DDP,
+   ZeroRedundancyOptimizer): a `dist.all_reduce(loss)` of yours inside the loop meets the finished rank's
+   shadow collectives and gloo fails ("Received data size doesn't match expected size"; the process aborts:
+   shown in a child world). Reduce (loss_sum, count) after the loop, or agree on a step count first
+   (all-reduce MIN of the batch counts) and need no Join. There is always a timeout: 30 min for gloo, 10 min
+   for NCCL, where a timed-out collective does not raise: the watchdog tears the process down
+   (TORCH_NCCL_ASYNC_ERROR_HANDLING 1, torchrun's, or 3, the default; 2 only aborts the communicators).
+   So the failure demos run on CPU with gloo, in groups of their own with a short timeout.
 3. Seeding (myth 6). PyTorch already seeds torch, numpy and random differently in each worker of one rank;
    what goes wrong is the same seed on every rank: worker w on rank 0 repeats worker w on rank 1 (k workers),
    and with 0 workers (the default) the draws come from the global RNGs, alike on every rank, which a
@@ -40,9 +37,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from contextlib import nullcontext
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -53,13 +48,11 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from common.data import digits_split
 from common.data_parallel.samplers import UnpaddedDistributedSampler
-from common.data_parallel.seeding import (
-    augmentation_streams,
-    describe_pairs,
-    generator_draws,
-    loader_generator,
-    seed_data_rngs,
-    stream_summary,
+from common.data_parallel.seeding import describe_pairs, distinct_streams, seeding_demo
+from common.exhibits.uneven import (
+    all_reduce_inside_join_child,
+    ddp_eval_with_empty_shard,
+    train_without_join,
 )
 from common.harness.env import LessonError
 from common.harness.metrics import evaluate
@@ -72,59 +65,35 @@ from common.harness.ranks import (
 from common.harness.results import Report
 from common.harness.session import (
     add_distributed_args,
-    barrier,
     distributed_session,
     rank0_only,
     run_main,
     set_seed,
 )
 from common.models import DigitsCNN
-from common.run.launch import run_command, torchrun_command
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--seed", type=int, default=0, help="model init, data order, augmentation seed (>= 0)"
-    )
-    p.add_argument(
-        "--join-batches", type=int, default=4, help="rank r trains on join-batches + r batches"
-    )
-    p.add_argument(
-        "--batch-size", type=int, default=16, help="samples per batch per process in the Join demo"
-    )
-    p.add_argument(
-        "--hang-timeout-s", type=float, default=2.0, help="timeout of the failure demos' groups (s)"
-    )
-    p.add_argument(
-        "--workers", type=int, default=2, help="DataLoader workers per rank in the seeding demo"
-    )
-    p.add_argument(
-        "--aug-samples", type=int, default=8, help="samples per rank in the seeding demo"
-    )
-    p.add_argument(
-        "--data", default=None, help="digits .npz (default: the bundled data/digits.npz)"
-    )
-    p.add_argument(
-        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
-    )
+    p.add_argument("--seed", type=int, default=0, help="model init, data order, augmentations")
+    p.add_argument("--join-batches", type=int, default=4, help="rank r trains on this + r batches")
+    p.add_argument("--batch-size", type=int, default=16, help="samples per batch per process")
+    p.add_argument("--hang-timeout-s", type=float, default=2.0, help="failure demos' timeout (s)")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers in the seeding demo")
+    p.add_argument("--aug-samples", type=int, default=8, help="samples per rank, seeding demo")
+    p.add_argument("--data", default=None, help="digits .npz (default: data/digits.npz)")
+    p.add_argument("--results", default=None, help="rank 0 writes the numbers here as JSON")
     # section 2's child world
     p.add_argument("--child", choices=["all-reduce-in-join"], help=argparse.SUPPRESS)
     add_distributed_args(p)
     args = p.parse_args(argv)
     # Validate before any process group exists: every rank sees the same argv, so every rank fails alike.
-    for name, low in (
-        ("join_batches", 1),
-        ("batch_size", 1),
-        ("workers", 1),
-        ("aug_samples", 1),
-        ("seed", 0),
-    ):
+    minimum = {"join_batches": 1, "batch_size": 1, "workers": 1, "aug_samples": 1, "seed": 0}
+    for name, low in minimum.items():
         if getattr(args, name) < low:
             what = "a positive integer" if low else ">= 0"
-            raise LessonError(
-                f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}"
-            )
+            flag = "--" + name.replace("_", "-")
+            raise LessonError(f"{flag} must be {what}, got {getattr(args, name)}")
     # worker w loads sample w first: fewer samples leave workers without a stream
     if args.aug_samples < args.workers:
         raise LessonError(
@@ -138,25 +107,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def run_until_timeout(steps) -> dict:
-    """Run the iterator `steps` to its end.
-
-    Returns {"outcome": "finished" | "timed out" | the error, "steps", "seconds"}."""
-    t0, outcome, done = time.perf_counter(), "finished", 0
-    try:
-        for _ in steps:
-            done += 1
-    except (
-        RuntimeError
-    ) as e:  # gloo: "Timed out waiting 2000ms for recv ..." or "Application timeout ..."
-        outcome = (
-            "timed out"
-            if "time" in str(e).lower()
-            else f"error: {type(e).__name__}: {str(e)[:200]}"
-        )
-    return {"outcome": outcome, "steps": done, "seconds": time.perf_counter() - t0}
-
-
 # 1. Evaluation without padding ------------------------------------------------------------------------------
 @torch.no_grad()
 def shard_sums(model, dataset, sampler, device) -> list[float]:
@@ -164,11 +114,9 @@ def shard_sums(model, dataset, sampler, device) -> list[float]:
     sums = [0.0, 0.0, 0.0]
     for x, y in DataLoader(dataset, batch_size=128, sampler=sampler):
         logits, y = model(x.to(device)), y.to(device)  # logits (B, 10)
-        sums = [
-            sums[0] + F.cross_entropy(logits, y, reduction="sum").item(),
-            sums[1] + (logits.argmax(1) == y).sum().item(),
-            sums[2] + len(y),
-        ]
+        sums[0] += F.cross_entropy(logits, y, reduction="sum").item()
+        sums[1] += (logits.argmax(1) == y).sum().item()
+        sums[2] += len(y)
     return sums
 
 
@@ -177,9 +125,7 @@ def evaluate_unpadded(raw_model, dataset, info) -> dict:
     divided once."""
     sampler = UnpaddedDistributedSampler(dataset, info.world_size, info.rank)
     mine = shard_sums(raw_model, dataset, sampler, info.device)
-    loss_sum, correct, count = all_reduce_sum(
-        mine, info
-    )  # an empty shard still joins this all-reduce
+    loss_sum, correct, count = all_reduce_sum(mine, info)  # an empty shard joins it too
     return {
         "loss": loss_sum / count,
         "accuracy": correct / count,
@@ -193,22 +139,6 @@ def padding_counted_as_data(model, dataset, info) -> int:
     divides by."""
     sampler = DistributedSampler(dataset, info.world_size, info.rank, shuffle=False)
     return int(all_reduce_sum(shard_sums(model, dataset, sampler, info.device), info)[2])
-
-
-def ddp_eval_with_empty_shard(dataset, info, timeout_s: float) -> dict:
-    """The mistake: evaluating through the DDP wrapper when a rank's shard is empty (len(dataset) < W).
-
-    DDP's first forward (and the first after any training step) broadcasts rank 0's buffers; a rank with no
-    batch never calls forward. On CPU in a gloo group of its own, so the wait ends after `timeout_s`."""
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-    model = DDP(
-        DigitsCNN(), process_group=group
-    ).eval()  # BatchNorm: running statistics are buffers
-    sampler = UnpaddedDistributedSampler(dataset, info.world_size, info.rank)
-    with torch.no_grad():
-        out = run_until_timeout(model(x) for x, _ in DataLoader(dataset, sampler=sampler))
-    barrier(info)  # the default group (timeout --timeout-s): everyone continues together
-    return out
 
 
 # 2. Uneven shards: Join -------------------------------------------------------------------------------------
@@ -226,22 +156,8 @@ def train_with_join(model, raw_model, loader, info) -> dict:
             loss.backward()
             optimizer.step()
             steps, loss_sum, count = steps + 1, loss_sum + loss.item() * len(y), count + len(y)
-    loss_sum, count = all_reduce_sum(
-        [loss_sum, count], info
-    )  # after the loop, where every rank takes part
+    loss_sum, count = all_reduce_sum([loss_sum, count], info)  # after the loop: every rank joins
     return {"steps": steps, "loss": loss_sum / count, "count": int(count)}
-
-
-def train_without_join(loader, info, timeout_s: float) -> dict:
-    """The mistake: the same loop without Join (CPU, gloo group with `timeout_s`): the rank with more batches
-    waits in its extra step's all-reduce for a partner that never comes."""
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-    model = DDP(DigitsCNN(norm="none"), process_group=group)
-    out = run_until_timeout(
-        F.cross_entropy(model(x), y).backward() for x, y in loader
-    )  # one step per item
-    barrier(info)  # the default group (timeout --timeout-s): everyone continues together
-    return out
 
 
 def all_reduce_inside_join(model, raw_model, loader, info) -> None:
@@ -254,32 +170,27 @@ def all_reduce_inside_join(model, raw_model, loader, info) -> None:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            dist.all_reduce(
-                loss.detach()
-            )  # the line that breaks: a collective Join knows nothing about
+            dist.all_reduce(loss.detach())  # breaks: a collective Join knows nothing about
 
 
 def uneven_loader(train_set, info, args) -> DataLoader:
     """Rank r's join_batches + r batches, as when each rank reads its own shard file and the files differ."""
-    shard = list(
-        DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=args.seed)
-    )
-    mine = shard[: (args.join_batches + info.rank) * args.batch_size]
+    sampler = DistributedSampler(train_set, info.world_size, info.rank, seed=args.seed)  # shuffled
+    mine = list(sampler)[: (args.join_batches + info.rank) * args.batch_size]
     return DataLoader(Subset(train_set, mine), args.batch_size)
 
 
 def evaluation(raw_model, test_set, info, args, report: Report) -> None:
     """1. Evaluation of the (untrained, accuracy about 0.1) model: the exact ways must agree."""
-    W = info.world_size
     print0(f"\n1. Evaluation on {len(test_set)} test images")
     ev = evaluate_unpadded(raw_model, test_set, info)
-    shards = report.record("eval_shards", all_gather_objects(ev["shard"], info))
     report.claim(
         "unpadded_counts_every_image_once",
         ev["count"],
         "==",
         len(test_set),
-        f"  UnpaddedDistributedSampler shards {shards}, (sum, count) reduced: {{value}} images",
+        "  UnpaddedDistributedSampler shards {shards}, (sum, count) reduced: {value} images",
+        shards=report.record("eval_shards", all_gather_objects(ev["shard"], info)),
     )
     xs, ys = test_set.tensors  # one process, the whole test set: the reference
     with torch.no_grad():
@@ -299,38 +210,40 @@ def evaluation(raw_model, test_set, info, args, report: Report) -> None:
         ("one_process", single),
         ("metrics_evaluate", evaluate(raw_model, test_set, info)),
     ):
-        report.claim(
-            f"unpadded_equals_{name}_loss",
-            abs(ev["loss"] - other["loss"]),
-            "<=",
-            1e-5,
-            f"  |loss - {name} loss| = {{value:.1e}}",
-        )
-        report.claim(
-            f"unpadded_equals_{name}_accuracy",
-            abs(ev["accuracy"] - other["accuracy"]),
-            "<=",
-            1e-12,
-            f"  |accuracy - {name} accuracy| = {{value:.1e}}",
-        )
+        for key, bound in (("loss", 1e-5), ("accuracy", 1e-12)):
+            report.claim(
+                f"unpadded_equals_{name}_{key}",
+                abs(ev[key] - other[key]),
+                "<=",
+                bound,
+                "  |{key} - {ref} {key}| = {value:.1e}",
+                key=key,
+                ref=name,
+            )
     report.claim(
         "padding_counted_as_data",
         padding_counted_as_data(raw_model, test_set, info),
         "==",
-        W * -(-len(test_set) // W),
+        info.world_size * -(-len(test_set) // info.world_size),
         "  DistributedSampler's padding counted as data: {value} images",
     )
-    tiny = Subset(test_set, [0])  # 1 image: with 2 ranks, rank 1's shard is empty
-    t, one = evaluate_unpadded(raw_model, tiny, info), F.cross_entropy(logits[:1], ys[:1]).item()
+    one_image(raw_model, test_set, logits, info, args, report)
+
+
+def one_image(raw_model, test_set, logits, info, args, report: Report) -> None:
+    """1, continued: 1 test image (with 2 ranks, rank 1's shard is empty), unwrapped and through DDP."""
+    tiny = Subset(test_set, [0])
+    t = evaluate_unpadded(raw_model, tiny, info)
+    one = F.cross_entropy(logits[:1], test_set.tensors[1][:1]).item()
     report.claim(
         "tiny_eval_unwrapped_equals_one_process",
         abs(t["loss"] - one),
         "<=",
         1e-5,
-        f"  1 test image, shards {all_gather_objects(t['shard'], info)}: |loss - 1 process| "
-        "{value:.1e} unwrapped",
+        "  1 test image, shards {shards}: |loss - 1 process| {value:.1e} unwrapped",
+        shards=all_gather_objects(t["shard"], info),
     )
-    if W > 1:
+    if info.world_size > 1:
         hang = all_gather_objects(ddp_eval_with_empty_shard(tiny, info, args.hang_timeout_s), info)
         report.claim(
             "ddp_eval_empty_shard_times_out",
@@ -342,17 +255,21 @@ def evaluation(raw_model, test_set, info, args, report: Report) -> None:
 
 
 def uneven_shards(model, raw_model, train_set, info, args, report: Report) -> None:
-    """2. Uneven shards: Join, the plain loop, and a user all-reduce inside Join (in a child world)."""
-    W = info.world_size
+    """2. Uneven shards: Join, then (2+ ranks) the plain loop and a user all-reduce inside Join."""
     print0(f"\n2. Uneven shards: rank r holds {args.join_batches} + r batches of {args.batch_size}")
     loader = uneven_loader(train_set, info, args)
     out = train_with_join(model, raw_model, loader, info)
-    want = [args.join_batches + r for r in range(W)]
+    want = [args.join_batches + r for r in range(info.world_size)]
     steps = report.value(
         "join_steps", all_gather_objects(out["steps"], info), "  with Join: steps per rank {value}"
     )
     report.claim(
-        "join_every_rank_finishes", int(steps == want), "==", 1, f"  ... = {want}: {{value}}"
+        "join_every_rank_finishes",
+        int(steps == want),
+        "==",
+        1,
+        "  ... = {want}: {value}",
+        want=want,
     )
     report.claim(
         "join_replicas_identical",
@@ -366,187 +283,161 @@ def uneven_shards(model, raw_model, train_set, info, args, report: Report) -> No
         out["count"],
         "==",
         sum(want) * args.batch_size,
-        f"  mean training loss {out['loss']:.4f} reduced after the loop over {{value}} samples",
+        "  mean training loss {loss:.4f} reduced after the loop over {value} samples",
+        loss=out["loss"],
     )
-    if W > 1:
-        plain = all_gather_objects(train_without_join(loader, info, args.hang_timeout_s), info)
-        outcomes = report.record("no_join", [h["outcome"] for h in plain])
-        # rank 0 (fewest batches) leaves; every rank r > 0 waits in its extra step (W = 2: rank 1, the last)
-        last_waits = int(outcomes == ["finished"] + ["timed out"] * (W - 1))
-        report.claim(
-            "no_join_last_rank_times_out",
-            last_waits,
-            "==",
-            1,
-            f"  without Join: {outcomes} after {[h['steps'] for h in plain]} full steps: {{value}}",
-        )
-        report.claim(
-            "no_join_wait_bounded",
-            max(h["seconds"] for h in plain),
-            "<=",
-            60,
-            "without Join, seconds until every rank left the loop: {value:.2f}",
-            perf=True,
-        )
-        with rank0_only(info, "the child world of the all_reduce-inside-Join demo") as mine:
-            if (
-                mine
-            ):  # its own torchrun, 2 processes: the failing one aborts, which would end this world
-                all_reduce_inside_join_child(args, report)
+    if info.world_size > 1:
+        without_join(loader, info, args, report)
 
 
-def all_reduce_inside_join_child(args, report: Report) -> None:
-    """2, continued (rank 0): a child world of 2 processes runs `all_reduce_inside_join` and fails in gloo."""
-    child = run_command(
-        torchrun_command(
-            "05_uneven_data",
-            2,
-            [
-                "--child",
-                "all-reduce-in-join",
-                "--device",
-                "cpu",
-                "--backend",
-                "gloo",
-                "--timeout-s",
-                str(args.hang_timeout_s),
-                "--hang-timeout-s",
-                str(args.hang_timeout_s / 2),
-                "--seed",
-                str(args.seed),
-            ],
-        ),
-        timeout_s=180,
-    )
-    why = [w for w in ("doesn't match expected size", "timed out") if w in child.stderr.lower()]
+def without_join(loader, info, args, report: Report) -> None:
+    """2, continued (2+ ranks): the same loop without Join, and a user all-reduce inside Join."""
+    plain = all_gather_objects(train_without_join(loader, info, args.hang_timeout_s), info)
+    outcomes = report.record("no_join", [h["outcome"] for h in plain])
+    # rank 0 (fewest batches) leaves; every rank r > 0 waits in its extra step (W = 2: rank 1, the last)
+    last_waits = int(outcomes == ["finished"] + ["timed out"] * (info.world_size - 1))
     report.claim(
-        "user_all_reduce_inside_join_fails",
-        int(child.returncode != 0 and bool(why)),
+        "no_join_last_rank_times_out",
+        last_waits,
         "==",
         1,
-        "  dist.all_reduce(loss) inside Join: the child world failed in gloo: {value}",
+        "  without Join: {outcomes} after {steps} full steps: {value}",
+        outcomes=outcomes,
+        steps=[h["steps"] for h in plain],
     )
-    report.perf("child_world_error", why, "the child world's gloo error: {value}")
+    report.claim(
+        "no_join_wait_bounded",
+        max(h["seconds"] for h in plain),
+        "<=",
+        60,
+        "without Join, seconds until every rank left the loop: {value:.2f}",
+        perf=True,
+    )
+    with rank0_only(info, "the child world of the all_reduce-inside-Join demo") as mine:
+        if mine:
+            errors = all_reduce_inside_join_child(args.seed, args.hang_timeout_s)
+            report.claim(
+                "user_all_reduce_inside_join_fails",
+                int(bool(errors)),
+                "==",
+                1,
+                "  dist.all_reduce(loss) inside Join: the child world failed in gloo: {value}",
+            )
+            report.perf("child_world_error", errors, "the child world's gloo error: {value}")
 
 
 def timeouts(report: Report) -> None:
     """2, end: the default timeouts, and what NCCL does when a collective times out."""
-    minutes = dist.constants.default_pg_timeout.total_seconds() / 60
     report.claim(
         "default_timeout_gloo_minutes",
-        minutes,
+        dist.constants.default_pg_timeout.total_seconds() / 60,
         "==",
         30,
         "  the default process-group timeout (gloo; NCCL's is 10 min): {value:g} min",
     )
-    mode = int(
-        os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-    )  # 0 nothing, 2 no tear-down (.hpp)
+    # 0: nothing, 2: abort the communicators without tearing down (ProcessGroupNCCL.hpp)
+    mode = int(os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"))
     report.claim(
         "nccl_timeout_aborts",
         int(mode in (1, 3)),
         "==",
         1,
-        f"  TORCH_NCCL_ASYNC_ERROR_HANDLING = "
-        f"{mode} (unset: 3): 1 and 3 tear the process down when an NCCL collective times out: "
-        "{value}",
+        "  TORCH_NCCL_ASYNC_ERROR_HANDLING = {mode} (unset: 3): 1 and 3 tear the process down"
+        " on a timeout: {value}",
+        mode=mode,
     )
 
 
-def distinct_streams(summary: dict) -> list[int]:
-    """Distinct torch, numpy and random streams of a `stream_summary`."""
-    return list(summary["distinct_per_library"].values())
-
-
 def seeding(info, args, report: Report) -> None:
-    """3. Seeding augmentations. The code to copy: seed_data_rngs(seed, rank) after the model is built."""
-    W, rank, seed, n, k = info.world_size, info.rank, args.seed, args.aug_samples, args.workers
-    print0(f"\n3. Seeding: {W} rank(s), {n} samples per rank, 0 and {k} DataLoader workers")
-    fixed = {}
-    for w in (0, k):
-        runs = []
-        for _ in range(2):  # a run and its rerun
-            set_seed(
-                seed
-            )  # as in lesson 03: the model is built from this seed, the same on every rank
-            streams = augmentation_streams(n, w, seed_data_rngs(seed, rank))
-            runs.append(stream_summary(all_gather_objects(streams, info)))
-        fixed[w] = runs[0]
+    """3. Seeding augmentations. The code to copy, after the model is built from one seed on every rank:
+    `generator = seed_data_rngs(seed, rank)`, then `DataLoader(..., generator=generator)`."""
+    world_size, n, k = info.world_size, args.aug_samples, args.workers
+    print0(
+        f"\n3. Seeding: {world_size} rank(s), {n} samples per rank, 0 and {k} DataLoader workers"
+    )
+    demo = seeding_demo(args.seed, info.rank, n, k, lambda obj: all_gather_objects(obj, info))
+    for workers, (run, rerun) in demo["rank_seed"].items():
         report.claim(
-            f"seed_data_rngs_distinct_{w}_workers",
-            min(distinct_streams(runs[0])),
+            f"seed_data_rngs_distinct_{workers}_workers",
+            min(distinct_streams(run)),
             "==",
-            W * max(w, 1),
-            f"  seed_data_rngs, {w} workers: distinct torch/numpy/random streams "
-            f"{distinct_streams(runs[0])}",
+            world_size * max(workers, 1),
+            "  seed_data_rngs, {workers} workers: distinct torch/numpy/random streams {distinct}",
+            workers=workers,
+            distinct=distinct_streams(run),
         )
         report.claim(
-            f"seed_data_rngs_rerun_identical_{w}_workers",
-            int(runs[0] == runs[1]),
+            f"seed_data_rngs_rerun_identical_{workers}_workers",
+            int(run == rerun),
             "==",
             1,
             "  ... and a rerun reproduces every stream: {value}",
         )
-    set_seed(seed)  # the mistakes: the same seed on every rank and no generator (k workers) ...
-    same = stream_summary(all_gather_objects(augmentation_streams(n, k, None), info))
+    fixed = {workers: runs[0] for workers, runs in demo["rank_seed"].items()}
+    report.record(
+        "seeding", {"same_seed": demo["same_seed"], "rank_seed": fixed[k], "zero_workers": fixed[0]}
+    )
+    seeding_mistakes(demo, world_size, k, report)
+
+
+def seeding_mistakes(demo: dict, world_size: int, k: int, report: Report) -> None:
+    """3, continued: one seed on every rank; loader_generator alone with 0 workers; epochs' base seeds."""
+    pairs, same = world_size * (world_size - 1) // 2, demo["same_seed"]
     report.claim(
         "same_seed_duplicates_across_ranks",
         len(same["identical_pairs"]),
         "==",
-        k * W * (W - 1) // 2,
-        f"  same seed, {k} workers: identical streams {describe_pairs(same)}: {{value}} pair(s)",
+        k * pairs,
+        "  same seed, {k} workers: identical (rank, worker) streams {pairs}: {value} pair(s)",
+        k=k,
+        pairs=", ".join(same["identical_pairs"]) or "none",
     )
     report.claim(
         "workers_of_a_rank_differ",
         min(distinct_streams(same)),
         "==",
         k,
-        f"  ... though PyTorch "
-        f"seeds each worker: distinct torch/numpy/random streams {distinct_streams(same)}",
+        "  ... though PyTorch seeds each worker: distinct torch/numpy/random streams {distinct}",
+        distinct=distinct_streams(same),
     )
-    # ... and loader_generator(seed, rank) alone with 0 workers: it never reaches the main process
-    set_seed(seed)
-    streams = augmentation_streams(n, 0, loader_generator(seed, rank))
-    gen_only = stream_summary(all_gather_objects(streams, info))
+    # loader_generator(seed, rank) alone with 0 workers: it never reaches the main process
     report.claim(
         "zero_workers_generator_only_duplicates",
-        len(gen_only["identical_pairs"]),
+        len(demo["generator_only"]["identical_pairs"]),
         "==",
-        W * (W - 1) // 2,
-        f"  0 workers, loader_generator only: identical {describe_pairs(gen_only)}",
+        pairs,
+        "  0 workers, loader_generator only: identical {pairs}",
+        pairs=describe_pairs(demo["generator_only"]),
     )
-    report.record("seeding", {"same_seed": same, "rank_seed": fixed[k], "zero_workers": fixed[0]})
-    for persistent in (False, True):
-        g = loader_generator(seed, rank)
-        augmentation_streams(n, k, g, epochs=2, persistent=persistent)
+    for persistent, draws in demo["base_seeds"].items():
         report.claim(
             "generator_draws_two_epochs" + "_persistent" * persistent,
-            generator_draws(g, seed, rank),
+            draws,
             "==",
             2 - persistent,
-            f"  2 epochs, persistent_workers={persistent}: base seeds {{value}}",
+            "  2 epochs, persistent_workers={persistent}: base seeds {value}",
+            persistent=persistent,
         )
 
 
 def main() -> None:
     args = parse_args()
     with distributed_session(args) as info:
-        train_set, test_set = digits_split(
-            path=args.data
-        )  # (1438, 1, 8, 8) and (359, 1, 8, 8) on every rank
+        train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8), (359, 1, 8, 8)
         set_seed(args.seed)
         # norm="none": each step's only collective is the gradient all-reduce (BatchNorm across ranks: 06)
         raw_model = DigitsCNN(norm="none").to(info.device)  # identical on every rank: the same seed
         model = DDP(raw_model) if info.distributed else raw_model
         if args.child:  # the child world launched in section 2: the failure, nothing else
-            return all_reduce_inside_join(
-                model, raw_model, uneven_loader(train_set, info, args), info
-            )
+            loader = uneven_loader(train_set, info, args)
+            return all_reduce_inside_join(model, raw_model, loader, info)
         report = Report(info)
         report.value(
             "world_size",
             info.world_size,
-            f"world_size {{value}}  backend {info.backend or 'none'}  seed {args.seed}",
+            "world_size {value}  backend {backend}  seed {seed}",
+            backend=info.backend or "none",
+            seed=args.seed,
         )
         evaluation(raw_model, test_set, info, args, report)
         uneven_shards(model, raw_model, train_set, info, args, report)

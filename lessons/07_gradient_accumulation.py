@@ -32,7 +32,13 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.data import digits_split
-from common.harness.env import LessonError, read_torchrun_env
+from common.data_parallel.accumulation import (
+    TOL,
+    Proof,
+    checked_grad_accum_steps,
+    replay_on_one_process,
+)
+from common.harness.env import read_torchrun_env
 from common.harness.metrics import evaluate
 from common.harness.ranks import global_mean, max_param_diff_across_ranks, print0
 from common.harness.results import Report
@@ -44,29 +50,9 @@ from common.harness.session import (
     set_seed,
 )
 from common.measure.counters import CommCounter
-from common.measure.differences import nan_max
 from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
 from common.measure.precision import PRECISIONS, autocast_context, max_diff, worst_over_ranks
 from common.performance.buckets import predicted_buckets
-
-TOL = 1e-5  # float32 rounding of sums taken in another order (measured: ~1e-8)
-
-
-def grad_accum_steps_for(global_batch: int, micro_batch: int, world_size: int) -> int:
-    """k such that k x micro_batch x world_size = global_batch. Raises LessonError: not positive or not
-    divisible."""
-    if global_batch < 1 or micro_batch < 1:
-        raise LessonError(
-            f"--global-batch and --micro-batch must be positive, got {global_batch} and "
-            f"{micro_batch}"
-        )
-    per_round = micro_batch * world_size
-    if global_batch % per_round:
-        raise LessonError(
-            f"--global-batch {global_batch} is not divisible by --micro-batch x world_size = "
-            f"{micro_batch} x {world_size} = {per_round}"
-        )
-    return global_batch // per_round
 
 
 def uneven_sizes(n: int, k: int) -> list[int]:
@@ -76,73 +62,22 @@ def uneven_sizes(n: int, k: int) -> list[int]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--global-batch", type=int, default=None, help="samples per optimizer step (16)")
     p.add_argument(
-        "--global-batch", type=int, default=None, help="samples per optimizer step, all ranks (16)"
+        "--micro-batch", type=int, default=2, help="samples per rank per forward/backward"
     )
-    p.add_argument(
-        "--micro-batch",
-        type=int,
-        default=2,
-        help="samples per rank per forward/backward (default 2)",
-    )
-    p.add_argument(
-        "--grad-accum-steps", type=int, default=None, help="k (default: from the global batch)"
-    )
-    p.add_argument(
-        "--steps", type=int, default=40, help="optimizer steps of the training run (default 40)"
-    )
-    p.add_argument(
-        "--lr", type=float, default=0.05, help="SGD learning rate; momentum 0.9 (default 0.05)"
-    )
-    p.add_argument(
-        "--clip", type=float, default=1.0, help="max gradient norm, applied once per optimizer step"
-    )
-    p.add_argument(
-        "--precision", choices=PRECISIONS, default="fp32", help="training run (fp16: + GradScaler)"
-    )
+    p.add_argument("--grad-accum-steps", type=int, default=None, help="k (default: from the above)")
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps of the training run")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate; momentum 0.9")
+    p.add_argument("--clip", type=float, default=1.0, help="max gradient norm, once per step")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="fp16: + GradScaler")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--data", default=None, help="digits .npz (default: the bundled data/digits.npz)"
-    )
-    p.add_argument(
-        "--results", default=None, help="rank 0 writes the reported numbers here as JSON"
-    )
+    p.add_argument("--data", default=None, help="digits .npz (default: data/digits.npz)")
+    p.add_argument("--results", default=None, help="rank 0 writes the numbers here as JSON")
     add_distributed_args(p)
     args = p.parse_args(argv)
     # Validate before any process group exists: every rank fails alike, nobody waits in a collective.
-    world_size = read_torchrun_env()[2]
-    if args.grad_accum_steps is not None and args.grad_accum_steps <= 0:
-        raise LessonError(
-            f"--grad-accum-steps must be a positive integer, got {args.grad_accum_steps}"
-        )
-    if args.global_batch is None:
-        args.global_batch = (
-            16
-            if args.grad_accum_steps is None
-            else args.grad_accum_steps * args.micro_batch * world_size
-        )
-    k = grad_accum_steps_for(args.global_batch, args.micro_batch, world_size)
-    if args.grad_accum_steps not in (None, k):
-        raise LessonError(
-            f"--grad-accum-steps {args.grad_accum_steps} disagrees with --global-batch "
-            f"{args.global_batch} / (--micro-batch {args.micro_batch} x world_size "
-            f"{world_size}) = {k}"
-        )
-    args.grad_accum_steps = k
-    if (
-        k < 2 or args.steps < 20 or args.lr <= 0 or args.clip <= 0
-    ):  # k = 1: a wrong variant equals the right
-        raise LessonError(
-            f"need grad_accum_steps >= 2 (got {k}; raise --global-batch), --steps >= 20 (got "
-            f"{args.steps}; the loss is reported every 10 steps), --lr > 0 and --clip > 0"
-        )
-    if (
-        args.micro_batch < 2
-    ):  # k samples split into k micro-batches are 1 each: no uneven split exists
-        raise LessonError(
-            f"need --micro-batch >= 2 (got {args.micro_batch}): section 2 splits a rank's "
-            "samples into micro-batches of different sizes"
-        )
+    args.grad_accum_steps = checked_grad_accum_steps(args, read_torchrun_env()[2])
     return args
 
 
@@ -153,9 +88,8 @@ def accumulate(model, micro_batches) -> None:
     for micro_step, (x, y) in enumerate(micro_batches):
         # no_sync() holds the forward too: DDP arms its reducer in forward when gradient sync is on.
         with no_sync_unless(model, last=micro_step == k - 1):
-            loss = (
-                F.cross_entropy(model(x), y) / k
-            )  # / k: backward ADDS into .grad; k means sum to k x mean
+            # / k: backward ADDS into .grad; k means sum to k x mean
+            loss = F.cross_entropy(model(x), y) / k
             loss.backward()
 
 
@@ -220,96 +154,16 @@ def accumulate_clip_each_micro_step(
             acted.append(bool(norm > clip))
 
 
-def replay_on_one_process(
-    train_set, init_state, args, world_size: int, device
-) -> list[torch.Tensor]:
-    """Section 4's run in ONE process, no accumulation: each step, one forward over every rank's k
-    micro-batches."""
-    model = ResidualMLP().to(device)
-    model.load_state_dict(init_state)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    streams = [
-        micro_batch_stream(train_set, args.micro_batch, world_size, r, args.seed)
-        for r in range(world_size)
-    ]
-    for _ in range(args.steps):
-        chunks = [next(s) for s in streams for _ in range(args.grad_accum_steps)]
-        x, y = (
-            torch.cat([c[0] for c in chunks]).to(device),
-            torch.cat([c[1] for c in chunks]).to(device),
-        )
-        F.cross_entropy(
-            model(x), y
-        ).backward()  # x (global_batch, 1, 8, 8): the mean over the global batch
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return [p.detach() for p in model.parameters()]
-
-
-class Proof:
-    """Sections 1-3: one optimizer step of each variant from the same start, against one step on the global
-    batch. `run` resets the model and the all-reduce counter (a comm hook counting buckets) and steps; `check`
-    compares a variant with the reference and records its claims."""
-
-    def __init__(self, model, raw_model, init_state, counter, args, info, report: Report):
-        self.model, self.raw_model, self.init_state, self.counter = (
-            model,
-            raw_model,
-            init_state,
-            counter,
-        )
-        self.args, self.info, self.report = args, info, report
-        self.ref = self.ref_clip = None
-
-    def run(self, variant, batches, clip=None, on=None):
-        raw_model = self.raw_model
-        raw_model.load_state_dict(self.init_state)
-        self.counter.reset()
-        variant(self.model if on is None else on, batches)
-        grads = [p.grad.detach().clone() for p in raw_model.parameters()]
-        if clip is not None:  # once, after the synchronising backward: the global gradient's norm
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), clip)
-        torch.optim.SGD(raw_model.parameters(), lr=self.args.lr).step()
-        raw_model.zero_grad(set_to_none=True)
-        params = [p.detach().clone() for p in raw_model.parameters()]
-        return grads, params, self.counter.calls, self.counter.bytes
-
-    def check(self, name, variant, batches, right: bool | None, clip=None, calls=None):
-        """right: True (within TOL), False (moves the parameters), None (measured, claimed by the caller)."""
-        grads, params, n_calls, _ = self.run(variant, batches, clip)
-        ref = self.ref_clip if clip else self.ref
-        g, p = worst_over_ranks([max_diff(a, b) for a, b in zip((grads, params), ref)], self.info)
-        if right:
-            self.report.claim(
-                f"{name}_equals_global_step",
-                nan_max([g, p]),
-                "<=",
-                TOL,
-                f"  {name:<24} {{value:.1e}}",
-            )
-        elif right is False:
-            self.report.claim(
-                f"{name}_changes_the_step", p, ">=", 100 * TOL, f"  {name:<24} {{value:.1e}}"
-            )
-        if calls is not None and self.info.distributed:
-            self.report.claim(
-                f"{name}_allreduce_calls", n_calls, "==", calls, f"  {name:<24} {{value}} calls"
-            )
-        return g, p
-
-
-def prove_variants(proof: Proof, micro, mine, gx, gy, param_bytes: int) -> tuple[int, int]:
-    """Sections 1 and 2: the pattern and every other variant; returns one all-reduce round (calls, bytes)."""
-    info, report, k = proof.info, proof.report, proof.args.grad_accum_steps
+def one_round(proof: Proof, micro, gx, gy, param_bytes: int) -> tuple[int, float]:
+    """Section 1: the references, and the pattern against them; returns (calls of one all-reduce round, the
+    clip that acts: half the global gradient's norm)."""
+    info, report = proof.info, proof.report
     # DDP rebuilds its buckets after the first synchronised backward: warm up once, then count one round.
     proof.run(accumulate, micro[:1])
     round_calls, round_bytes = proof.run(accumulate, micro[:1])[2:]
     # the reference: one forward on the global batch, no DDP
     proof.ref = proof.run(accumulate, [(gx, gy)], on=proof.raw_model)
-    clip = (
-        0.5 * torch.linalg.vector_norm(torch.cat([t.flatten() for t in proof.ref[0]])).item()
-    )  # so it acts
+    clip = 0.5 * torch.linalg.vector_norm(torch.cat([t.flatten() for t in proof.ref[0]])).item()
     proof.ref_clip = proof.run(accumulate, [(gx, gy)], clip, on=proof.raw_model)
     print0(
         "\n1. accumulated micro-steps vs one SGD step on the global batch: max |difference| over ranks"
@@ -321,19 +175,24 @@ def prove_variants(proof: Proof, micro, mine, gx, gy, param_bytes: int) -> tuple
             round_calls,
             "==",
             predicted_buckets(proof.model),
-            "  one all-reduce round = {value} bucket all-reduces, as DDP's bucketing rule "
-            "predicts ...",
+            "  one all-reduce round = {value} bucket all-reduces, as DDP's bucketing rule predicts ...",
         )
+        # with the default bucket_cap_mb: a first bucket of 1 MiB, then up to 25 MiB
         report.claim(
             "bucket_bytes_equal_parameter_bytes",
             round_bytes,
             "==",
             param_bytes,
-            "  ... of {value} bytes, each parameter's gradient once (with the default "
-            "bucket_cap_mb: a first bucket of 1 MiB, then up to 25 MiB)",
+            "  ... of {value} bytes, each parameter's gradient once (buckets of 1, then 25 MiB)",
         )
+    return round_calls, clip
+
+
+def other_variants(proof: Proof, micro, mine, gx, gy, round_calls: int) -> None:
+    """Section 2: the other right ways, the wrong scalings, and uneven micro-batches."""
+    k = proof.args.grad_accum_steps
     print0("\n2. other variants: right ones within 1e-5, wrong ones move the parameters by >= 1e-3")
-    if info.distributed:
+    if proof.info.distributed:
         proof.check(
             "require_grad_sync", accumulate_require_grad_sync, micro, True, calls=round_calls
         )
@@ -350,43 +209,44 @@ def prove_variants(proof: Proof, micro, mine, gx, gy, param_bytes: int) -> tuple
     # The same samples split [n-k+1, 1, 1, ...]: mean / k overweights the lone samples; sum / samples is
     # exact.
     local_idx = torch.cat(mine)
-    sizes = report.value(
+    sizes = proof.report.value(
         "uneven_sizes", uneven_sizes(len(local_idx), k), "  uneven micro-batch sizes {value}:"
     )
     uneven = [(gx[c], gy[c]) for c in torch.split(local_idx, sizes)]
     proof.check("uneven_mean_over_k", accumulate, uneven, False)
     proof.check("uneven_sample_weighted", accumulate_sample_weighted, uneven, True)
+
+
+def clip_variants(proof: Proof, micro, clip: float) -> None:
+    """Section 2, end: clipping once after the sync, at each micro-step, and hiding a missing / k."""
+    report, k = proof.report, proof.args.grad_accum_steps
     report.value(
         "proof_clip", clip, "  with clipping at {value:.4f} = half the global gradient norm:"
     )
     proof.check("clip_after_sync", accumulate, micro, True, clip)
     acted: list[bool] = []
-    g, p = proof.check(
-        "clip_each_micro_step",
-        functools.partial(accumulate_clip_each_micro_step, clip=clip, acted=acted),
-        micro,
-        None,
-        clip,
-    )
+    each = functools.partial(accumulate_clip_each_micro_step, clip=clip, acted=acted)
+    g, p = proof.check("clip_each_micro_step", each, micro, None, clip)
     # The mistake shows only if the clip cut a partial gradient before the last micro-step (with k = 2 and
     # small micro-batches the half-sum can stay under it); otherwise both variants clip the same sum. A
     # barely-cut partial sum moves the step less than the other mistakes do (7.4e-4 at --micro-batch 2
     # --global-batch 8), so the bound is the right variants' own (TOL): a wrong step lies outside it.
-    cut = worst_over_ranks([float(any(acted))], proof.info)[0]
-    if cut:
+    line = "  {variant:<24} {value:.1e}"
+    if worst_over_ranks([float(any(acted))], proof.info)[0]:
         report.claim(
             "clip_each_micro_step_changes_the_step",
             p,
             ">=",
             TOL,
-            f"  {'clip_each_micro_step':<24} {{value:.1e}}",
+            line,
+            variant="clip_each_micro_step",
         )
     else:
         report.value(
             "clip_each_micro_step_params",
             p,
-            f"  {'clip_each_micro_step':<24} {{value:.1e}} (no "
-            "partial gradient reached the clip before the last micro-step: no claim)",
+            line + " (no partial gradient reached the clip before the last micro-step: no claim)",
+            variant="clip_each_micro_step",
         )
     g, p = proof.check("no_divide_clip", accumulate_no_divide, micro, None, clip)
     # no / k gives k x the gradient; the clip rescales it AND the right one (norm 2 x clip) to norm `clip`,
@@ -396,31 +256,27 @@ def prove_variants(proof: Proof, micro, mine, gx, gy, param_bytes: int) -> tuple
         p,
         "<=",
         TOL,
-        f"  no_divide + clip: parameters {{value:.1e}} (the clip scales the {k}x gradient and the "
-        f"right one to the same norm {clip:.4f}: the missing / k is hidden) ...",
+        "  no_divide + clip: parameters {value:.1e} ({k}x and right gradient both clipped to "
+        "{clip:.4f}) ...",
+        k=k,
+        clip=clip,
     )
     report.claim(
         "no_divide_clip_grads_differ",
         g,
         ">=",
         100 * TOL,
-        "  ... but the gradients before the "
-        "clip differ by {value:.1e}: once the norm falls below the clip, steps are k x too large",
+        "  ... but the gradients before it differ by {value:.1e}: below the clip, steps are k x too large",
     )
-    return round_calls, round_bytes
 
 
 def comm_by_k(proof: Proof, micro, round_calls: int, param_bytes: int) -> None:
     """Section 3: per optimizer step, (k, calls, bytes) with no_sync and (calls, bytes) syncing always."""
     rows = []
     for kk in (1, 2, 4, 8):
-        rows.append(
-            (
-                kk,
-                *proof.run(accumulate, micro[:1] * kk)[2:],
-                *proof.run(accumulate_always_sync, micro[:1] * kk)[2:],
-            )
-        )
+        with_no_sync = proof.run(accumulate, micro[:1] * kk)[2:]
+        always = proof.run(accumulate_always_sync, micro[:1] * kk)[2:]
+        rows.append((kk, *with_no_sync, *always))
     head = (
         f"  {'k':>2}  {'no_sync: calls':>14} {'bytes':>10}  {'sync every micro-step: calls':>28} "
     )
@@ -431,8 +287,8 @@ def comm_by_k(proof: Proof, micro, round_calls: int, param_bytes: int) -> None:
     proof.report.value(
         "comm_by_k",
         rows,
-        "\n3. all-reduce calls and bytes per optimizer step of k "
-        "micro-steps, on each rank:\n" + "\n".join(table),
+        "\n3. all-reduce calls and bytes per optimizer step of k micro-steps, on each rank:\n{table}",
+        table="\n".join(table),
     )
     off = sum(
         r[1:] != (round_calls, param_bytes, r[0] * round_calls, r[0] * param_bytes) for r in rows
@@ -451,9 +307,8 @@ def train(model, raw_model, init_state, counter, train_set, args, info, report: 
     dev, k, W = info.device, args.grad_accum_steps, info.world_size
     raw_model.load_state_dict(init_state)
     optimizer = torch.optim.SGD(raw_model.parameters(), lr=args.lr, momentum=0.9)
-    scaler = torch.amp.GradScaler(
-        dev.type, enabled=args.precision == "fp16"
-    )  # fp16 only: bf16 needs none
+    # fp16 only: bf16 needs none
+    scaler = torch.amp.GradScaler(dev.type, enabled=args.precision == "fp16")
     batches = micro_batch_stream(train_set, args.micro_batch, W, info.rank, args.seed)
     counter.reset()
     loss_sum, seen, history = 0.0, 0.0, []
@@ -469,9 +324,8 @@ def train(model, raw_model, init_state, counter, train_set, args, info, report: 
                 scaler.scale(loss / k).backward()  # / k: backward adds k means into .grad
             loss_sum, seen = loss_sum + loss.item() * len(y), seen + len(y)
         scaler.unscale_(optimizer)  # once per optimizer step (a no-op when the scaler is disabled)
-        torch.nn.utils.clip_grad_norm_(
-            raw_model.parameters(), args.clip
-        )  # after sync: the global gradient
+        # after the sync: the global gradient's norm
+        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.clip)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)  # frees .grad memory instead of writing zeros
@@ -480,7 +334,8 @@ def train(model, raw_model, init_state, counter, train_set, args, info, report: 
             report.value(
                 "train_loss",
                 history[-1]["train_loss"],
-                f"step {step + 1:>3}  train_loss {{value:.4f}}",
+                "step {step:>3}  train_loss {value:.4f}",
+                step=step + 1,
             )
             loss_sum = seen = 0.0
     report.record("history", history)
@@ -499,9 +354,8 @@ def main() -> None:
         W, k, m, G = info.world_size, args.grad_accum_steps, args.micro_batch, args.global_batch
         dev = info.device
         report = Report(info)
-        train_set, test_set = digits_split(
-            path=args.data
-        )  # (1438, 1, 8, 8) and (359, 1, 8, 8), every rank
+        # (1438, 1, 8, 8) and (359, 1, 8, 8), every rank
+        train_set, test_set = digits_split(path=args.data)
         set_seed(args.seed)
         raw_model = ResidualMLP().to(dev)
         init_state = copy.deepcopy(raw_model.state_dict())
@@ -511,18 +365,23 @@ def main() -> None:
             model = DDP(raw_model, device_ids=[info.local_rank] if dev.type == "cuda" else None)
         counter = CommCounter().register(model) if info.distributed else CommCounter()
         param_bytes = sum(p.numel() * p.element_size() for p in raw_model.parameters())
-        report.results.update(world_size=W, global_batch=G, micro_batch=m, grad_accum_steps=k)
+        for name, v in dict(
+            world_size=W, global_batch=G, micro_batch=m, grad_accum_steps=k
+        ).items():
+            report.record(name, v)
         report.value(
             "n_params",
             param_bytes // 4,
-            f"ResidualMLP (width 256, depth 4): {{value}} fp32 "
-            f"parameters; global batch {G} = micro_batch {m} x world_size {W} x grad_accum_steps "
-            f"{k}",
+            "ResidualMLP (width 256, depth 4): {value} fp32 parameters\n"
+            "global batch {G} = micro_batch {m} x world_size {W} x grad_accum_steps {k}",
+            G=G,
+            m=m,
+            W=W,
+            k=k,
         )
         # Every rank draws the same global batch; rank r's micro-step j holds samples (j*W + r)*m ... + m.
-        idx = torch.randperm(
-            len(train_set), generator=torch.Generator().manual_seed(args.seed + 1)
-        )[:G]
+        g = torch.Generator().manual_seed(args.seed + 1)
+        idx = torch.randperm(len(train_set), generator=g)[:G]
         gx, gy = (
             train_set.tensors[0][idx].to(dev),
             train_set.tensors[1][idx].to(dev),
@@ -532,44 +391,54 @@ def main() -> None:
         ]
         micro = [(gx[i], gy[i]) for i in mine]
         proof = Proof(model, raw_model, init_state, counter, args, info, report)
-        round_calls, _ = prove_variants(proof, micro, mine, gx, gy, param_bytes)
+        round_calls, clip = one_round(proof, micro, gx, gy, param_bytes)
+        other_variants(proof, micro, mine, gx, gy, round_calls)
+        clip_variants(proof, micro, clip)
         if info.distributed:
             comm_by_k(proof, micro, round_calls, param_bytes)
         train(model, raw_model, init_state, counter, train_set, args, info, report)
-        if info.distributed:
-            report.claim(
-                "train_allreduce_calls_per_step",
-                counter.calls / args.steps,
-                "==",
-                round_calls,
-                "all-reduce calls per optimizer step while training: {value:g} (one round)",
-            )
-        report.claim(
-            "max_param_diff_across_ranks",
-            max_param_diff_across_ranks(raw_model, info),
-            "==",
-            0.0,
-            "max parameter difference across ranks {value:.1e}",
-        )  # same gradient, same step
-        final = evaluate(raw_model, test_set, info)
-        report.value("final_test_loss", final["loss"], "final test_loss {value:.4f}")
-        report.value("final_test_accuracy", final["accuracy"], "final test_acc {value:.4f}")
-        with rank0_only(info, "the one-process replay of the training run") as mine:
-            if (
-                mine
-            ):  # the loop itself, against one process on the same global batches (a replay in fp32)
-                replayed = replay_on_one_process(train_set, init_state, args, W, dev)
-                diff = max_diff(raw_model.parameters(), replayed)
-                report.claim(
-                    "training_loop_equals_one_process_replay",
-                    diff,
-                    "<=",
-                    TOL if args.precision == "fp32" else 1e-2,
-                    "training loop vs a one-process "
-                    "replay of its global batches: {value:.1e} (bound 1e-5 in fp32, 1e-2 under "
-                    "autocast)",
-                )
+        final_claims(
+            raw_model, init_state, counter, round_calls, train_set, test_set, args, info, report
+        )
         report.finish(args.results)
+
+
+def final_claims(
+    raw_model, init_state, counter, round_calls, train_set, test_set, args, info, report
+):
+    """After training: one round per step, identical replicas, the test metrics, the one-process replay."""
+    if info.distributed:
+        report.claim(
+            "train_allreduce_calls_per_step",
+            counter.calls / args.steps,
+            "==",
+            round_calls,
+            "all-reduce calls per optimizer step while training: {value:g} (one round)",
+        )
+    report.claim(
+        "max_param_diff_across_ranks",
+        max_param_diff_across_ranks(raw_model, info),
+        "==",
+        0.0,
+        "max parameter difference across ranks {value:.1e}",
+    )  # same gradient, same step
+    final = evaluate(raw_model, test_set, info)
+    report.value("final_test_loss", final["loss"], "final test_loss {value:.4f}")
+    report.value("final_test_accuracy", final["accuracy"], "final test_acc {value:.4f}")
+    # the loop itself, against one process on the same global batches (a replay in fp32)
+    with rank0_only(info, "the one-process replay of the training run") as mine:
+        if mine:
+            replayed = replay_on_one_process(
+                train_set, init_state, args, info.world_size, info.device
+            )
+            report.claim(
+                "training_loop_equals_one_process_replay",
+                max_diff(raw_model.parameters(), replayed),
+                "<=",
+                TOL if args.precision == "fp32" else 1e-2,
+                "training loop vs a one-process replay of its global batches: {value:.1e} "
+                "(1e-2 under autocast)",
+            )
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@
     python minimal/05_uneven_data.py                                # plain python: a world of one
 
 `diff minimal/03_ddp.py minimal/05_uneven_data.py`. Test image i goes to rank i % W (180 + 179, no
-padding); ranks add (loss sum, correct, count), divide once. Rank r trains on 4 + r batches: under
-Join a rank that ran out shadows DDP's all-reduces (without it the others wait until the timeout).
+padding): ranks add (loss sum, correct, count), divide once. Rank r trains on 4 + r batches: under Join
+a rank that ran out shadows DDP's all-reduces (without, the others wait until the timeout).
 """
 
 import argparse
@@ -39,7 +39,7 @@ def make_model() -> nn.Module:
     """The lessons' DigitsCNN: the same layers in the same order give the same initial weights."""
     return nn.Sequential(  # x (B, 1, 8, 8) -> logits (B, 10), ~38k parameters
         nn.Conv2d(1, 16, 3, padding=1),
-        nn.ReLU(),  # no BatchNorm: lesson 06
+        nn.ReLU(),  # no BatchNorm (lesson 06), no dropout: train() and eval() compute alike
         nn.Conv2d(16, 32, 3, padding=1),
         nn.ReLU(),
         nn.MaxPool2d(2),
@@ -53,7 +53,6 @@ def make_model() -> nn.Module:
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[float]:
     """[mean loss, accuracy] of the whole test set, from this rank's unpadded shard (x, y)."""
-    model.eval()
     logits = model(x)  # (shard, 10); a shard may be empty, its rank still joins the all-reduce
     loss_sum = F.cross_entropy(logits, y, reduction="sum").item()
     correct = (logits.argmax(dim=1) == y).sum().item()
@@ -63,7 +62,6 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[float]:
 
 
 def train(args, rank, world_size, device) -> None:
-    # --- data and model ---
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     train_set, test_set = load_digits()  # (1438, 1, 8, 8) and (359, 1, 8, 8)
     x_test, y_test = (t.to(device) for t in test_set[rank::world_size])  # 180 or 179 of 359
@@ -71,8 +69,6 @@ def train(args, rank, world_size, device) -> None:
     raw_model = make_model().to(device)  # wrap order: .to(device), then DDP
     model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)  # no momentum: Join syncs no state
-
-    # --- the training loop ---
     test_loss, test_accuracy = evaluate(raw_model, x_test, y_test)  # raw_model: not DDP
     if rank == 0:  # untrained: ln 10 = 2.30 and 0.10 are chance on 10 digits
         print(json.dumps({"test_loss": test_loss, "test_accuracy": test_accuracy}))
@@ -80,7 +76,6 @@ def train(args, rank, world_size, device) -> None:
         sampler.set_epoch(epoch)  # a new order every epoch (without it: epoch 0's order forever)
         shard = list(sampler)[: (4 + rank) * args.batch_size]  # rank r: 4 + r batches, uneven
         loader = DataLoader(Subset(train_set, shard), batch_size=args.batch_size)
-        model.train()
         loss_sum, seen = 0.0, 0
         with Join([model]):  # no collective of our own inside: Join shadows DDP's only
             for x, y in loader:
@@ -94,7 +89,6 @@ def train(args, rank, world_size, device) -> None:
         dist.all_reduce(sums)  # (sum, count) over ranks, then divide once
         if rank == 0:  # stays near 2.30: 4 + r steps an epoch show Join, they do not train the CNN
             print(json.dumps({"epoch": epoch + 1, "train_loss": (sums[0] / sums[1]).item()}))
-
     # --- the check: every rank finished, with the same parameters ---
     params = torch.cat([p.detach().reshape(-1) for p in raw_model.parameters()])
     rank0_params = params.clone()
@@ -108,8 +102,6 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16, help="per process")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-
-    # --- setup: one process per device, started by torchrun (which sets RANK, WORLD_SIZE, ...) ---
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))  # the device on this node; RANK is global
     device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")

@@ -31,9 +31,7 @@ def load_digits():
     return TensorDataset(x[~is_test], y[~is_test]), TensorDataset(x[is_test], y[is_test])
 
 
-class AllReduceSum(torch.autograd.Function):
-    """dist.all_reduce with a gradient: the gradient of a sum over ranks is a sum over ranks."""
-
+class AllReduceSum(torch.autograd.Function):  # dist.all_reduce with a gradient
     @staticmethod
     def forward(ctx, t: torch.Tensor) -> torch.Tensor:
         t = t.clone()  # out of place: autograd may need the input
@@ -43,9 +41,7 @@ class AllReduceSum(torch.autograd.Function):
     backward = forward  # my input fed every rank's sum: its gradient adds every rank's gradient
 
 
-class SyncBatchNorm2d(nn.BatchNorm2d):
-    """BatchNorm2d whose training statistics are those of the global batch (all ranks together)."""
-
+class SyncBatchNorm2d(nn.BatchNorm2d):  # training statistics of the global batch, all ranks
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, C, H, W), B on this rank
         if not self.training:
             return super().forward(x)  # evaluation uses the running statistics: nothing to share
@@ -77,44 +73,35 @@ def make_model() -> nn.Module:
 
 
 def train(args, rank, world_size, device) -> None:
-    # --- data and model ---
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     train_set, test_set = load_digits()  # (1438, 1, 8, 8) and (359, 1, 8, 8)
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+    loader = DataLoader(train_set, batch_size=32, sampler=sampler)  # 32 per process
     model = DDP(make_model().to(device))  # device_ids may be None: the module is on one device
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
-
-    # --- the training loop ---
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)  # a new order every epoch (without it: epoch 0's order forever)
         for x, y in loader:
-            x, y = x.to(device), y.to(device)  # x (B, 1, 8, 8), y (B,)
-            loss = F.cross_entropy(model(x), y)  # mean over the B samples
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))  # mean over the B samples
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP all-reduces (averages) the gradients, bucket by bucket
             optimizer.step()  # every rank applies the same averaged gradient
         if rank == 0:  # one JSON line per epoch, full precision: a test compares it with the lesson
             print(json.dumps({"epoch": epoch + 1, "last_loss": loss.item()}))  # rank 0's last step
-
-    # --- the check: on a global batch split over the ranks, SyncBatchNorm2d is BatchNorm2d ---
-    x, w = torch.randn(2, 4 * world_size, 16, 8, 8, device=device)  # the same on every rank
+    x, w = torch.randn(2, 4 * world_size, 16, 8, 8, device=device)  # the check: 1 global batch
     sync, plain = SyncBatchNorm2d(16).to(device), nn.BatchNorm2d(16).to(device)
     mine = x.chunk(world_size)[rank].requires_grad_()  # this rank's 4 samples, its share of a loss
     (sync(mine) * w.chunk(world_size)[rank]).sum().backward()
     (plain(x.requires_grad_()) * w).sum().backward()  # one process, the whole global batch
-    torch.testing.assert_close(mine.grad, x.grad.chunk(world_size)[rank])  # forward and backward
-    torch.testing.assert_close(list(sync.buffers())[:2], list(plain.buffers())[:2])  # running stats
+    torch.testing.assert_close(mine.grad, x.grad.chunk(world_size)[rank])  # SyncBatchNorm2d is
+    torch.testing.assert_close(list(sync.buffers())[:2], list(plain.buffers())[:2])  # BatchNorm2d
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=32, help="per process")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-
-    # --- setup: one process per device, started by torchrun (which sets RANK, WORLD_SIZE, ...) ---
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))  # the device on this node; RANK is global
     device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")

@@ -5,8 +5,7 @@
 
 `diff minimal/03_ddp.py minimal/07_gradient_accumulation.py`. Micro-steps 0..k-2 run forward AND
 backward inside model.no_sync() (no all-reduce: gradients add up locally); the k-th all-reduces the
-sum; the loss is divided by k, so the step is the mean over k x world_size x 32 samples. The check:
-equal to one step on all those samples at once. Lesson: lessons/07_gradient_accumulation.py.
+sum; loss / k makes the step the mean over k x world_size x 32 samples, as one step on all of them.
 """
 
 import argparse
@@ -54,18 +53,14 @@ def make_model() -> nn.Module:
 
 
 def train(args, rank, world_size, device) -> None:
-    # --- data and model ---
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     train_set, test_set = load_digits()  # (1438, 1, 8, 8) and (359, 1, 8, 8)
-    # each rank reads a disjoint 1/world_size of a permutation of (seed, epoch): 719 of 1438 images
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     raw_model = make_model().to(device)  # wrap order: .to(device), then DDP
     model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     k = args.grad_accum_steps
-
-    # --- the training loop ---
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)  # a new order every epoch (without it: epoch 0's order forever)
         loss_sum, seen = 0.0, 0
@@ -84,7 +79,6 @@ def train(args, rank, world_size, device) -> None:
         dist.all_reduce(sums)  # (sum, count) over ranks, then divide once
         if rank == 0:  # one JSON line per epoch, full precision: a test compares it with the lesson
             print(json.dumps({"epoch": epoch + 1, "train_loss": (sums[0] / sums[1]).item()}))
-
     # --- the check: k micro-steps give the gradient of one step on their k x B samples at once ---
     model.eval()  # BatchNorm from running statistics: a sample's loss then ignores its micro-batch
     for buffer in raw_model.buffers():  # rank 0's statistics everywhere (DDP may send them)
@@ -108,8 +102,6 @@ def main() -> None:
     p.add_argument("--grad-accum-steps", type=int, default=2, help="k: micro-steps per step")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-
-    # --- setup: one process per device, started by torchrun (which sets RANK, WORLD_SIZE, ...) ---
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))  # the device on this node; RANK is global
     device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")

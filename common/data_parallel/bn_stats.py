@@ -5,23 +5,32 @@ Under DDP each rank holds its own BatchNorm buffers. `running_stats` flattens a 
 variances into one vector, `gather_stats` puts every rank's vector side by side, `spread` measures how far the
 ranks' copies are apart, `local_accuracy` scores one rank's copy, and `global_batch_tracker` keeps, beside a model,
 the running statistics a BatchNorm over the global batch would have kept along the same run (the reference that
-rank 0's statistics are compared with).
+rank 0's statistics are compared with). `replay` computes rank 0's end state of a DDP run in one process (lesson
+06 checks it against the run; notebook 06 sweeps the per-rank batch with it), on the batches `loader_for` and
+`batches` give each rank; `train_counted` is the lesson's DDP training loop, counting each collective.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.data import DataLoader, DistributedSampler
 
 from common.data_parallel.sync_batchnorm import convert_sync_batchnorm
 from common.harness.env import DistInfo
+from common.harness.session import set_seed
+from common.measure.counters import CommCounter, count_collectives
 from common.measure.differences import nan_max
+from common.models import DigitsCNN
 
 __all__ = [
     "batchnorm_modules",
@@ -30,6 +39,10 @@ __all__ = [
     "spread",
     "global_batch_tracker",
     "local_accuracy",
+    "loader_for",
+    "batches",
+    "replay",
+    "train_counted",
 ]
 
 
@@ -89,10 +102,9 @@ def global_batch_tracker(model: nn.Module, process_group=None) -> Iterator[nn.Mo
 
         def feed(module, inputs, shadow=shadow):
             if module.training:
+                # updates the shadow's running statistics; returns None: the input is unchanged
                 with torch.no_grad():
-                    shadow(
-                        inputs[0]
-                    )  # updates the shadow's running statistics; returns None: input unchanged
+                    shadow(inputs[0])
 
         handles.append(layer.register_forward_pre_hook(feed))
     try:
@@ -118,3 +130,90 @@ def local_accuracy(model: nn.Module, dataset, batch_size: int = 128) -> float:
     )
     model.train(was_training)
     return correct / len(y)
+
+
+def loader_for(train_set, batch_size: int, world_size: int, rank: int, seed: int) -> DataLoader:
+    """Rank `rank`'s batches of `batch_size` from its DistributedSampler, shuffled by `seed`."""
+    sampler = DistributedSampler(train_set, world_size, rank, shuffle=True, seed=seed)
+    return DataLoader(train_set, batch_size=batch_size, sampler=sampler)
+
+
+def batches(loader: DataLoader, steps: int):
+    """`steps` (x, y) batches over as many epochs as needed (set_epoch reshuffles each, alike everywhere)."""
+    # lazy: one epoch at a time
+    epochs = (loader.sampler.set_epoch(epoch) or loader for epoch in itertools.count())
+    return itertools.islice(itertools.chain.from_iterable(epochs), steps)
+
+
+def replay(
+    variant: str,
+    train_set,
+    batch_size: int,
+    world_size: int,
+    steps: int,
+    lr: float,
+    seed: int,
+    momentum: float = 0.9,
+    device: str | torch.device = "cpu",
+) -> nn.Module:
+    """Rank 0's end state of `world_size` DDP ranks, in one process on the run's device (CPU and CUDA round
+    apart, 0.2 after 60 steps on an H200): each rank's micro-batch from its own DistributedSampler; "syncbn"
+    normalises their concatenation, "batchnorm" each alone (rank 0's updates the statistics); gradients
+    averaged as DDP does."""
+    set_seed(seed)
+    model = DigitsCNN().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    layers = batchnorm_modules(model)
+    loaders = [loader_for(train_set, batch_size, world_size, r, seed) for r in range(world_size)]
+    for micro in zip(*(batches(loader, steps) for loader in loaders)):  # one (x, y) per rank
+        optimizer.zero_grad(set_to_none=True)
+        if variant == "syncbn":  # one batch, the concatenation: SyncBatchNorm's statistics
+            micro = [(torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro]))]
+        # rank 0 last: it leaves momentum at 0.1
+        for rank, (x, y) in reversed(list(enumerate(micro))):
+            for _, m in layers:
+                m.momentum = (
+                    0.1 if rank == 0 else 0.0
+                )  # 0: ranks 1.. leave rank 0's statistics alone
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))
+            (loss / len(micro)).backward()  # DDP's average
+        optimizer.step()
+    return model
+
+
+def train_counted(model, raw_model, data, args, info: DistInfo, log=None) -> dict:
+    """Lesson 06's training loop: SGD (args.lr, args.momentum) over `data`; counts the collectives of the
+    first step (forward, backward, DDP's bucket all-reduces) and times each step; `log(step)` every 10 steps.
+    Returns {"steps", "final_loss", "collectives_per_step", "mean_step_s"}."""
+    optimizer = torch.optim.SGD(raw_model.parameters(), lr=args.lr, momentum=args.momentum)
+    comm = CommCounter().register(model) if info.distributed else CommCounter()
+    counts, times = {}, []
+    for step, (x, y) in enumerate(data, 1):
+        x, y = x.to(info.device), y.to(info.device)  # x (B, 1, 8, 8), B = samples on this rank
+        t0 = time.perf_counter()
+        with count_collectives() as fwd:
+            loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        with count_collectives() as bwd:
+            loss.backward()  # SyncBatchNorm's backward all-reduces; DDP all-reduces gradient buckets
+        optimizer.step()
+        if info.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        if (
+            step == 1
+        ):  # the comm hook calls dist.all_reduce too: take DDP's buckets out of "backward"
+            counts = {
+                "forward": fwd.total,
+                "backward": bwd.total - comm.calls,
+                "ddp_buckets": comm.calls,
+            }
+        if log and step % 10 == 0:
+            log(step)
+    warm = times[min(5, len(times) - 1) :]  # skip the first steps (allocation, counting)
+    return {
+        "steps": len(times),
+        "final_loss": loss.item(),
+        "collectives_per_step": counts,
+        "mean_step_s": sum(warm) / len(warm),
+    }

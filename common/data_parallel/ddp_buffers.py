@@ -15,11 +15,13 @@ Both that broadcast and DDP's construction-time broadcast of parameters and buff
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
+import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
-__all__ = ["count_buffer_broadcasts"]
+__all__ = ["count_buffer_broadcasts", "broadcasts_after_eval"]
 
 
 @contextmanager
@@ -44,3 +46,22 @@ def count_buffer_broadcasts() -> Iterator[list[int]]:
         yield calls
     finally:
         dist._broadcast_coalesced = real
+
+
+def broadcasts_after_eval(model, data, device: torch.device) -> tuple[int, int]:
+    """After an evaluation (forwards under no_grad) through the DDP wrapper `model`: the buffer broadcasts of
+    one training step, then of 2 optimizer steps of 3 micro-steps each, no_sync on the first 2 (lesson 06).
+
+    `data` yields (x, y) batches (7 are used); forward + backward only, no optimizer: only the broadcasts
+    matter. Returns (broadcasts of the first step, broadcasts of the 2 accumulation steps)."""
+
+    def micro_step(x, y, sync: bool) -> None:
+        with nullcontext() if sync else model.no_sync():
+            F.cross_entropy(model(x.to(device)), y.to(device)).backward()
+
+    with count_buffer_broadcasts() as first:  # the training step after the evaluation
+        micro_step(*next(data), sync=True)
+    with count_buffer_broadcasts() as accumulation:
+        for micro, (x, y) in enumerate(data):
+            micro_step(x, y, sync=micro % 3 == 2)
+    return len(first), len(accumulation)

@@ -24,10 +24,13 @@ See https://pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-l
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+from common.harness.session import set_seed
 
 __all__ = [
     "rank_seed",
@@ -37,6 +40,9 @@ __all__ = [
     "augmentation_streams",
     "generator_draws",
     "stream_summary",
+    "distinct_streams",
+    "describe_pairs",
+    "seeding_demo",
 ]
 
 
@@ -146,6 +152,11 @@ def stream_summary(per_rank: list[dict]) -> dict:
     }
 
 
+def distinct_streams(summary: dict) -> list[int]:
+    """The numbers of distinct torch, numpy and random streams of a `stream_summary`."""
+    return list(summary["distinct_per_library"].values())
+
+
 def describe_pairs(summary: dict) -> str:
     """A `stream_summary`'s identical pairs in words: "r0w-1=r1w-1" -> "rank 0 main process = rank 1 main
     process" (worker id -1 is the main process, the only one with 0 workers), "r0w1=r1w1" -> "rank 0 worker 1
@@ -157,3 +168,34 @@ def describe_pairs(summary: dict) -> str:
 
     pairs = [" = ".join(name(k) for k in pair.split("=")) for pair in summary["identical_pairs"]]
     return "; ".join(pairs) or "none"
+
+
+def seeding_demo(
+    seed: int, rank: int, n: int, k: int, gather: Callable[[dict], list[dict]]
+) -> dict:
+    """Lesson 05's seeding section, measured: each configuration's streams of `n` samples on every rank,
+    gathered by `gather` (obj -> [obj of each rank]) into a `stream_summary`; each starts from set_seed(seed),
+    as a lesson does (the model built from one seed on every rank).
+
+    Returns {"rank_seed": {0: [run, rerun], k: [run, rerun]}: the fix, seed_data_rngs(seed, rank), with 0 and
+    k workers; "same_seed": the mistake, k workers and no generator; "generator_only": 0 workers and
+    loader_generator(seed, rank) alone; "base_seeds": {False: draws, True: draws}, what the generator gave in
+    2 epochs without and with persistent_workers}."""
+    out = {"rank_seed": {}, "base_seeds": {}}
+    for workers in (0, k):
+        runs = []
+        for _ in range(2):  # a run and its rerun
+            set_seed(seed)
+            streams = augmentation_streams(n, workers, seed_data_rngs(seed, rank))
+            runs.append(stream_summary(gather(streams)))
+        out["rank_seed"][workers] = runs
+    set_seed(seed)
+    out["same_seed"] = stream_summary(gather(augmentation_streams(n, k, None)))
+    set_seed(seed)
+    streams = augmentation_streams(n, 0, loader_generator(seed, rank))
+    out["generator_only"] = stream_summary(gather(streams))
+    for persistent in (False, True):
+        g = loader_generator(seed, rank)
+        augmentation_streams(n, k, g, epochs=2, persistent=persistent)
+        out["base_seeds"][persistent] = generator_draws(g, seed, rank)
+    return out

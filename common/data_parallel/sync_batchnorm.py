@@ -37,8 +37,9 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from common.harness.compat import batchnorm_has_bias_flag
+from common.harness.env import LessonError
 
-__all__ = ["SyncBatchNormFunction", "SyncBatchNorm", "convert_sync_batchnorm"]
+__all__ = ["SyncBatchNormFunction", "SyncBatchNorm", "convert_sync_batchnorm", "choose_sync_impl"]
 
 # The BatchNorm flavours and the input ranks they accept (so a converted BatchNorm2d still rejects a 2-D input
 # with BatchNorm2d's own message, where nn.SyncBatchNorm accepts any input with at least 2 dimensions).
@@ -272,3 +273,20 @@ def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
     for name, child in module.named_children():
         out.add_module(name, convert_sync_batchnorm(child, process_group))
     return out
+
+
+def choose_sync_impl(requested: str, device: torch.device) -> str:
+    """Which SyncBatchNorm a lesson runs: "torch" (nn.SyncBatchNorm) or "scratch" (this module's).
+
+    `requested` is "auto" (torch on an accelerator, scratch on CPU), "torch" or "scratch". Raises LessonError
+    for "torch" on CPU: torch 2.13's nn.SyncBatchNorm forward raises there (it accepts cuda, hpu, xpu and
+    PrivateUse1 devices), and DDP refuses the layer on a CPU module."""
+    if requested == "auto":
+        return "scratch" if device.type == "cpu" else "torch"
+    if requested == "torch" and device.type == "cpu":
+        raise LessonError(
+            "--sync-impl torch: nn.SyncBatchNorm runs on accelerators only in torch 2.13 "
+            "(cuda, hpu, xpu, PrivateUse1; its forward raises on CPU); use --sync-impl scratch "
+            "or auto"
+        )
+    return requested

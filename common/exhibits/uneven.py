@@ -1,22 +1,33 @@
-"""Lesson 12's exhibits of ranks with different amounts of work: rank-0-only work, uneven batches (2+ ranks).
+"""Ranks with different amounts of work: lesson 12's exhibits (rank-0-only work, uneven batches, 2+ ranks),
+and lesson 05's failure demos (evaluation through DDP on an empty shard, uneven shards without Join, a user
+all-reduce inside Join).
 
-Split from `common.exhibits.collectives` (whose helpers they use): each broken collective runs in a fresh
-gloo group bounded by --timeout-s. See `common.exhibits.frame` for the frame.
+The exhibits use `common.exhibits.collectives`' helpers: each broken collective runs in a fresh gloo group
+bounded by --timeout-s (see `common.exhibits.frame`). Lesson 05's demos run on CPU in gloo groups of their own
+with a short timeout, so that the wait ends; the one that aborts its process runs in a child world.
 """
 
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
 
+from common.data_parallel.samplers import UnpaddedDistributedSampler
 from common.exhibits.collectives import TIMEOUT_TEXT, _ddp, _steps
 from common.exhibits.frame import Ctx, exhibit
+from common.harness.env import DistInfo
 from common.harness.ranks import max_param_diff_across_ranks
+from common.harness.session import barrier
+from common.models import DigitsCNN
+from common.run.launch import run_command, torchrun_command
 
 
 @exhibit(
@@ -183,3 +194,57 @@ def eval_through_ddp_on_empty_rank(ctx: Ctx) -> None:
     total = evaluate(model.module)  # the unwrapped module: no collective in forward
     ctx.step("fix", "evaluate ddp_model.module and all_reduce (sum, count) once")
     ctx.claim("fixed_count", total[1], "==", 1.0, "samples counted over all ranks: {value:g}")
+
+
+# Lesson 05's failure demos ----------------------------------------------------------------------------------
+def run_until_timeout(steps) -> dict:
+    """Run the iterator `steps` to its end.
+
+    Returns {"outcome": "finished" | "timed out" | the error, "steps", "seconds"}."""
+    t0, outcome, done = time.perf_counter(), "finished", 0
+    try:
+        for _ in steps:
+            done += 1
+    except RuntimeError as e:
+        # gloo: "Timed out waiting 2000ms for recv ..." or "Application timeout ..."
+        timed_out = "time" in str(e).lower()
+        outcome = "timed out" if timed_out else f"error: {type(e).__name__}: {str(e)[:200]}"
+    return {"outcome": outcome, "steps": done, "seconds": time.perf_counter() - t0}
+
+
+def ddp_eval_with_empty_shard(dataset, info: DistInfo, timeout_s: float) -> dict:
+    """The mistake: evaluating through the DDP wrapper when a rank's shard is empty (len(dataset) < W).
+
+    DDP's first forward (and the first after any training step) broadcasts rank 0's buffers; a rank with no
+    batch never calls forward. On CPU in a gloo group of its own, so the wait ends after `timeout_s`."""
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    # BatchNorm: its running statistics are the buffers DDP broadcasts
+    model = DDP(DigitsCNN(), process_group=group).eval()
+    sampler = UnpaddedDistributedSampler(dataset, info.world_size, info.rank)
+    with torch.no_grad():
+        out = run_until_timeout(model(x) for x, _ in DataLoader(dataset, sampler=sampler))
+    barrier(info)  # the default group (timeout --timeout-s): everyone continues together
+    return out
+
+
+def train_without_join(loader, info: DistInfo, timeout_s: float) -> dict:
+    """The mistake: lesson 05's loop without Join (CPU, gloo group with `timeout_s`): the rank with more
+    batches waits in its extra step's all-reduce for a partner that never comes."""
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    model = DDP(DigitsCNN(norm="none"), process_group=group)
+    # one backward (one gradient all-reduce) per batch
+    out = run_until_timeout(F.cross_entropy(model(x), y).backward() for x, y in loader)
+    barrier(info)  # the default group (timeout --timeout-s): everyone continues together
+    return out
+
+
+def all_reduce_inside_join_child(seed: int, timeout_s: float) -> list[str]:
+    """Launch lesson 05's child world: 2 gloo processes run its `all_reduce_inside_join`.
+
+    Its own torchrun, because the failing process aborts (which would end the caller's world). Returns the
+    gloo errors it printed, [] if it exited 0."""
+    args = ["--child", "all-reduce-in-join", "--device", "cpu", "--backend", "gloo"]
+    args += ["--timeout-s", str(timeout_s), "--hang-timeout-s", str(timeout_s / 2)]
+    child = run_command(torchrun_command("05_uneven_data", 2, [*args, "--seed", str(seed)]), 180)
+    errors = ("doesn't match expected size", "timed out")
+    return [w for w in errors if w in child.stderr.lower()] if child.returncode else []

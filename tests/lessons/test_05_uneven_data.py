@@ -6,7 +6,7 @@ import math
 import pytest
 
 from common.run.launch import run_lesson
-from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 from tests._nan_on_rank1 import failing_claims, launch_with_nan_on_rank1
 
 CLAIMS = {
@@ -54,6 +54,7 @@ def one_process():
 def test_two_ranks_claims_hold(two_ranks):
     res = two_ranks.results
     claims = assert_claims(res, CLAIMS | FAILURES)
+    assert_lines_fit(two_ranks)
     assert res["world_size"] == 2
     # 1. evaluation: shards 180 + 179, every image once, padding counted as data would count 360; 1 image on 2
     #    ranks works with the unwrapped model and times out through DDP
@@ -93,6 +94,7 @@ def test_one_process_reproduces_rank0_streams(two_ranks, one_process):
     """A plain `python` run (world of 1) works, and a separate launch reproduces rank 0's augmentation streams."""
     res = one_process.results
     assert_claims(res, CLAIMS)
+    assert_lines_fit(one_process)
     assert res["world_size"] == 1 and res["join_steps"] == [4] and not FAILURES & set(res["claims"])
 
     def r0(run, key):

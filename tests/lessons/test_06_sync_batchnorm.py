@@ -16,7 +16,7 @@ import torch
 import torch.multiprocessing as mp
 
 from common.run.launch import run_lesson
-from tests._lessons import assert_claims, assert_fails_on_every_rank
+from tests._lessons import assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 TOL = 1e-5  # float32
 
@@ -124,6 +124,7 @@ PER_VARIANT = {
 @pytest.mark.timeout(600)
 def test_lesson_four_ranks_in_two_groups(four_ranks_two_groups):
     run, r = four_ranks_two_groups, four_ranks_two_groups.results
+    assert_lines_fit(run)
     claims = assert_claims(
         r,
         PER_VARIANT
@@ -175,6 +176,7 @@ def test_lesson_four_ranks_in_two_groups(four_ranks_two_groups):
 def test_lesson_whole_world_syncbn_identical_on_all_ranks(two_ranks):
     """Default grouping (the whole world), 2 ranks: the SyncBatchNorm running statistics are bit-identical."""
     r = two_ranks.results
+    assert_lines_fit(two_ranks)
     claims = assert_claims(
         r,
         PER_VARIANT
@@ -194,6 +196,19 @@ def test_lesson_whole_world_syncbn_identical_on_all_ranks(two_ranks):
     assert r["bn_groups"] == [[0, 1]] and "syncbn_stats_differ_between_groups" not in claims
 
 
+@pytest.mark.timeout(300)
+def test_lesson_defaults_four_ranks():
+    """The notebook's command (4 ranks, the defaults, CPU): one launch serves both. Every claim holds, the
+    one-process replay included, and every printed line fits."""
+    run = run_lesson("06_sync_batchnorm", nproc=4, args=["--device", "cpu"], timeout_s=240).check()
+    claims = assert_claims(
+        run.results,
+        PER_VARIANT | BUFFER_RULE | {"replay_equals_ddp_syncbn", "convert_swaps_in_place"},
+    )
+    assert run.results["setup"] == [4, 4, 60] and claims["syncbn_forward_collectives"]["value"] == 2
+    assert_lines_fit(run)
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("nproc", [None, 1], ids=["python", "torchrun_1"])
 def test_lesson_one_process(nproc):
@@ -205,6 +220,7 @@ def test_lesson_one_process(nproc):
     claims = assert_claims(
         run.results, PER_VARIANT | {"replay_equals_ddp_syncbn", "replay_equals_ddp_batchnorm"}
     )
+    assert_lines_fit(run)
     assert claims["syncbn_forward_collectives"]["value"] == 0  # a group of one communicates nothing
     assert claims["syncbn_ddp_bucket_allreduces"]["value"] == (0 if nproc is None else 1)
     if nproc:  # DDP exists: the buffer-broadcast rule holds in a world of one too

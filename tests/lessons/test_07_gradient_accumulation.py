@@ -12,7 +12,7 @@ import math
 import pytest
 
 from common.run.launch import run_lesson
-from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank
+from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 from tests._nan_on_rank1 import failing_claims, launch_with_nan_on_rank1
 
 LESSON = "07_gradient_accumulation"
@@ -36,13 +36,30 @@ COMMON = (
 
 
 @pytest.fixture(scope="module")
-def two_ranks():
-    return run_lesson(LESSON, nproc=2, args=FAST, timeout_s=480).check().results
+def two_ranks_run():
+    """The notebook's command on a CPU machine: 2 ranks, 20 steps."""
+    return run_lesson(LESSON, nproc=2, args=FAST, timeout_s=480).check()
 
 
 @pytest.fixture(scope="module")
-def one_process():
-    return run_lesson(LESSON, nproc=None, args=FAST, timeout_s=480).check().results
+def one_process_run():
+    return run_lesson(LESSON, nproc=None, args=FAST, timeout_s=480).check()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(two_ranks_run):
+    return two_ranks_run.results
+
+
+@pytest.fixture(scope="module")
+def one_process(one_process_run):
+    return one_process_run.results
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("which", ["two_ranks_run", "one_process_run"])
+def test_printed_lines_fit(which, request):
+    assert_lines_fit(request.getfixturevalue(which))
 
 
 def _claims(r):

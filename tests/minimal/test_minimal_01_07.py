@@ -111,7 +111,7 @@ def test_06_sync_batchnorm_reproduces_lesson_06():
     # one epoch of 23 steps of 2 x 32 samples in both; exit 0: SyncBatchNorm2d equals BatchNorm2d on the
     # global batch (input gradients and running statistics)
     results, _ = lesson("06_sync_batchnorm", 2, ["--max-steps", "0", "--batch-size", "32"])
-    got, _ = minimal("06_sync_batchnorm", 2, ["--epochs", "1", "--batch-size", "32"])
+    got, _ = minimal("06_sync_batchnorm", 2, ["--epochs", "1"])  # 32 samples per process
     syncbn = results["variants"]["syncbn"]
     assert syncbn["steps"] == 23
     assert (

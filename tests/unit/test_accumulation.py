@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import TensorDataset
 
+from common.data_parallel.accumulation import grad_accum_steps_for
 from common.harness.env import LessonError
 from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
 from common.measure.precision import max_diff
@@ -22,7 +23,7 @@ lesson = importlib.import_module("lessons.07_gradient_accumulation")
 @given(g=st.integers(-4, 200), m=st.integers(-2, 16), w=st.integers(1, 8))
 def test_grad_accum_steps_arithmetic(g, m, w):
     try:
-        k = lesson.grad_accum_steps_for(g, m, w)
+        k = grad_accum_steps_for(g, m, w)
     except LessonError as e:
         assert g < 1 or m < 1 or g % (m * w), str(e)
         assert "\n" not in str(e)

@@ -9,7 +9,6 @@ live in tests/lessons/test_06_sync_batchnorm.py.
 
 from __future__ import annotations
 
-import importlib
 import socket
 from datetime import timedelta
 
@@ -21,14 +20,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.data import digits_split
-from common.data_parallel.bn_stats import local_accuracy, running_stats, spread
+from common.data_parallel.bn_stats import local_accuracy, replay, running_stats, spread
 from common.data_parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 from common.measure.counters import count_collectives
 from common.models import DigitsCNN
 from tests._workers import run_world
 
 TOL = 1e-5  # float32
-lesson = importlib.import_module("lessons.06_sync_batchnorm")
 
 
 def _free_port() -> int:
@@ -169,7 +167,7 @@ def test_local_accuracy_restores_the_mode(start_in_train):
 def test_replay_of_one_rank_is_the_same_for_both_variants():
     """One rank: per-rank statistics are the global batch's, so both replays train the same model."""
     train_set, _ = digits_split()
-    a, b = (lesson.replay(v, train_set, 4, 1, 10, 0.02, seed=0) for v in ("syncbn", "batchnorm"))
+    a, b = (replay(v, train_set, 4, 1, 10, 0.02, seed=0) for v in ("syncbn", "batchnorm"))
     for p, q in zip([*a.parameters(), running_stats(a)], [*b.parameters(), running_stats(b)]):
         torch.testing.assert_close(p, q)
 
@@ -179,7 +177,7 @@ def test_replay_batchnorm_keeps_rank0_statistics_only():
     """2 ranks replayed: BatchNorm's running statistics come from rank 0's micro-batches, SyncBatchNorm's from the
     concatenation, so they differ; the parameters (gradient of the same global loss) differ too, but little."""
     train_set, _ = digits_split()
-    a, b = (lesson.replay(v, train_set, 4, 2, 5, 0.02, seed=0) for v in ("syncbn", "batchnorm"))
+    a, b = (replay(v, train_set, 4, 2, 5, 0.02, seed=0) for v in ("syncbn", "batchnorm"))
     assert (running_stats(a) - running_stats(b)).abs().max() > 1e-4
     assert all(
         m.momentum == 0.1 for m in b.modules() if isinstance(m, nn.BatchNorm2d)
