@@ -36,7 +36,7 @@ from common.data_parallel.accumulation import (
     TOL,
     Proof,
     checked_grad_accum_steps,
-    replay_on_one_process,
+    replay_accumulation,
 )
 from common.harness.env import read_torchrun_env
 from common.harness.metrics import evaluate
@@ -428,7 +428,7 @@ def final_claims(
     # the loop itself, against one process on the same global batches (a replay in fp32)
     with rank0_only(info, "the one-process replay of the training run") as mine:
         if mine:
-            replayed = replay_on_one_process(
+            replayed = replay_accumulation(
                 train_set, init_state, args, info.world_size, info.device
             )
             report.claim(

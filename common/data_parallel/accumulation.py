@@ -24,7 +24,7 @@ __all__ = [
     "grad_accum_steps_for",
     "checked_grad_accum_steps",
     "Proof",
-    "replay_on_one_process",
+    "replay_accumulation",
 ]
 
 TOL = 1e-5  # float32 rounding of sums taken in another order (measured: ~1e-8)
@@ -128,7 +128,7 @@ class Proof:
         return g, p
 
 
-def replay_on_one_process(
+def replay_accumulation(
     train_set, init_state, args, world_size: int, device
 ) -> list[torch.Tensor]:
     """Lesson 07's training run in ONE process, no accumulation: each step, one forward over every rank's k

@@ -128,7 +128,8 @@ def test_lesson_lists_say_what_each_lesson_covers(staged, lang):
             assert said.endswith((".", "?", "!")), said  # not cut mid-sentence
         else:
             guide = (ROOT / f"docs/zh/lessons/{lesson.stem}.md").read_text().partition("\n")[0]
-            assert said and guide.endswith(said) and "导读" not in said, (said, guide)
+            shown = re.sub(r"\\(.)", r"\1", said)  # Markdown escapes undone: reshard\_after -> reshard_after
+            assert said and guide.endswith(shown) and "导读" not in said, (said, guide)
     if lang == "en":
         assert r"\_\_len\_\_" in text  # lesson 04's __len__: shown as written, not as a bold "len"
         assert "send/recv, no server." in text
@@ -151,7 +152,7 @@ def test_chinese_home_page_says_its_notebooks_are_english(staged):
     assert len(rows) == len(site_build.curriculum())
     for row in rows:
         assert ">notebook（英文）</a>" in row[4] and '<a href="../en/lessons/' in row[4], row[4]
-        assert re.search(r"\[导读\]\(lessons/[a-z-]+/index\.md\)", row[4]), row[4]
+        assert re.search(r"\[导读\]\(lessons/[a-z0-9-]+/index\.md\)", row[4]), row[4]
 
 
 def test_chinese_lesson_pages_have_one_row_of_links(staged):

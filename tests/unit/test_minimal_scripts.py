@@ -1,5 +1,6 @@
 """The promises every minimal/ script makes, checked on the files without running them (fast):
-at most 120 lines including the docstring, lines of at most 100 characters, imports of torch, numpy and the
+at most 120 lines including the docstring, lines of at most 110 characters (ruff format keeps the code at
+100; prose in docstrings and comments at 110, as in the lessons), imports of torch, numpy and the
 standard library only (no `common`, no `lessons`), and a process group from torchrun's environment that a
 `finally` destroys."""
 
@@ -33,8 +34,8 @@ def test_minimal_scripts_exist():
 def test_short_lines_and_file(path):
     lines = path.read_text().splitlines()
     assert len(lines) <= 120, f"{path.name}: {len(lines)} lines"
-    long = [i + 1 for i, line in enumerate(lines) if len(line) > 100]
-    assert not long, f"{path.name}: lines over 100 characters: {long}"
+    long = [i + 1 for i, line in enumerate(lines) if len(line) > 110]
+    assert not long, f"{path.name}: lines over 110 characters: {long}"
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.stem)
