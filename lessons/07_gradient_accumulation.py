@@ -50,8 +50,9 @@ from common.harness.session import (
     set_seed,
 )
 from common.measure.counters import CommCounter
+from common.measure.differences import max_abs_diff_all, max_over_ranks
 from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
-from common.measure.precision import PRECISIONS, autocast_context, max_diff, worst_over_ranks
+from common.measure.precision import PRECISIONS, autocast_context
 from common.performance.buckets import predicted_buckets
 
 
@@ -232,7 +233,7 @@ def clip_variants(proof: Proof, micro, clip: float) -> None:
     # barely-cut partial sum moves the step less than the other mistakes do (7.4e-4 at --micro-batch 2
     # --global-batch 8), so the bound is the right variants' own (TOL): a wrong step lies outside it.
     line = "  {variant:<24} {value:.1e}"
-    if worst_over_ranks([float(any(acted))], proof.info)[0]:
+    if max_over_ranks(float(any(acted))):
         report.claim(
             "clip_each_micro_step_changes_the_step",
             p,
@@ -433,7 +434,7 @@ def final_claims(
             )
             report.claim(
                 "training_loop_equals_one_process_replay",
-                max_diff(raw_model.parameters(), replayed),
+                max_abs_diff_all(raw_model.parameters(), replayed),
                 "<=",
                 TOL if args.precision == "fp32" else 1e-2,
                 "training loop vs a one-process replay of its global batches: {value:.1e} "

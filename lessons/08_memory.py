@@ -43,6 +43,7 @@ from common.harness.ranks import print0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.counters import CommCounter
+from common.measure.differences import max_abs_diff_all, max_over_ranks
 from common.measure.memory import (
     CountingScaler,
     ResidualMLP,
@@ -52,7 +53,7 @@ from common.measure.memory import (
     residual_mlp_activation_bytes,
     saved_activation_bytes,
 )
-from common.measure.precision import autocast_context, max_diff, worst_over_ranks
+from common.measure.precision import autocast_context
 
 TOL = 1e-5
 
@@ -168,7 +169,7 @@ def checkpointing_gradients(model, raw_model, x, y, info, report: Report) -> Non
         raw_model.zero_grad(set_to_none=True)
     raw_model.checkpointing = False
     print0("\n2. activations (saved-tensor bytes of one forward, parameters excluded)")
-    gap = worst_over_ranks([max_diff(grads[True], grads[False])], info)[0]
+    gap = max_over_ranks(max_abs_diff_all(grads[True], grads[False]))
     report.claim(
         "checkpointing_same_gradients",
         gap,
@@ -320,10 +321,10 @@ def bf16_vs_fp32(model, raw_model, init_state, train_set, args, info, report: Re
             opt.zero_grad(set_to_none=True)
         finals[precision] = [p.detach().clone() for p in raw_model.parameters()]
     diffs = [
-        max_diff(finals["bf16"], finals["fp32"]),
-        max_diff(finals["fp32"], init_state.values()),
+        max_abs_diff_all(finals["bf16"], finals["fp32"]),
+        max_abs_diff_all(finals["fp32"], init_state.values()),
     ]
-    bf16_diff, change = worst_over_ranks(diffs, info)
+    bf16_diff, change = (max_over_ranks(d) for d in diffs)
     print0(f"\n3. bf16 autocast vs fp32 after {args.steps} optimizer steps")
     # bf16 keeps 8 significant bits (relative rounding up to 2^-8 = 0.4%) in matmul inputs and outputs; the
     # parameters, gradients and the update stay fp32: under 1% of the largest change here, well within 1e-3.

@@ -46,9 +46,8 @@ from common.harness.grid import Grid
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.counters import CommCounter, count_collectives, local_shard
-from common.measure.differences import max_over_ranks, relative_difference
+from common.measure.differences import max_abs_diff_all, max_over_ranks, relative_difference
 from common.measure.memory import ResidualMLP, storage_bytes
-from common.measure.precision import max_diff
 from common.sharding.accounting import (
     activation_bytes,
     full_params,
@@ -156,7 +155,7 @@ class Setup:
 
     def worst_diff(self, a, b, start=None) -> float:
         """Over ranks: max |a - b|, or ||a - b|| / ||b - start|| when `start` is given (NaN-safe)."""
-        return max_over_ranks(relative_difference(a, b, start) if start else max_diff(a, b))
+        return max_over_ranks(relative_difference(a, b, start) if start else max_abs_diff_all(a, b))
 
 
 # -------- 1. the reference: DDP (one process: plain Adam), gradients in DDP's buckets

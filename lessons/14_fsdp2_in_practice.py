@@ -51,8 +51,8 @@ from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.allocations import allocations
 from common.measure.counters import count_collectives, local_shard
+from common.measure.differences import max_abs_diff_all, max_over_ranks
 from common.measure.memory import storage_bytes
-from common.measure.precision import max_diff, worst_over_ranks
 from common.sharding.accounting import full_params
 from common.sharding.fsdp import (
     NormalisedMLP,
@@ -133,7 +133,7 @@ class Setup:
         return list(x[self.info.rank * b : (self.info.rank + 1) * b].chunk(parts))
 
     def worst(self, a, b) -> float:  # max |a - b| over ranks, NaN-safe
-        return worst_over_ranks([max_diff(a, b)], self.info)[0]
+        return max_over_ranks(max_abs_diff_all(a, b))
 
 
 def train(s: Setup, model: nn.Module, micro: int = 1, sync_each: bool = False) -> None:
@@ -191,7 +191,7 @@ def hsdp(s: Setup, ref: list) -> None:
     group_of[AR] = grid.ranks_in("dp_replicate")
     wrong = sum(n for (op, ranks), n in c.groups.items() if list(ranks) != group_of.get(op))
     text = "  collectives outside the group the mesh gives them: {value:.0f}"
-    report.claim("hsdp_groups_as_mesh", worst_over_ranks([wrong], info)[0], "==", 0, text)
+    report.claim("hsdp_groups_as_mesh", max_over_ranks(wrong), "==", 0, text)
     memory_between(s, model, shard)
 
 
@@ -296,7 +296,7 @@ def meta_init(s: Setup) -> None:
         largest = init_like_eager(model, args.seed)
     text = "  init_like_eager (one layer in full at a time), buffers included: {value}"
     report.claim("meta_init_equals_eager", s.worst(full_values(model), eager), "==", 0.0, text)
-    peak = worst_over_ranks([trace.peak / model_bytes], s.info)[0]
+    peak = max_over_ranks(trace.peak / model_bytes)
     text = "  init_like_eager's peak allocation: {value:.2f} of the model (largest layer {l:.2f})"
     # the full model never: one layer at a time (when gloo frees its buffers varies the peak: [perf])
     report.claim(

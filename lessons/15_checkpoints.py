@@ -62,14 +62,14 @@ from common.harness.atomic import atomic_write
 from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, rank0_only, run_main
-from common.measure.differences import max_over_ranks, relative_difference
+from common.measure.differences import max_abs_diff_all, max_over_ranks, relative_difference
 from common.measure.memory import ResidualMLP
-from common.measure.precision import max_diff
 from common.sharding.accounting import full_params
 
 EQUAL = (
     1e-3  # bound on relative_difference: float32 rounding stays far below it, a real error near 1
 )
+
 AFTER = "after_more_steps.pt"  # the saving world's parameters --more-steps later: a loader's target
 
 
@@ -238,7 +238,7 @@ def reshard(r: Run, ranks: list[int], fsdp_folder: Path, ddp_folder: Path):
     full = torch.load(fsdp_folder / FULL_MODEL, weights_only=True)
     r.report.claim(
         "sharded_load_equals_saved",
-        max_over_ranks(max_diff(full_params(model), full.values()), group),
+        max_over_ranks(max_abs_diff_all(full_params(model), full.values()), group),
         "==",
         0.0,
         "2. FSDP2 checkpoint saved by {saved} ranks, loaded by {M}: max |difference| {value}",
@@ -306,7 +306,7 @@ def reshard_ddp(r: Run, ranks: list[int], group, folder: Path) -> None:
     saved = check_complete(folder, model_signature(model.module))
     r.report.claim(
         "params_equal_at_the_switch",
-        max_over_ranks(max_diff(model.module.parameters(), full.values()), group),
+        max_over_ranks(max_abs_diff_all(model.module.parameters(), full.values()), group),
         "==",
         0.0,
         "  DDP checkpoint saved by {saved} ranks, loaded by {M}: parameters max |difference| {value}",
@@ -333,7 +333,7 @@ def one_process(r: Run, folder: Path, logits) -> None:
             out = plain(r.train_set.tensors[0][:64])
         r.report.claim(
             "full_state_dict_same_outputs",
-            max_diff([out], [logits.cpu()]) / max(logits.abs().max().item(), 1e-30),
+            max_abs_diff_all([out], [logits.cpu()]) / max(logits.abs().max().item(), 1e-30),
             "<=",
             1e-6,
             "3. {file} ({n} tensors) in a plain model, strict: outputs vs the sharded model's {value:.1e}",
@@ -364,12 +364,12 @@ def async_save(r: Run) -> None:
     trained_s = time.perf_counter() - t0 - blocked_s
     future.result()  # a real loop checks it before its next save
     mark_complete(folder, info, world_size=info.world_size, step=args.steps)
-    moved = max_over_ranks(max_diff(full_params(model), snapshot))
+    moved = max_over_ranks(max_abs_diff_all(full_params(model), snapshot))
     fresh = fsdp2(r.model(args.seed + 1), mesh)
     load_sharded(fresh, torch.optim.Adam(fresh.parameters(), lr=args.lr), folder)
     r.report.claim(
         "async_save_is_the_state_at_the_call",
-        max_over_ranks(max_diff(full_params(fresh), snapshot)),
+        max_over_ranks(max_abs_diff_all(full_params(fresh), snapshot)),
         "==",
         0.0,
         "4. async_save, {more} steps (moved {moved:.1e}), then the load vs the state at the call: {value}",

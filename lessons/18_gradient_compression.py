@@ -46,9 +46,8 @@ from common.harness.ranks import print0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.counters import count_collectives
-from common.measure.differences import max_abs_diff, max_over_ranks
+from common.measure.differences import max_abs_diff, max_abs_diff_all, max_over_ranks
 from common.measure.memory import ResidualMLP, micro_batch_stream
-from common.measure.precision import max_diff, worst_over_ranks
 
 ONE_BUCKET_MB = 100.0  # >= 2.2 MB of gradient: one bucket
 RESUME_STEPS, RESUME_AT = 12, 6  # section 4's PowerSGD run, checkpointed after step 6
@@ -405,7 +404,7 @@ def resume_section(train_set, run: Run) -> None:
     ):
         resumed, resumed_ddp, resumed_opt = resume_powersgd(ckpt, batches[RESUME_AT], run, **kw)
         sgd_steps(resumed_ddp, resumed_opt, batches[RESUME_AT:])
-        diff = worst_over_ranks([max_diff(resumed.parameters(), raw.parameters())], info)[0]
+        diff = max_over_ranks(max_abs_diff_all(resumed.parameters(), raw.parameters()))
         if name != "exact":
             run.report.value(
                 f"powersgd_resume_{name}",

@@ -106,7 +106,6 @@ def nan_on_one_rank(rank: int, world_size: int) -> dict:
     from common.checkpoint.train_state import max_diff_over_ranks
     from common.harness.env import DistInfo
     from common.measure.differences import max_over_ranks
-    from common.measure.precision import worst_over_ranks
 
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
     last = rank == world_size - 1
@@ -121,7 +120,6 @@ def nan_on_one_rank(rank: int, world_size: int) -> dict:
         out[name] = {
             "gloo_max": raw.item(),
             "max_over_ranks": max_over_ranks(bad if last else 0.0),
-            "worst_over_ranks": worst_over_ranks([0.0, bad if last else 0.0], info),
             "max_diff_over_ranks": max_diff_over_ranks(model, ref, info),
         }
     return out

@@ -15,9 +15,8 @@ import torch.nn.functional as F
 
 from common.harness.env import LessonError
 from common.harness.results import Report
-from common.measure.differences import nan_max
+from common.measure.differences import max_abs_diff_all, max_over_ranks, nan_max
 from common.measure.memory import ResidualMLP, micro_batch_stream
-from common.measure.precision import max_diff, worst_over_ranks
 
 __all__ = [
     "TOL",
@@ -108,7 +107,7 @@ class Proof:
         differences from the reference, worst over ranks."""
         grads, params, n_calls, _ = self.run(variant, batches, clip)
         ref = self.ref_clip if clip else self.ref
-        g, p = worst_over_ranks([max_diff(a, b) for a, b in zip((grads, params), ref)], self.info)
+        g, p = (max_over_ranks(max_abs_diff_all(a, b)) for a, b in zip((grads, params), ref))
         line = "  {variant:<24} {value:.1e}"
         if right:
             self.report.claim(
@@ -128,9 +127,7 @@ class Proof:
         return g, p
 
 
-def replay_accumulation(
-    train_set, init_state, args, world_size: int, device
-) -> list[torch.Tensor]:
+def replay_accumulation(train_set, init_state, args, world_size: int, device) -> list[torch.Tensor]:
     """Lesson 07's training run in ONE process, no accumulation: each step, one forward over every rank's k
     micro-batches (args: micro_batch, grad_accum_steps, steps, lr, clip, seed). Returns the parameters."""
     model = ResidualMLP().to(device)

@@ -50,8 +50,13 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def max_abs_diff_all(a: Iterable[torch.Tensor], b: Iterable[torch.Tensor]) -> float:
-    """`max_abs_diff` over pairs of tensors (parameters, gradients), folded by `nan_max`."""
-    return nan_max(max_abs_diff(u, v) for u, v in zip(a, b))
+    """`max_abs_diff` over pairs of tensors (parameters, gradients), folded by `nan_max`; 16-bit tensors are
+    compared in float32 (a bf16 difference would round the difference itself)."""
+    return nan_max(max_abs_diff(_at_least_fp32(u), _at_least_fp32(v)) for u, v in zip(a, b))
+
+
+def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.is_floating_point() and t.element_size() < 4 else t
 
 
 def max_over_ranks(value: float, group=None) -> float:

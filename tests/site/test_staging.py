@@ -128,7 +128,9 @@ def test_lesson_lists_say_what_each_lesson_covers(staged, lang):
             assert said.endswith((".", "?", "!")), said  # not cut mid-sentence
         else:
             guide = (ROOT / f"docs/zh/lessons/{lesson.stem}.md").read_text().partition("\n")[0]
-            shown = re.sub(r"\\(.)", r"\1", said)  # Markdown escapes undone: reshard\_after -> reshard_after
+            shown = re.sub(
+                r"\\(.)", r"\1", said
+            )  # Markdown escapes undone: reshard\_after -> reshard_after
             assert said and guide.endswith(shown) and "导读" not in said, (said, guide)
     if lang == "en":
         assert r"\_\_len\_\_" in text  # lesson 04's __len__: shown as written, not as a bold "len"

@@ -14,8 +14,8 @@ from torch.utils.data import TensorDataset
 
 from common.data_parallel.accumulation import grad_accum_steps_for
 from common.harness.env import LessonError
+from common.measure.differences import max_abs_diff_all
 from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
-from common.measure.precision import max_diff
 
 lesson = importlib.import_module("lessons.07_gradient_accumulation")
 
@@ -69,7 +69,7 @@ def _grads(model, variant, batches):
 def test_variants_in_one_process(setup, name, right):
     model, x, y, ref = setup
     even = list(zip(x.split(4), y.split(4)))  # k = 4 micro-batches of 4
-    diff = max_diff(_grads(model, getattr(lesson, name), even), ref)
+    diff = max_abs_diff_all(_grads(model, getattr(lesson, name), even), ref)
     assert (diff < 1e-6) if right else (diff > 1e-3), diff
 
 
@@ -77,8 +77,8 @@ def test_uneven_micro_batches_need_sample_weights(setup):
     model, x, y, ref = setup
     sizes = lesson.uneven_sizes(16, 4)  # [13, 1, 1, 1]
     uneven = list(zip(x.split(sizes), y.split(sizes)))
-    assert max_diff(_grads(model, lesson.accumulate_sample_weighted, uneven), ref) < 1e-6
-    assert max_diff(_grads(model, lesson.accumulate, uneven), ref) > 1e-3
+    assert max_abs_diff_all(_grads(model, lesson.accumulate_sample_weighted, uneven), ref) < 1e-6
+    assert max_abs_diff_all(_grads(model, lesson.accumulate, uneven), ref) > 1e-3
 
 
 def test_no_sync_unless_is_a_no_op_without_ddp(setup):
