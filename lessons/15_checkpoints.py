@@ -103,7 +103,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             found = latest_complete(Path(args.load) / kind, signature)
             check_world_size_can_continue(found[1], found[0], world_size)
             setattr(args, f"{kind}_folder", found[0])
-        for name in ("global_batch", "steps", "lr", "seed"):  # the saved run's, to continue it
+        for name in ("global_batch", "steps", "more_steps", "lr", "seed"):  # the saved run's
             setattr(args, name, found[1][name])
     elif args.global_batch % world_size:
         raise LessonError(f"--global-batch {args.global_batch} cannot be split over {world_size}")
@@ -162,7 +162,7 @@ def save_and_continue(r: Run, kind: str, model, raw, opt) -> Path:
     after = [t.cpu() for t in full_params(raw)]  # every rank takes part in FSDP2's all-gathers
     if info.master_process:
         atomic_write(folder / AFTER, lambda f: torch.save(after, f))
-    facts = {k: getattr(args, k) for k in ("global_batch", "steps", "lr", "seed")}
+    facts = {k: getattr(args, k) for k in ("global_batch", "steps", "more_steps", "lr", "seed")}
     signature = model_signature(ResidualMLP(args.width, args.depth))
     mark_complete(folder, info, model=signature, world_size=info.world_size, **facts)
     return folder

@@ -7,12 +7,14 @@ whichever files hold them, the chunks that overlap its own shards
 (https://pytorch.org/docs/stable/distributed.checkpoint.html).
 
 The rules that never lose a checkpoint:
-1. every save goes to a NEW folder (`step_folder`); a folder with a marker is never written into again;
+1. every save goes to its step's own folder (`step_folder`); saving into a folder that has a marker removes the
+   marker first, so a half-rewritten folder never passes for complete;
 2. every rank's files first, then a barrier, then rank 0 writes `COMPLETE.json` LAST, atomically (a temporary
    file, fsync, `os.replace`: `common.harness.atomic.atomic_write`);
 3. a loader takes the newest folder that has a marker (`latest_complete`) and refuses one without it
    (`check_complete`, on every rank before any process group: every rank fails alike, with one line);
-4. an older checkpoint is deleted only once a newer one is complete.
+4. nothing here deletes an older checkpoint: a caller that keeps only the last k deletes one only after a newer
+   one is complete.
 A save killed half-way leaves files without a marker beside the last complete checkpoint, which still loads.
 """
 
@@ -104,7 +106,8 @@ def check_world_size_can_continue(marker: dict, path: str | Path, world_size: in
 def latest_complete(root: str | Path, signature: dict[str, list[int]]) -> tuple[Path, dict]:
     """The newest step folder under `root` that has a marker, and its marker. Folders without a marker (a save
     that died) are passed over, never loaded; LessonError when no folder has one."""
-    for folder in sorted(Path(root).glob("step_*"), reverse=True):
+    steps = Path(root).glob("step_[0-9]*")
+    for folder in sorted(steps, key=lambda f: int(f.name.removeprefix("step_")), reverse=True):
         if (folder / MARKER).is_file():
             return folder, check_complete(folder, signature)
     raise LessonError(
