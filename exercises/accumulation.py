@@ -6,6 +6,7 @@ takes one step on the global batch).
 """
 
 import torch
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 

@@ -6,6 +6,8 @@ weight; your wrapper must end equal to torch's DDP, start its all-reduces while 
 make the number of all-reduces the bucket rule below gives).
 """
 
+import torch
+import torch.distributed as dist
 from torch import nn
 
 

@@ -7,6 +7,8 @@ with torch.utils.data.DistributedSampler over many sizes, ranks, epochs and opti
 
 from collections.abc import Iterator
 
+import torch
+
 
 class MyDistributedSampler:
     """The indices rank `rank` of `num_replicas` reads in one epoch, exactly as

@@ -6,6 +6,7 @@ some ranks hold).
 """
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 

@@ -6,6 +6,7 @@ float64 batches whose means differ from rank to rank and on float32 batches near
 """
 
 import torch
+import torch.distributed as dist
 
 
 def global_mean_var(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

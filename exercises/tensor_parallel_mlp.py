@@ -6,6 +6,7 @@ MLP).
 """
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 

@@ -6,6 +6,10 @@ optimizer's, and each rank must hold optimizer state for its own shard only; als
 with a model of 2 parameters on 3 ranks).
 """
 
+import torch
+import torch.distributed as dist
+from torch import nn
+
 
 class Zero1Optimizer:
     """Each rank keeps optimizer state (Adam's moments, momentum buffers) for its shard of the parameters

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from common.measure.differences import max_abs_diff
 from exercises._ranks import RankError, RankHung
 
 COLLECTIVES = (
@@ -54,21 +55,20 @@ def short(values: Sequence[float], n: int = 4) -> str:
     return f"[{head}{', ...' if len(values) > n else ''}]"
 
 
-def max_abs_diff(a, b) -> float:
-    """max |a - b| over all elements, NaN (never a small number) when either side holds a NaN or an inf."""
+def answer_diff(a, b) -> float:
+    """max |a - b| between a learner's answer and the expected one (tensors, lists or numbers, compared in
+    float64): `common.measure.differences.max_abs_diff`, NaN when either holds a NaN or an inf anywhere; inf when
+    the shapes differ (an answer of the wrong shape is as wrong as it gets)."""
     a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
     if a.shape != b.shape:
         return math.inf
-    if a.numel() == 0:
-        return 0.0
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        return math.nan
-    return (a - b).abs().max().item()
+    d = max_abs_diff(a, b)
+    return math.nan if math.isinf(d) else d
 
 
 def close(a, b, tol: float) -> bool:
     """Equal within `tol`; False on NaN, inf or a shape mismatch."""
-    d = max_abs_diff(a, b)
+    d = answer_diff(a, b)
     return not math.isnan(d) and d <= tol
 
 

@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.measure.differences import nan_max
-from exercises.graders._common import max_abs_diff, rank_failures
+from exercises.graders._common import answer_diff, rank_failures
 
 WORLD_SIZE = 2
 FUNCTIONS = ["accumulation_step"]
@@ -94,7 +94,7 @@ def judge(answers: list) -> list[str]:
                 f"run "
                 f"the forward and backward of the first k - 1 micro-batches inside ddp_model.no_sync()"
             ]
-        diff = nan_max(max_abs_diff(g, w) for g, w in zip(a["params"], want))
+        diff = nan_max(answer_diff(g, w) for g, w in zip(a["params"], want))
         if not diff <= 1e-10:
             ratio = _ratio_hint(a["params"])
             return [
@@ -105,14 +105,14 @@ def judge(answers: list) -> list[str]:
 
 def _ratio_hint(params) -> str:
     """Which rule the update follows, if one a learner may use instead."""
-    if max(max_abs_diff(g, w) for g, w in zip(params, reference_params("mean / k"))) <= 1e-10:
+    if max(answer_diff(g, w) for g, w in zip(params, reference_params("mean / k"))) <= 1e-10:
         return (
             f": that is each micro-batch's mean loss divided by k = {K}, right only when the "
             f"micro-batches are equal: with sizes {list(MICRO)} the 1-sample one weighs as much as a "
             f"5-sample one; divide each sample's loss by the rank's {sum(MICRO)} samples "
             f"(reduction='sum' / {sum(MICRO)})"
         )
-    if max(max_abs_diff(g, w) for g, w in zip(params, reference_params("mean"))) <= 1e-10:
+    if max(answer_diff(g, w) for g, w in zip(params, reference_params("mean"))) <= 1e-10:
         return (
             f": that is the sum of the {K} micro-batches' mean losses, about {K}x the right update: each "
             f"backward adds into .grad; divide each sample's loss by the rank's {sum(MICRO)} samples"

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.measure.differences import nan_max
-from exercises.graders._common import functions_replaced, max_abs_diff, rank_failures
+from exercises.graders._common import answer_diff, functions_replaced, rank_failures
 
 WORLD_SIZE = (
     3  # 3, not 2: an average hard-coded as x 0.5, or (sum of sums) / 2W, is right only at 2
@@ -271,7 +271,7 @@ def _wrap_problem(rank: int, run: dict, rank0: dict) -> str | None:
     differ = [
         n
         for n, a, b in zip(names, run["wrapped"], rank0["wrapped"])
-        if not max_abs_diff(a, b) == 0.0
+        if not answer_diff(a, b) == 0.0
     ]
     if not differ:
         return None
@@ -316,13 +316,13 @@ def _average_problem(rank: int, run: dict, reference: list) -> str | None:
         )
     return (
         f"rank {rank}'s gradients after the first finish_gradient_sync differ from DDP's by "
-        f"{max_abs_diff(got, want):.2e}: write the average (sum / world size) of each gradient into its "
+        f"{answer_diff(got, want):.2e}: write the average (sum / world size) of each gradient into its "
         f".grad, once"
     )
 
 
 def close_all(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return bool(max_abs_diff(a, b) <= 1e-12)
+    return bool(answer_diff(a, b) <= 1e-12)
 
 
 def _sync_problem(mode: str, rank: int, run: dict) -> str | None:
@@ -348,7 +348,7 @@ def _sync_problem(mode: str, rank: int, run: dict) -> str | None:
 
 
 def _result_problem(rank: int, run: dict, ddp: list) -> str | None:
-    diff = nan_max(max_abs_diff(g, w) for g, w in zip(run["final"], ddp))
+    diff = nan_max(answer_diff(g, w) for g, w in zip(run["final"], ddp))
     if not diff <= 1e-12:
         return (
             f"rank {rank}'s parameters and buffers differ from DDP's by {diff:.2e} after {STEPS} steps, "

@@ -13,7 +13,7 @@ from torch.distributed.fsdp import FSDPModule
 from common.measure.counters import count_collectives
 from common.measure.differences import nan_max
 from common.measure.memory import ResidualMLP
-from exercises.graders._common import max_abs_diff, rank_failures
+from exercises.graders._common import answer_diff, rank_failures
 
 WORLD_SIZE = 4
 FUNCTIONS = ["shard_hsdp"]
@@ -76,7 +76,7 @@ def judge(answers: list) -> list[str]:
                 f"rank {rank}: {a['units']} fully_shard unit(s), expected 3: fully_shard each block "
                 "(its own all-gather and reduce-scatter), then the root (the stem and the head)"
             ]
-        diff = nan_max(max_abs_diff(torch.tensor(g), w) for g, w in zip(a["params"], want))
+        diff = nan_max(answer_diff(torch.tensor(g), w) for g, w in zip(a["params"], want))
         if not diff <= 1e-5:
             return [
                 f"rank {rank}: parameters after one step differ from one process by {diff:.1e}: the "

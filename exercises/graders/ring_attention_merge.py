@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from exercises.graders._common import max_abs_diff
+from exercises.graders._common import answer_diff
 
 WORLD_SIZE = 0
 FUNCTIONS = ["merge"]
@@ -85,7 +85,7 @@ def check(module: str) -> list[str]:
         out, lse = merge(*a, *b)
         how = scores if isinstance(scores, str) else f"x{scores:g}"
         case = f"{n_keys} keys split {split} + {n_keys - split}, scores {how}"
-        d_out, d_lse = max_abs_diff(out, want), max_abs_diff(lse, want_lse)
+        d_out, d_lse = answer_diff(out, want), answer_diff(lse, want_lse)
         if math.isnan(d_out) or math.isnan(d_lse):
             return [_overflow(case, a[1], b[1])]
         if 1e-9 < max(d_lse, d_out) < 1e-4:
@@ -99,7 +99,7 @@ def check(module: str) -> list[str]:
                 "denominator is exp(lse_a) + exp(lse_b), so lse = logaddexp(lse_a, lse_b)"
             ]
         if d_out > 1e-9:
-            averaged = max_abs_diff(out, (a[0] + b[0]) / 2) <= 1e-12
+            averaged = answer_diff(out, (a[0] + b[0]) / 2) <= 1e-12
             hint = (
                 "you averaged the two outputs: weight each by its block's share of the softmax, "
                 "exp(lse_a - lse) and exp(lse_b - lse)"

@@ -7,7 +7,7 @@ import importlib
 import torch
 from torch import nn
 
-from exercises.graders._common import max_abs_diff, rank_failures
+from exercises.graders._common import answer_diff, rank_failures
 
 WORLD_SIZE = 2
 FUNCTIONS = ["CopyToParallel", "ReduceFromParallel", "TensorParallelMLP"]
@@ -63,13 +63,13 @@ def judge(answers: list) -> list[str]:
     part = H // tp
     for rank, a in enumerate(answers):
         rows = slice(rank * part, (rank + 1) * part)
-        if not max_abs_diff(a["out"], want["out"]) <= 1e-10:  # NaN fails too
-            diff = max_abs_diff(a["out"], want["out"])
+        if not answer_diff(a["out"], want["out"]) <= 1e-10:  # NaN fails too
+            diff = answer_diff(a["out"], want["out"])
             return [
                 f"rank {rank}: output differs from the unsplit MLP by {diff:.2e}"
                 f": all-reduce the row-parallel partial outputs (g), then add b2 once"
             ]
-        if a["dx"] is None or not max_abs_diff(a["dx"], want["dx"]) <= 1e-10:
+        if a["dx"] is None or not answer_diff(a["dx"], want["dx"]) <= 1e-10:
             return [
                 f"rank {rank}: the input's gradient differs from the unsplit MLP's: f's backward must "
                 f"all-reduce it (each rank's half of the hidden units contributes part of dL/dx)"
@@ -81,7 +81,7 @@ def judge(answers: list) -> list[str]:
             "b2": want["b2"],
         }
         for name, value in expected.items():
-            if a[name] is None or not max_abs_diff(a[name], value) <= 1e-10:
+            if a[name] is None or not answer_diff(a[name], value) <= 1e-10:
                 return [
                     f"rank {rank}: the gradient of {name} is not the matching slice of the unsplit "
                     f"layer's "

@@ -17,7 +17,7 @@ from torch import nn
 
 from common.measure.differences import nan_max
 from exercises._ranks import describe
-from exercises.graders._common import max_abs_diff, rank_failures, unwaited, works_watched
+from exercises.graders._common import answer_diff, rank_failures, unwaited, works_watched
 
 WORLD_SIZE = 3  # 3, not 2: a split hard-coded for 2 ranks shows
 FUNCTIONS = ["Zero1Optimizer"]
@@ -198,10 +198,10 @@ def _problem(name: str, answers: list) -> str | None:
     want = [p.detach() for p in train(model, want_opt).parameters()]
     frozen = [p.detach() for p in make_model()[2].parameters()] if kind == "frozen" else []
     for rank, g in enumerate(got):
-        diff = nan_max(max_abs_diff(a, w) for a, w in zip(g["params"], want))
+        diff = nan_max(answer_diff(a, w) for a, w in zip(g["params"], want))
         if not diff <= 1e-10:
             frozen_moved = any(
-                not max_abs_diff(a, f) == 0.0 for a, f in zip(g["params"][2:4], frozen)
+                not answer_diff(a, f) == 0.0 for a, f in zip(g["params"][2:4], frozen)
             )
             hint = (
                 "the frozen layer (requires_grad=False) changed: skip it"
