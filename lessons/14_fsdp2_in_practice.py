@@ -13,6 +13,8 @@ What to look for:
 1. HSDP: `fully_shard` on a 2-D mesh (dp_replicate, dp_shard); both dims are data parallel. Sharded in a
    dp_shard group (all-gather, reduce-scatter), replicated across dp_replicate (shards all-reduced): equal to
    one process, bytes as predicted, 1/shard of the parameters per rank, between DDP's and FSDP's.
+2. Prefetching: FSDP2 all-gathers the next block ahead (backward: by default; forward: when told), one block
+   more held; the order measured. On gloo nothing overlaps: the overlap a GPU gets is stated, not measured.
 3. Mixed precision: param_dtype=bf16 alone reduces in bf16 (reduce_dtype defaults to param_dtype): half the
    reduce-scatter bytes, a larger gradient error than reduce_dtype=float32; sharded gradients stay float32.
 4. reshard_after_forward: True all-gathers each unit twice a step, False once and holds the gathered
@@ -24,7 +26,7 @@ What to look for:
 6. Accumulation: `set_requires_gradient_sync(False)` but on the last micro-step equals the global batch with
    k times fewer reduce-scatters; the price: every gradient held unsharded across micro-steps.
 7. `clip_grad_norm_` on DTensor gradients is one process's norm; Adam's state is sharded (rows padded / N).
-8. CPUOffloadPolicy on a CPU-only build, tried: its error is the value. (Prefetching: not measured yet.)
+8. CPUOffloadPolicy on a CPU-only build, tried: its error is the value.
 
 Sources: pytorch.org/docs/stable/distributed.fsdp.fully_shard.html; torchtitan (parallelize_llama,
 --training.mixed_precision_reduce); PyTorch FSDP (arxiv.org/abs/2304.11277).
@@ -33,7 +35,6 @@ Sources: pytorch.org/docs/stable/distributed.fsdp.fully_shard.html; torchtitan (
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 
 import torch
@@ -61,10 +62,13 @@ from common.sharding.fsdp import (
     gradient_bytes,
     init_like_eager,
     one_backward,
+    one_process,
     one_step_profile,
     padded_bytes,
     predicted_step_bytes,
+    prefetch_runs,
     shard_blocks_then_root,
+    world_of_one,
 )
 
 EQUAL = 1e-5  # max |difference| of parameters after a few SGD steps: float32 rounding is ~1e-7
@@ -148,17 +152,6 @@ def train(s: Setup, model: nn.Module, micro: int = 1, sync_each: bool = False) -
         opt.zero_grad()
 
 
-def one_process(s: Setup) -> list[torch.Tensor]:
-    """The reference: one model on the whole global batch, every rank computing it alike."""
-    m = s.fresh()
-    opt = torch.optim.SGD(m.parameters(), lr=s.args.lr)
-    for x, y in s.batches:
-        F.cross_entropy(m(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-    return [p.detach() for p in m.parameters()]
-
-
 # -------- 1. HSDP: a 2-D mesh, sharded inside a group, replicated across groups
 def hsdp(s: Setup, ref: list) -> None:
     args, info, report = s.args, s.info, s.report
@@ -173,14 +166,8 @@ def hsdp(s: Setup, ref: list) -> None:
     with count_collectives() as c:
         train(s, model)
     text = "  HSDP vs one process on the global batch after {steps} steps: {value:.1e}"
-    report.claim(
-        "hsdp_equals_one_process",
-        s.worst(full_params(model), ref),
-        "<=",
-        EQUAL,
-        text,
-        steps=args.steps,
-    )
+    diff, steps = s.worst(full_params(model), ref), args.steps
+    report.claim("hsdp_equals_one_process", diff, "<=", EQUAL, text, steps=steps)
     want = predicted_step_bytes(s.fresh(), shard, args.replicate)
     for op, where in ((AG, "in dp_shard"), (RS, "in dp_shard"), (AR, "across dp_replicate")):
         if op in want:
@@ -215,6 +202,39 @@ def memory_between(s: Setup, model, shard: int) -> None:
         report.claim("hsdp_memory_between", gap, ">=", 1, text)
 
 
+# -------- 2. prefetching: the order of the all-gathers, and the gathered parameters held
+def prefetching(s: Setup) -> None:
+    report, n, d, units = s.report, s.info.world_size, s.args.depth, fsdp_units(s.fresh())
+    if n == 1:  # a world of one gathers nothing: no order to show
+        return report.value("prefetch", "nothing to gather", "2. prefetching: {value}")
+    x, y = s.mine(s.batches[0][0])[0], s.mine(s.batches[0][1])[0]
+    runs = prefetch_runs(lambda: shard_blocks_then_root(s.fresh(), s.mesh), x, y)
+    report.record("prefetch_logs", {how: r["log"] for how, r in runs.items()})
+    imp, off, exp = runs["implicit"], runs["none"], runs["explicit"]
+    text = (
+        "2. prefetch: backward all-gathers before the 1st reduce-scatter {value} implicit, {o} none"
+    )
+    got, o = imp["backward_gathers"], off["backward_gathers"]
+    report.claim("prefetch_implicit_backward", got, "==", min(2, d), text, o=o)
+    text = "  none: {value} (each block all-gathered only when its own backward begins)"
+    report.claim("prefetch_none_backward", o, "==", 1, text)
+    text = "  explicit set_modules_to_backward_prefetch (block before): entries unlike implicit's {value}"
+    report.claim("prefetch_explicit_backward_as_implicit", exp["unlike_implicit"], "==", 0, text)
+    text = "  forward: all-gathers before block 0 computes {value} explicit (block 1 too), {i} implicit"
+    got, i = exp["forward_gathers"], imp["forward_gathers"]
+    report.claim("prefetch_explicit_forward", got, "==", 2 + (d > 1), text, i=i)
+    root, block = padded_bytes(units[-1], n), padded_bytes(units[0], n)
+    for how, k in (("implicit", 1), ("explicit", min(2, d))):  # set_modules_to_forward_prefetch: +1
+        text = "  peak gathered parameter bytes in forward, {how}: {value} = root {r} + {k} x block {b}"
+        got, want = runs[how]["peak"], root + k * block
+        report.claim(f"prefetch_{how}_peak", got, "==", want, text, how=how, r=root, k=k, b=block)
+    if s.info.device.type == "cpu":  # gloo's all-gather returns done: compute waits for it
+        text = "  all-gathers still in flight while a layer computes: {value}: on gloo nothing overlaps"
+        report.claim("prefetch_no_overlap_here", exp["in_flight"], "==", 0, text)
+    text = "  what a GPU gets from it: the next all-gather overlaps compute (own stream): {value}"
+    report.value("prefetch_on_gpu", "stated, not measured here", text)
+
+
 # -------- 3. mixed precision: what reduce_dtype changes
 def mixed_precision(s: Setup) -> None:
     report, low = s.report, DTYPES[s.args.param_dtype]
@@ -240,10 +260,8 @@ def mixed_precision(s: Setup) -> None:
         text = "  reduce_dtype=float32: reduce-scatter bytes {value} of fp32's"
         report.claim("mp_reduce_fp32_bytes", hi["rs_share"], "==", 1.0, text)
     text = "  gradient error vs fp32, max|diff|/max|g|: {lo:.1e} (None), {hi:.1e} (float32): x{value:.1f}"
-    ratio = lo["error"] / hi["error"]
-    report.claim(
-        "mp_reduce_fp32_smaller_error", ratio, ">=", 1.0, text, lo=lo["error"], hi=hi["error"]
-    )
+    e = {"lo": lo["error"], "hi": hi["error"]}
+    report.claim("mp_reduce_fp32_smaller_error", e["lo"] / e["hi"], ">=", 1.0, text, **e)
 
 
 # -------- 4. reshard_after_forward: what stays gathered between forward and backward
@@ -261,9 +279,8 @@ def reshard_after_forward(s: Setup) -> None:
         model = shard_blocks_then_root(s.fresh(), s.mesh, reshard_after_forward=k)
         got = rows[str(k)] = one_step_profile(model, *s.batches[0], s.mine)
         name = f"reshard_{str(k).lower()}" if isinstance(k, bool) else "reshard_int"
-        text = (
-            "4. " if k is True else "  "
-        ) + "reshard_after_forward={k}: {value} all-gathers a step"
+        lead = "4. " if k is True else "  "
+        text = lead + "reshard_after_forward={k}: {value} all-gathers a step"
         report.claim(f"{name}_all_gathers", got["all_gathers"], "==", gathers, text, k=k)
         text = "    of them in groups smaller than the world: {value}"
         report.claim(f"{name}_small_groups", got["in_smaller_groups"], "==", small, text)
@@ -299,9 +316,8 @@ def meta_init(s: Setup) -> None:
     peak = max_over_ranks(trace.peak / model_bytes)
     text = "  init_like_eager's peak allocation: {value:.2f} of the model (largest layer {l:.2f})"
     # the full model never: one layer at a time (when gloo frees its buffers varies the peak: [perf])
-    report.claim(
-        "meta_init_peak_below_model", peak, "<=", 0.99, text, perf=True, l=largest / model_bytes
-    )
+    l = largest / model_bytes  # noqa: E741
+    report.claim("meta_init_peak_below_model", peak, "<=", 0.99, text, perf=True, l=l)
     broadcast_load(s, eager, model_bytes)
 
 
@@ -372,20 +388,13 @@ def clipping_and_state(s: Setup) -> None:
     report.claim("clip_norm_equals_one_process", rel, "<=", 1e-6, text, norm=norm)
     grads = [p.grad.full_tensor() for p in model.parameters()]
     text = "  the clipped gradients vs one process's: max |difference| {value:.1e}"
-    report.claim(
-        "clipped_grads_equal",
-        s.worst(grads, [p.grad for p in plain.parameters()]),
-        "<=",
-        1e-6,
-        text,
-    )
+    diff = s.worst(grads, [p.grad for p in plain.parameters()])
+    report.claim("clipped_grads_equal", diff, "<=", 1e-6, text)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     opt.step()
     state = [local_shard(t) for st in opt.state.values() for t in st.values() if torch.is_tensor(t)]
     params = list(plain.parameters())
-    want = 2 * padded_bytes(params, n) // n + 4 * len(
-        params
-    )  # exp_avg, exp_avg_sq, a 4-byte step each
+    want = 2 * padded_bytes(params, n) // n + 4 * len(params)  # exp_avg, exp_avg_sq; 4-byte steps
     text = "  Adam's state per rank: {value} bytes = 2 x rows padded / {n} + 4 per step (one process: {full})"
     full = 8 * sum(p.numel() for p in params) + 4 * len(params)
     report.claim("adam_state_sharded", storage_bytes(state), "==", want, text, n=n, full=full)
@@ -402,13 +411,6 @@ def not_here(s: Setup) -> None:
         outcome = f"{type(e).__name__}: {e}"
     text = "8. CPUOffloadPolicy on this {dev} build: {value}"
     s.report.value("cpu_offload", outcome, text, dev=s.info.device.type)
-
-
-def world_of_one() -> None:
-    """Plain `python`: FSDP2 needs a process group, so make a world of one (what torchrun would set)."""
-    if "RANK" not in os.environ:
-        port = str(29400 + os.getpid() % 1000)
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 
 
 def main() -> None:
@@ -432,8 +434,9 @@ def main() -> None:
         text = "world_size {n}, NormalisedMLP width {w} depth {d}: {value} parameters, {u} units"
         u = len(fsdp_units(s.fresh()))
         report.value("n_params", n_params, text, n=info.world_size, w=args.width, d=args.depth, u=u)
-        ref = one_process(s)
+        ref = one_process(s.fresh(), s.batches, args.lr)  # every rank alike
         hsdp(s, ref)
+        prefetching(s)
         mixed_precision(s)
         reshard_after_forward(s)
         meta_init(s)

@@ -4,7 +4,7 @@
   and their bytes, then performs the same averaging all-reduce as DDP's default hook.
   (https://pytorch.org/docs/stable/ddp_comm_hooks.html)
 - `count_collectives`: counts the Python-level calls to `torch.distributed` collectives in a block, with their
-  bytes and the ranks of the group each travelled in.
+  bytes and the ranks of the group each travelled in, and logs them in the order they were called.
 """
 
 from collections.abc import Iterator
@@ -76,11 +76,17 @@ class CollectiveCount:
         bytes: {op name: bytes}: per call, the bytes of the largest tensor argument, i.e. the full buffer (the
             all-reduced tensor, an all-gather's output, a reduce-scatter's input): the Psi of the cost formulas.
         groups: {(op name, ranks of the group): calls}: which collective travelled in which group.
+        log: [(op name, bytes)], one per call, in the order of the calls; `mark(name)` puts (name, 0) between
+            them (e.g. from a module hook), so that the log says what ran between which collectives.
     """
 
     calls: dict = field(default_factory=dict)
     bytes: dict = field(default_factory=dict)
     groups: dict = field(default_factory=dict)
+    log: list = field(default_factory=list)
+
+    def mark(self, name: str) -> None:
+        self.log.append((name, 0))
 
     @property
     def total(self) -> int:
@@ -145,7 +151,9 @@ def count_collectives(p2p: bool = False) -> Iterator[CollectiveCount]:
 
         def wrapped(*args, _fn=fn, _name=name, **kwargs):
             counter.calls[_name] = counter.calls.get(_name, 0) + 1
-            counter.bytes[_name] = counter.bytes.get(_name, 0) + _nbytes(args, kwargs)
+            nbytes = _nbytes(args, kwargs)
+            counter.bytes[_name] = counter.bytes.get(_name, 0) + nbytes
+            counter.log.append((_name, nbytes))
             key = (_name, _group_ranks(args, kwargs))
             counter.groups[key] = counter.groups.get(key, 0) + 1
             return _fn(*args, **kwargs)

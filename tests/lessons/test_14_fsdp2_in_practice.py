@@ -2,7 +2,8 @@
 the groups the mesh names; reduce_dtype halves or keeps the reduce-scatter bytes; reshard_after_forward True,
 False and 2 gather and hold what they should; a meta-built model initialised or loaded from rank 0 equals eager,
 buffers included; accumulation with set_requires_gradient_sync equals one process with k times fewer
-reduce-scatters; clipping is one process's and Adam's state sharded; bad input fails on every rank. One default launch (the notebook's and the minimal test's)."""
+reduce-scatters; prefetching all-gathers the next block in the order FSDP2's source says and holds one more
+block; clipping is one process's and Adam's state sharded; bad input fails on every rank. One default launch (the notebook's and the minimal test's)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from common.run.launch import run_lesson
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 LESSON = "14_fsdp2_in_practice"
+AG, RS = "all_gather_single", "reduce_scatter_single"
 HSDP = {
     "hsdp_equals_one_process",
     "hsdp_all_gather_single_bytes",
@@ -20,6 +22,15 @@ HSDP = {
     "hsdp_groups_as_mesh",
     "hsdp_parameter_bytes",
     "hsdp_memory_between",
+}
+PREFETCH = {
+    "prefetch_implicit_backward",
+    "prefetch_none_backward",
+    "prefetch_explicit_backward_as_implicit",
+    "prefetch_explicit_forward",
+    "prefetch_implicit_peak",
+    "prefetch_explicit_peak",
+    "prefetch_no_overlap_here",
 }
 MIXED = {"mp_reduce_default_halves_bytes", "mp_reduce_fp32_bytes", "mp_reduce_fp32_smaller_error"}
 RESHARD = {
@@ -51,9 +62,9 @@ def default4():
 @pytest.mark.timeout(400)
 def test_every_knob_is_a_claim_that_holds_on_4_ranks(default4):
     claims = assert_claims(
-        default4.results, HSDP | MIXED | RESHARD | META | ACCUMULATION | CLIPPING
+        default4.results, HSDP | PREFETCH | MIXED | RESHARD | META | ACCUMULATION | CLIPPING
     )
-    assert len(claims) == 30
+    assert len(claims) == 37
     assert_lines_fit(default4)
     assert claims["hsdp_equals_one_process"]["value"] <= 1e-6  # float32 rounding: 1.5e-8 measured
     assert claims["meta_init_equals_eager"]["value"] == 0.0  # the same numbers, bit for bit
@@ -67,6 +78,18 @@ def test_the_mesh_names_say_which_dim_shards_and_which_replicates(default4):
     held = r["parameter_bytes"]  # DDP all, HSDP 1/2, FSDP 1/4 (rows of the head padded 10 -> 12)
     assert held["DDP"] == 4 * r["n_params"] == 26536
     assert (held["HSDP"], held["FSDP"]) == (13268, 6700)
+
+
+@pytest.mark.timeout(400)
+def test_prefetch_gathers_the_next_block_ahead_and_holds_one_more(default4):
+    claims, logs = default4.results["claims"], default4.results["prefetch_logs"]
+    root, block = 9904, 8448  # the root (stem, head rows 10 -> 12) and a block, rows padded to 4
+    assert claims["prefetch_implicit_peak"]["value"] == root + block
+    assert claims["prefetch_explicit_peak"]["value"] == root + 2 * block == 26800
+    ops = [op for op, _ in logs["explicit"]]  # block 1 gathered before block 0's first layer runs
+    assert ops.index("forward blocks.0.0") == 4 and ops[:2] == ["all_gather_single"] * 2
+    backward = [tuple(e) for e in logs["none"][logs["none"].index(["backward", 0]) :]]
+    assert backward[1:4] == [(AG, block), (RS, block), (AG, block)]  # none: gather, reduce, gather
 
 
 @pytest.mark.timeout(400)
