@@ -56,7 +56,7 @@ from common.sharding.accounting import (
     rows_padded_bytes,
     table_text,
 )
-from common.sharding.zero import ZeRO, check_stages, check_world_size, padded_sizes
+from common.sharding.zero import ZeRO, check_stages, check_world_size, flat_units, padded_sizes
 
 # Bound on relative_difference: float32 rounding stays far below it, a real error near 1.
 EQUAL = 1e-3
@@ -90,15 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def units(model: ResidualMLP) -> list:
-    """(name, module) of the flat units: the stem, each residual block, the head."""
-    blocks = [(f"blocks.{i}", b) for i, b in enumerate(model.blocks)]
-    return [("stem", model.stem), *blocks, ("head", model.head)]
-
-
 def unit_sizes(model: ResidualMLP) -> dict[str, int]:
     """name -> elements of each flat unit."""
-    return {name: sum(p.numel() for p in u.parameters()) for name, u in units(model)}
+    return {name: sum(p.numel() for p in u.parameters()) for name, u in flat_units(model)}
 
 
 def train(model, step, data, grads_of=None) -> tuple[list[float], int]:
@@ -186,7 +180,7 @@ def ddp_reference(s: Setup, table: dict, psi: int) -> list:
 def zero_stage(s: Setup, stage: int, table: dict, ref: list, psi_p: int) -> list:
     N, report = s.info.world_size, s.report
     m = s.fresh()
-    zero = ZeRO(m, [u for _, u in units(m)], stage, group=s.group, lr=s.args.lr)
+    zero = ZeRO(m, [u for _, u in flat_units(m)], stage, group=s.group, lr=s.args.lr)
     params = [*m.parameters(), *(u.shard for u in zero.units)]
     with count_collectives() as c:  # gradients: the model's (stage 1: full), the shards' (1/N)
         _, grad_bytes = train(m, zero.step, s.data, lambda: [p.grad for p in params])

@@ -65,7 +65,7 @@ from common.planning.cost_model import (
     ring_time,
     transformer_layer_activations,
 )
-from common.planning.measured import gap_over_ranks, measure_layouts, measure_tensor_parallel, units
+from common.planning.measured import gap_over_ranks, measure_layouts, measure_tensor_parallel
 from common.planning.planner import NAMED, Assumptions, PlanError
 from common.planning.transformer import (
     counted_flops,
@@ -73,7 +73,7 @@ from common.planning.transformer import (
     matmul_attention,
     saved_bytes_from_shapes,
 )
-from common.sharding.zero import check_world_size
+from common.sharding.zero import check_world_size, flat_units
 from common.tensor_parallel.layers import digits_transformer, tensor_parallelize
 
 SMALL_GPT = GPT(layers=2, hidden=32, heads=4, vocab=17, seq=16)  # runs in milliseconds
@@ -119,7 +119,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     check_world_size(
         {
             n: sum(p.numel() for p in u.parameters())
-            for n, u in units(ResidualMLP(args.width, args.depth))
+            for n, u in flat_units(ResidualMLP(args.width, args.depth))
         },
         read_torchrun_env()[2],
     )
@@ -136,7 +136,7 @@ def bytes_predicted_vs_measured(args, info, report: Report) -> None:
     group = Grid(info, dp=N).group("dp")
     measured = measure_layouts(w, d, args.seed, x, y, group, info)  # DDP, then ZeRO-1, 2, 3
     predicted = residual_mlp_layout_bytes(w, d, B, N)  # the same rows, from the cost model
-    numels = [sum(p.numel() for p in u.parameters()) for _, u in units(ResidualMLP(w, d))]
+    numels = [sum(p.numel() for p in u.parameters()) for _, u in flat_units(ResidualMLP(w, d))]
     report.value(
         "n_params",
         sum(numels),

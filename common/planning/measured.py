@@ -21,22 +21,15 @@ from common.harness.session import set_seed
 from common.measure.counters import CommCounter, count_collectives
 from common.measure.memory import ResidualMLP, held_bytes, saved_activation_bytes, storage_bytes
 from common.sharding.accounting import moved_bytes
-from common.sharding.zero import ZeRO
+from common.sharding.zero import ZeRO, flat_units
 
 __all__ = [
-    "units",
     "measure_ddp",
     "measure_zero",
     "measure_layouts",
     "measure_tensor_parallel",
     "gap_over_ranks",
 ]
-
-
-def units(model: ResidualMLP) -> list:
-    """(name, module) of lesson 13's flat units: the stem, each residual block, the head."""
-    blocks = [(f"blocks.{i}", b) for i, b in enumerate(model.blocks)]
-    return [("stem", model.stem), *blocks, ("head", model.head)]
 
 
 def measure_ddp(raw: ResidualMLP, x, y, world_size: int, distributed: bool) -> dict:
@@ -68,7 +61,7 @@ def measure_ddp(raw: ResidualMLP, x, y, world_size: int, distributed: bool) -> d
 def measure_zero(m: ResidualMLP, stage: int, group, x, y, world_size: int) -> dict:
     """Lesson 13's instruments: one step of ZeRO by hand; gradients held at the end of backward, parameters
     (flat buffers and shards, each storage once) and Adam state after the step, collective buffers counted."""
-    zero = ZeRO(m, [u for _, u in units(m)], stage, group=group, lr=1e-3)
+    zero = ZeRO(m, [u for _, u in flat_units(m)], stage, group=group, lr=1e-3)
     with count_collectives() as c:
         F.cross_entropy(m(x), y).backward()
         grads = [p.grad for p in m.parameters()] + [u.shard.grad for u in zero.units]

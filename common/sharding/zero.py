@@ -37,7 +37,15 @@ import torch.nn as nn
 
 from common.harness.env import LessonError
 
-__all__ = ["STAGES", "check_stages", "check_world_size", "padded_sizes", "FlatUnit", "ZeRO"]
+__all__ = [
+    "flat_units",
+    "STAGES",
+    "check_stages",
+    "check_world_size",
+    "padded_sizes",
+    "FlatUnit",
+    "ZeRO",
+]
 
 STAGES = (1, 2, 3)
 
@@ -275,3 +283,10 @@ class ZeRO:
             bool((u.shard.detach()[max(0, u.numel - u.rank * u.shard_numel) :] == 0).all())
             for u in self.units
         )
+
+
+def flat_units(model) -> list:
+    """(name, module) of a ResidualMLP's flat units, each one ZeRO buffer: the stem, each residual block, the
+    head."""
+    blocks = [(f"blocks.{i}", b) for i, b in enumerate(model.blocks)]
+    return [("stem", model.stem), *blocks, ("head", model.head)]

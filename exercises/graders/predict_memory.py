@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.measure.memory import ResidualMLP, storage_bytes
+from common.sharding.zero import flat_units
 
 WORLD_SIZE = 0
 FUNCTIONS = ["bytes_per_rank"]
@@ -30,7 +31,8 @@ CASES = (
 
 
 def units(model: ResidualMLP) -> list[nn.Module]:
-    return [model.stem, *model.blocks, model.head]
+    """The flat units' modules (`common.sharding.zero.flat_units`), what a learner's answer is given."""
+    return [module for _, module in flat_units(model)]
 
 
 def measured(width: int, depth: int, N: int, stage: int) -> dict[str, int]:

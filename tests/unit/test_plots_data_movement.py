@@ -10,7 +10,7 @@ import torch  # noqa: E402
 from common.measure.memory import ResidualMLP  # noqa: E402
 from common.plots.hang import parse_py_spy, shared_depth  # noqa: E402
 from common.plots.zero import record_holdings, zero_probe  # noqa: E402
-from common.sharding.zero import ZeRO  # noqa: E402
+from common.sharding.zero import ZeRO, flat_units  # noqa: E402
 
 lesson = importlib.import_module("lessons.13_sharded_data_parallel")
 
@@ -37,8 +37,8 @@ def test_py_spy_stacks_part_where_the_lines_differ():
 def holdings(stage: int) -> dict:
     torch.manual_seed(0)
     m = ResidualMLP(33, 2)
-    z = ZeRO(m, [u for _, u in lesson.units(m)], stage=stage, group=None, lr=1e-3)
-    probes = [(name, mod, zero_probe(u)) for (name, mod), u in zip(lesson.units(m), z.units)]
+    z = ZeRO(m, [u for _, u in flat_units(m)], stage=stage, group=None, lr=1e-3)
+    probes = [(name, mod, zero_probe(u)) for (name, mod), u in zip(flat_units(m), z.units)]
     batch = (torch.randn(8, 64), torch.randint(10, (8,)))
     return record_holdings(m, probes, batch, z.step)
 
