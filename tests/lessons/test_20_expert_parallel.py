@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from common.run.launch import run_lesson
-from tests._ep_workers import unreached_expert_after_momentum
+from tests._20_workers import unreached_expert_after_momentum
 from tests._lessons import assert_claims, assert_fails_on_every_rank, assert_lines_fit
 from tests._workers import run_world
 

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from common.run.launch import REPO_ROOT, run_lesson
-from tests._cp_workers import minimal_19_check
+from tests._19_workers import minimal_19_check
 from tests._workers import run_world
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}

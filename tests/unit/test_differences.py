@@ -15,7 +15,7 @@ from common.harness.results import holds
 from common.measure.differences import max_abs_diff, max_abs_diff_all, max_over_ranks, nan_max
 from common.run.launch import REPO_ROOT
 from common.tensor_parallel.layers import digits_transformer, max_shard_diff, tensor_parallelize
-from tests._tp_workers import nan_on_one_rank
+from tests._10_workers import nan_on_one_rank
 from tests._workers import param_diff, run_world
 
 BAD = [float("nan"), float("inf"), float("-inf")]

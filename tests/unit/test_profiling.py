@@ -121,7 +121,7 @@ def test_comm_hook_names():
 def test_hooks_on_gloo(tmp_path):
     """On gloo: bf16 and fp16 hooks average like the plain all-reduce (within their rounding); all-reduce calls
     equal DDP's rule once buckets are rebuilt; gradient_as_bucket_view saves exactly one gradient copy."""
-    from tests._perf_workers import hooks_on_gloo
+    from tests._17_workers import hooks_on_gloo
 
     r0, r1 = run_world(hooks_on_gloo, 2, tmp_path)
     assert r0["rel"] == r1["rel"]

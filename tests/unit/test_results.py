@@ -141,7 +141,7 @@ def test_run_main_exits_1_after_finish_finds_a_claim_that_does_not_hold(tmp_path
 
 @pytest.mark.timeout(60)
 def test_rank0s_claims_decide_the_status_of_every_rank(tmp_path):
-    from tests._tp_workers import finish_statuses
+    from tests._10_workers import finish_statuses
     from tests._workers import run_world
 
     assert run_world(finish_statuses, 2, tmp_path) == [{"rank0_holds": 0, "rank0_fails": 1}] * 2

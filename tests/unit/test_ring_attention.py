@@ -22,7 +22,7 @@ from common.context_parallel.ring_attention import (
 from common.data import PIXEL_VOCAB, digit_sequences, next_token_targets
 from common.measure.differences import max_abs_diff
 from common.models import CausalTransformer
-from tests._cp_workers import ring_vs_sdpa
+from tests._19_workers import ring_vs_sdpa
 from tests._workers import run_world
 
 

@@ -17,7 +17,7 @@ from common.tensor_parallel.layers import (
     max_shard_diff,
     tensor_parallelize,
 )
-from tests._tp_workers import dtensor_mlp_counts, hand_built_blocks
+from tests._10_workers import dtensor_mlp_counts, hand_built_blocks
 from tests._workers import run_world
 
 TOL = 1e-5

@@ -25,7 +25,7 @@ from tests._rank_workers import (
     zero_vs_ddp,
 )
 from tests._workers import run_world
-from tests._zero_workers import stages_vs_one_process
+from tests._13_workers import stages_vs_one_process
 
 
 def test_a_world_of_one_is_plain_adam_and_the_parameters_view_one_flat_buffer():
