@@ -3,9 +3,7 @@
     torchrun --standalone --nproc_per_node=4 minimal/14_fsdp2_in_practice.py     # HSDP: 2 replicas x 2 shards
     python minimal/14_fsdp2_in_practice.py                                       # a world of one
 
-Meta device -> fully_shard on a (dp_replicate, dp_shard) mesh -> to_empty -> eager's values, one layer at a
-time; k micro-steps reduce after the last only. Equals one process. Measured: lessons/14_fsdp2_in_practice.py.
-"""
+Meta device -> fully_shard, 2-D mesh -> to_empty -> eager's values; k micro-steps reduce once. Lesson 14."""
 
 import json
 import os
@@ -20,9 +18,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import distribute_tensor
 
 
-class Net(nn.Module):
-    """x (B, 64) -> logits (B, 10): (x - mean) * scale, a stem, 2 residual blocks, a head; 6634 parameters."""
-
+class Net(
+    nn.Module
+):  # x (B, 64) -> logits (B, 10): (x - mean) * scale, stem, 2 residual blocks, head
     def __init__(self, w: int = 32):
         super().__init__()
         self.stem = nn.Linear(64, w)
@@ -45,10 +43,9 @@ def init_like_eager(model, seed):
     with torch.no_grad():
         for m in [m for m in model.modules() if isinstance(m, nn.Linear)]:  # eager's order
             full = nn.Linear(m.in_features, m.out_features)  # the numbers eager drew
-            for mine, theirs in ((m.weight, full.weight), (m.bias, full.bias)):
-                mesh, where = mine.device_mesh, mine.placements  # src_data_rank=None: no comms
-                part = distribute_tensor(theirs, mesh, where, src_data_rank=None).to_local()
-                mine.to_local().copy_(part)  # my rows of my own full copy
+            for mine, src in ((m.weight, full.weight), (m.bias, full.bias)):
+                part = distribute_tensor(src, mine.device_mesh, mine.placements, src_data_rank=None)
+                mine.to_local().copy_(part.to_local())  # my rows of my own copy; no comms
         model.mean.copy_(torch.linspace(0.0, 0.5, 64))  # to_empty left the buffers uninitialised
         model.scale.copy_(torch.linspace(1.0, 2.0, 64))
 
@@ -67,53 +64,56 @@ def counting(fn, counted):
 
 
 def main():
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # the device on this node; RANK is global
+    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
     if "RANK" not in os.environ:  # plain python: what torchrun would set, for a world of one
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="localhost", MASTER_PORT="29513")
-    dist.init_process_group("gloo")  # torchrun sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    # 2-D mesh, outer dim first: ranks [[0, 1], [2, 3]]; dp_shard groups are the rows, dp_replicate the columns
-    dims = (2, world_size // 2) if world_size % 2 == 0 else (1, world_size)
-    mesh = init_device_mesh("cpu", dims, mesh_dim_names=("dp_replicate", "dp_shard"))
-    g = torch.Generator().manual_seed(0)
-    steps, k, global_batch = 3, 2, 32  # 3 SGD steps, each of k = 2 micro-steps per rank
-    x_all = torch.rand(steps, global_batch, 64, generator=g)
-    data = list(zip(x_all, torch.randint(0, 10, (steps, global_batch), generator=g)))
-    torch.manual_seed(0)  # eager: what one process would build and train on the global batch
-    reference = Net()
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    eager = [*(p.detach().clone() for p in reference.parameters()), *reference.buffers()]
-    for x, y in data:
-        F.cross_entropy(reference(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    with torch.device("meta"):
-        model = Net()  # shapes only
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)  # on a 2-D mesh: HSDP (shard on dim 1, replicate on dim 0)
-    fully_shard(model, mesh=mesh)
-    model.to_empty(device="cpu")  # each rank allocates its shards, uninitialised
-    init_like_eager(model, seed=0)
-    init_diff = max_diff([*(p.full_tensor() for p in model.parameters()), *model.buffers()], eager)
-
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # on DTensors: updates the local shards
-    counted = Counter()
-    for name in ("all_gather_single", "reduce_scatter_single", "all_reduce"):
-        setattr(dist, name, counting(getattr(dist, name), counted))  # FSDP2 calls dist.<name>
-    b = global_batch // world_size  # this rank's slice: rank r reads rows r*b .. (r+1)*b
-    for x, y in data:
-        xs, ys = x[rank * b : (rank + 1) * b].chunk(k), y[rank * b : (rank + 1) * b].chunk(k)
-        for micro_step in range(k):
-            model.set_requires_gradient_sync(micro_step == k - 1)  # reduce after the last only
-            (F.cross_entropy(model(xs[micro_step]), ys[micro_step]) / k).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    diff = max_diff([p.full_tensor() for p in model.parameters()], reference.parameters())
-    per_step = {op: n / steps for op, n in counted.items()}
-    if rank == 0:  # one JSON line
-        print(json.dumps({"init_diff": init_diff, "max_diff": diff, "bytes_per_step": per_step}))
-    assert init_diff == 0.0 and diff <= 1e-5, (init_diff, diff)
-    dist.destroy_process_group()
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="localhost", MASTER_PORT="0")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")  # reads those variables
+    try:
+        dims = (2, world_size // 2) if world_size % 2 == 0 else (1, world_size)  # [[0, 1], [2, 3]]
+        mesh = init_device_mesh(device.type, dims, mesh_dim_names=("dp_replicate", "dp_shard"))
+        g = torch.Generator().manual_seed(0)
+        steps, k, global_batch = 3, 2, 32  # 3 SGD steps, each of k = 2 micro-steps per rank
+        x_all = torch.rand(steps, global_batch, 64, generator=g).to(device)
+        data = list(zip(x_all, torch.randint(0, 10, (steps, global_batch), generator=g).to(device)))
+        torch.manual_seed(0)  # eager: what one process would build and train on the global batch
+        reference = Net().to(device)
+        optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+        eager = [*(p.detach().clone() for p in reference.parameters()), *reference.buffers()]
+        for x, y in data:
+            F.cross_entropy(reference(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        with torch.device("meta"):
+            model = Net()  # shapes only
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)  # 2-D mesh: HSDP (shard on dim 1, replicate on dim 0)
+        fully_shard(model, mesh=mesh)
+        model.to_empty(device=device)  # each rank allocates its shards, uninitialised
+        init_like_eager(model, seed=0)
+        full = [*(p.full_tensor() for p in model.parameters()), *model.buffers()]
+        init_diff = max_diff(full, eager)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # on DTensors: updates local shards
+        counted = Counter()
+        for name in ("all_gather_single", "reduce_scatter_single", "all_reduce"):
+            setattr(dist, name, counting(getattr(dist, name), counted))  # FSDP2 calls dist.<name>
+        for x, y in data:  # rank r: the r-th 1/N of the batch, in k micro-batches
+            xs, ys = x.chunk(world_size)[rank].chunk(k), y.chunk(world_size)[rank].chunk(k)
+            for micro_step in range(k):
+                model.set_requires_gradient_sync(micro_step == k - 1)  # reduce after the last only
+                (F.cross_entropy(model(xs[micro_step]), ys[micro_step]) / k).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        diff = max_diff([p.full_tensor() for p in model.parameters()], reference.parameters())
+        moved = {op: n / steps for op, n in counted.items()}
+        if rank == 0:  # one JSON line
+            print(json.dumps({"init_diff": init_diff, "max_diff": diff, "bytes_per_step": moved}))
+        assert init_diff == 0.0 and diff <= 1e-5, (init_diff, diff)
+    finally:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

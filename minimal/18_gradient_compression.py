@@ -1,15 +1,13 @@
 """Minimal 18: gradient compression -- a hand-written fp16 comm hook against PyTorch's, PowerSGD resumed.
 
     torchrun --standalone --nproc_per_node=2 minimal/18_gradient_compression.py
+    python minimal/18_gradient_compression.py                       # plain python: a world of one
 
-DDP hands each gradient bucket (a GradBucket: one flat buffer) to the hook and writes the value of the Future
-it returns into .grad. Ours sends fp16, half the bytes, equal to default_hooks.fp16_compress_hook bit for bit.
-PowerSGD's state (error feedback, warm-start P and Q, RNG, step count) is training state: a resumed run equals
-the uninterrupted one only with it. Lesson: lessons/18_gradient_compression.py.
-"""
+A DDP hook gets each bucket: ours sends fp16, bit for bit PyTorch's; PowerSGD resumes only with its state."""
 
 import copy
 import json
+import os
 import pickle
 
 import torch
@@ -25,21 +23,20 @@ SENT = []  # bytes our hook hands to the all-reduce
 def fp16_hook(process_group, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     group = process_group if process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()  # the bucket's fp32 gradients, flat
-    # divide first: the sum of fp16 values may overflow (65504) where their mean does not
-    compressed = buffer.to(torch.float16).div_(group.size())
+    compressed = buffer.to(torch.float16).div_(group.size())  # divide first: a sum may overflow
     SENT.append(compressed.numel() * compressed.element_size())
     fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()
     return fut.then(lambda fut: buffer.copy_(fut.value()[0]))  # back to fp32, in place
 
 
-def build(seed=0):
+def build(device, seed=0):
     torch.manual_seed(seed)
-    raw = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    raw = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
     return raw, DDP(raw, bucket_cap_mb=100)  # one bucket: under gloo PowerSGD needs it
 
 
 def gradient_with(hook, state, x, y):
-    raw, model = build()
+    raw, model = build(x.device)
     model.register_comm_hook(state, hook)
     F.cross_entropy(model(x), y).backward()
     return torch.cat([p.grad.flatten() for p in raw.parameters()])
@@ -57,14 +54,12 @@ def train(model, opt, batches):
 
 
 def resume(ckpt, batches, hook_state: bool):
-    raw, model = build(seed=1)  # another start: only what the checkpoint holds may matter
+    raw, model = build(batches[0][0].device, seed=1)  # another start: only the checkpoint matters
     raw.load_state_dict(ckpt["model"])
     opt = torch.optim.SGD(raw.parameters(), lr=0.05, momentum=0.9)
     opt.load_state_dict(copy.deepcopy(ckpt["optimizer"]))
     state = pickle.loads(ckpt["hook_state"]) if hook_state else powersgd_state()
-    plain = [
-        True
-    ]  # one plain backward first: DDP rebuilds its bucket in the order gradients arrive
+    plain = [True]  # one plain backward first: DDP rebuilds its bucket in arrival order
 
     def resumed_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         if plain[0]:
@@ -80,24 +75,29 @@ def resume(ckpt, batches, hook_state: bool):
 
 
 def main():
-    dist.init_process_group("gloo")  # CPU tensors: NCCL would need them on the GPU
-    rank = dist.get_rank()
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # the device on this node; RANK is global
+    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
+    if "RANK" not in os.environ:  # plain python: what torchrun would set, for a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="localhost", MASTER_PORT="0")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")  # reads those variables
+    assert dist.get_world_size() == world_size
     try:
-        torch.manual_seed(100 + rank)  # each rank its own samples
+        torch.manual_seed(100 + rank)  # each rank its own samples, drawn on the CPU
         batches = [(torch.randn(32, 64), torch.randint(10, (32,))) for _ in range(8)]
+        batches = [(x.to(device), y.to(device)) for x, y in batches]
         ours = gradient_with(fp16_hook, None, *batches[0])
         pytorchs = gradient_with(default_hooks.fp16_compress_hook, None, *batches[0])
         plain = gradient_with(default_hooks.allreduce_hook, None, *batches[0])
-        raw, model = build()
+        raw, model = build(device)
         state = powersgd_state()
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         opt = torch.optim.SGD(raw.parameters(), lr=0.05, momentum=0.9)
         train(model, opt, batches[:4])  # steps 1-2 plain, 3-4 compressed
         powersgd_numbers = state.total_numel_after_compression // 2  # per compressed step
-        ckpt = {
-            "model": copy.deepcopy(raw.state_dict()),
-            "optimizer": copy.deepcopy(opt.state_dict()),
-        }
+        ckpt = copy.deepcopy({"model": raw.state_dict(), "optimizer": opt.state_dict()})
         ckpt["hook_state"] = pickle.dumps(state)  # error_dict, p/q_memory_dict, rng, iter
         train(model, opt, batches[4:])  # the uninterrupted run
         out = {
