@@ -34,7 +34,7 @@ from common.measure.bandwidth import ring_bytes_sent
 from common.measure.counters import count_collectives
 from common.measure.memory import ResidualMLP, held_bytes
 from common.sharding.accounting import moved_bytes
-from common.sharding.zero import ZeRO
+from common.sharding.zero import ZeRO, flat_units
 
 lesson = importlib.import_module("lessons.13_sharded_data_parallel")
 SETUPS = ("DDP", "stage 1", "stage 2", "stage 3", "FSDP2")
@@ -85,7 +85,7 @@ def build(setup: str, width: int, depth: int, grid: Grid, info, lr: float = 1e-3
             lambda: [p.grad for p in model.parameters()],
         )
     zero = ZeRO(
-        raw, [u for _, u in lesson.units(raw)], int(setup[-1]), group=grid.group("dp"), lr=lr
+        raw, [u for _, u in flat_units(raw)], int(setup[-1]), group=grid.group("dp"), lr=lr
     )
     return (
         raw,
