@@ -84,9 +84,7 @@ def build(setup: str, width: int, depth: int, grid: Grid, info, lr: float = 1e-3
             list(model.parameters()),
             lambda: [p.grad for p in model.parameters()],
         )
-    zero = ZeRO(
-        raw, [u for _, u in flat_units(raw)], int(setup[-1]), group=grid.group("dp"), lr=lr
-    )
+    zero = ZeRO(raw, [u for _, u in flat_units(raw)], int(setup[-1]), group=grid.group("dp"), lr=lr)
     return (
         raw,
         zero.step,

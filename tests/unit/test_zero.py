@@ -17,6 +17,7 @@ from common.measure.differences import relative_difference
 from common.measure.memory import ResidualMLP, held_bytes
 from common.sharding.accounting import activation_bytes, moved_bytes
 from common.sharding.zero import ZeRO, check_stages, check_world_size
+from tests._13_workers import stages_vs_one_process
 from tests._rank_workers import (
     FrozenTied,
     lesson02_step_vs_ddp,
@@ -25,7 +26,6 @@ from tests._rank_workers import (
     zero_vs_ddp,
 )
 from tests._workers import run_world
-from tests._13_workers import stages_vs_one_process
 
 
 def test_a_world_of_one_is_plain_adam_and_the_parameters_view_one_flat_buffer():
