@@ -56,6 +56,8 @@ POWER_STEPS = 10  # section 3: compressed passes over one fixed gradient
 # test prediction; PowerSGD lost (0.20, 0.11) at rank 1, (0.09, 0.02) at rank 4: a short run pays, rank 1 most
 ACCURACY_BOUNDS = {"fp16": 0.02, "bf16": 0.02, "powersgd1": 0.22, "powersgd4": 0.1}
 SEEDS_WORST = {"fp16": 0.0, "bf16": 0.0, "powersgd1": 0.2006, "powersgd4": 0.0864}
+# the baseline's lowest test accuracy over seeds 0-11: 0.7855 on one process, 0.82 on 2 ranks
+LEARNS_BOUND = {1: 0.75, 2: 0.8}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -321,14 +323,15 @@ def accuracy_section(train_set, test_set, run: Run) -> None:
             f"step_ms_{hook}", r["step_ms"], "  {label:<10} {value:.1f} ms per step", label=label
         )
         report.append("training", r)
-    # the bounds come from 2 ranks, seeds 0-11, at the default setting (the lowest baseline: 0.82)
-    if (args.steps, args.batch, args.lr, info.world_size) != (40, 32, 0.05, 2) or args.seed > 11:
+    # the bounds come from 1 and 2 processes, seeds 0-11, at the default setting
+    if (args.steps, args.batch, args.lr) != (40, 32, 0.05) or info.world_size > 2 or args.seed > 11:
         print0(
-            "  (the bounds hold on 2 ranks, seeds 0-11, --steps 40 --batch 32 --lr 0.05: not claimed)"
+            "  (the bounds hold on 1-2 ranks, seeds 0-11, --steps 40 --batch 32 --lr 0.05: not claimed)"
         )
         return
     base = runs["allreduce"]["accuracy"]
-    report.claim("default_hook_learns", base, ">=", 0.8, "  baseline: test accuracy {value:.4f}")
+    learns = LEARNS_BOUND[info.world_size]
+    report.claim("default_hook_learns", base, ">=", learns, "  baseline: test accuracy {value:.4f}")
     for hook, bound in ACCURACY_BOUNDS.items() if info.distributed else ():
         report.claim(
             f"{hook}_accuracy_change",

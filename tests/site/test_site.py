@@ -266,7 +266,8 @@ def notebook_outputs(path: Path) -> list[tuple[str, object]]:
         for output in cell.get("outputs", []):
             if output["output_type"] == "stream":
                 text = ANSI.sub("", "".join(output["text"]))  # colours: shown as colours, not codes
-                found.append(("stream", text.rstrip("\n")))
+                # Pygments drops a stream's leading and trailing blank lines on the page
+                found.append(("stream", text.strip("\n")))
             elif "image/png" in output.get("data", {}):
                 found.append(("image", base64.b64decode("".join(output["data"]["image/png"]))))
             else:
@@ -285,7 +286,7 @@ def page_outputs(page: Path) -> list[tuple[str, object]]:
             if img is not None:
                 found.append(("image", (page.parent / img["src"]).read_bytes()))
             elif "stream" in output.get("class", []) or "stderr" in output.get("class", []):
-                found.append(("stream", output.find("pre").get_text().rstrip("\n")))
+                found.append(("stream", output.find("pre").get_text().strip("\n")))
             else:
                 found.append(("text", output.get_text()))
     return found
