@@ -291,9 +291,9 @@ def continue_and_compare(r: Run, name: str, model, opt, folder: Path, group) -> 
         max_over_ranks(apart, group),
         "<=",
         EQUAL,
-        "  {more} more steps on {M} ranks vs the saving world's own: {value:.1e} of their change",
+        "  {more} more steps on {world} vs the saving world's own: {value:.1e} of their change",
         more=r.args.more_steps,
-        M=M,
+        world=f"{M} rank" if M == 1 else f"{M} ranks",
     )
 
 
