@@ -1,17 +1,20 @@
-"""The KV cache (lesson 22): every layer's keys and values of the tokens seen so far, kept so that a decode step
-computes q, k, v for the NEW token only and attends to the cached rest.
+"""The KV cache (lesson 22): every layer's keys and values of the tokens seen so far, kept so that a
+decode step computes q, k, v for the NEW token only and attends to the cached rest.
 
-    cache = KVCache(layers=2, batch=2, heads=4, max_len=64, head_dim=8)    # (B, heads, max_len, hd) x 2 x L
-    k_all, v_all = cache.write(layer, start, k, v)    # k (B, heads, T, hd) at [start, start + T); views of [0, start + T)
-    y = cached_attention(q, k_all, v_all, start)      # q (B, heads, T, hd): token start + i sees keys <= start + i
+    cache = KVCache(layers=2, batch=2, heads=4, max_len=64, head_dim=8)  # (B, heads, max_len, hd), 2 L
+    k_all, v_all = cache.write(layer, start, k, v)  # k (B, heads, T, hd) stored at [start, start + T)
+    y = cached_attention(q, k_all, v_all, start)    # q (B, heads, T, hd): query i sees keys <= start + i
 
-A tensor-parallel rank builds its cache with heads / tp heads (common/inference/tp_decode.py): the bytes it holds
-are 2 x layers x (heads / tp) x head_dim x max_len x batch x element size, what
+`write` returns views of positions [0, start + T): nothing is copied but the T new rows.
+
+A tensor-parallel rank builds its cache with heads / tp heads (common/inference/tp_decode.py): the bytes
+it holds are 2 x layers x (heads / tp) x head_dim x max_len x batch x element size, what
 `common.planning.cost_model.kv_cache_bytes` predicts and lesson 22 checks against `nbytes()`.
 
-Attention is written as two matmuls and a softmax (as `common.planning.transformer.matmul_attention` is), so that
-torch.utils.flop_counter counts its FLOPs on CPU; checked against F.scaled_dot_product_attention by lesson 22's
-tokens (one process, no cache).
+Attention is written as two matmuls and a softmax (as `common.planning.transformer.matmul_attention`
+is), so that torch.utils.flop_counter counts its FLOPs on CPU. Checked against
+F.scaled_dot_product_attention (tests/unit/test_inference.py) and, by lesson 22, against the model
+rerun on the whole prefix at every step.
 """
 
 from __future__ import annotations

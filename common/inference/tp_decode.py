@@ -41,7 +41,8 @@ def _rows(full: nn.Linear, part: int, d: int) -> nn.Linear:
 
 
 class _TPLayer(nn.Module):
-    """One block of the CausalTransformer, rank `tp_rank`'s shards: q, k, v, fc1 column-, proj, fc2 row-parallel."""
+    """One block of the CausalTransformer, rank `tp_rank`'s shards: q, k, v and fc1 column-parallel,
+    proj and fc2 row-parallel."""
 
     def __init__(self, block, heads: int, tp_rank: int, tp_size: int, group):
         super().__init__()
@@ -71,11 +72,13 @@ class _TPLayer(nn.Module):
 
 
 class TPDecoder(nn.Module):
-    """`model` split over the tp ranks of `group` for generation (None or tp_size 1: the whole model, cached).
+    """`model` split over the tp ranks of `group` for generation (None or tp_size 1: the whole model,
+    cached).
 
-    forward(tokens (B, T), start, cache, positions=None, valid=None) -> logits (B, T, vocab), the same on every
-    rank; it writes the T tokens' keys and values at [start, start + T). positions (B, T): each token's place in
-    its own sequence (default start .. start + T - 1; a left-padded batch passes its own).
+    forward(tokens (B, T), start, cache, positions=None, valid=None) -> logits (B, T, vocab), the same
+    on every rank; it writes the T tokens' keys and values at [start, start + T). positions (B, T):
+    each token's place in its own sequence (default start .. start + T - 1; a left-padded batch passes
+    its own).
     """
 
     def __init__(
@@ -90,7 +93,7 @@ class TPDecoder(nn.Module):
         self.local_heads, self.head_dim = heads // tp_size, model.tok.embedding_dim // heads
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
-        """A cache for this rank's heads: (batch, heads / tp, max_len, head_dim) per layer, keys and values."""
+        """A cache for this rank's heads: (batch, heads / tp, max_len, head_dim) a layer, keys and values."""
         return KVCache(len(self.layers), batch, self.local_heads, max_len, self.head_dim)
 
     def forward(
