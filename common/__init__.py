@@ -67,6 +67,9 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     planning.cli                     the planner's flags and its printed plan (21)
     planning.closed_forms            the planner's rows written out as closed forms (21)
     planning.transformer             the shared transformer at any size, counted from shapes (21)
+    planning.serving                 how much KV cache fits beside the weights: the longest context (22)
+    inference.kv_cache               the KV cache, and causal attention of new tokens over it (22)
+    inference.tp_decode              tensor-parallel greedy decoding, the cache split by heads (22)
 
 shared by every topic
     models                   the small models the lessons share (CNN, MLP stack, causal transformer)
@@ -97,6 +100,7 @@ plots: the notebooks' pictures, drawn from the runs' own tensors
     plots.checkpoint         who wrote which bytes of a sharded checkpoint, who read them back (15)
     plots.profile            one step per rank, the bucket all-reduces against backward (17)
     plots.compression        bytes against gradient error, one point per comm hook (18)
+    plots.inference          which rank caches which heads, the all-reduces of one generated token (22)
 
 run: used by notebooks, tests and benchmarks, never by a lesson
     run.launch               run a lesson as a user does (torchrun / python) with a timeout

@@ -68,4 +68,8 @@ EXERCISES: dict[str, tuple[str, str]] = {
         "expert parallelism's dispatch plan: rows per destination rank, their send order",
     ),
     "predict_memory": ("21", "predict the bytes a rank holds under DDP and ZeRO 1-3"),
+    "tp_decode_step": (
+        "22",
+        "one decode step of head-sharded attention: the cache update and the all-reduce",
+    ),
 }

@@ -52,6 +52,8 @@ __all__ = [
     "fit_alpha_beta",
     "mfu",
     "in_flight_micro_batches",
+    "kv_cache_bytes",
+    "forward_flops",
 ]
 
 ADAM_MIXED_K = 12  # fp32 master parameters + momentum + variance: 4 + 4 + 4 bytes per parameter
@@ -313,3 +315,32 @@ def in_flight_micro_batches(schedule: str, stages: int, micro_batches: int, stag
     if schedule == "1f1b":
         return min(stages - stage, micro_batches)
     raise ValueError(f"schedule is 'gpipe' or '1f1b', got {schedule!r}")
+
+
+def kv_cache_bytes(
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    seq: int,
+    batch: int,
+    element_size: int = 2,
+    tp: int = 1,
+) -> int:
+    """Bytes of the KV cache on one tensor-parallel rank: 2 (keys and values) x layers x kv_heads / tp x head_dim x
+    seq x batch x element size. Heads split over tp; where tp exceeds kv_heads (grouped-query attention with few
+    kv heads) each rank keeps one, replicated, as Megatron does: ceil(kv_heads / tp). Lesson 22 checks it
+    exactly against the cache's tensors."""
+    if min(layers, kv_heads, head_dim, seq, batch, element_size, tp) < 1:
+        raise ValueError("every size of the KV cache must be >= 1")
+    return 2 * layers * math.ceil(kv_heads / tp) * head_dim * seq * batch * element_size
+
+
+def forward_flops(c: GPT, batch: int, tokens: int, start: int = 0) -> int:
+    """Matmul FLOPs of one forward of `tokens` new tokens per sequence whose keys start at position `start`
+    (a prefill: start 0; a decode step: tokens 1, start = the tokens cached). Weights: 2 FLOPs per weight per
+    token, 12 h^2 per layer and the head's h V (logits for every new token). Attention: Q K^T and A V over the
+    start + tokens keys, 2 x 2 x tokens x (start + tokens) x h per layer and sequence (the masked part included,
+    as matmul attention computes it). Without a cache, step t reruns the whole prefix: tokens = t, start = 0."""
+    weights = c.layers * 12 * c.hidden**2 + c.hidden * c.vocab
+    attention = 4 * c.layers * tokens * (start + tokens) * c.hidden
+    return batch * (2 * weights * tokens + attention)

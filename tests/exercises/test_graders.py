@@ -44,6 +44,7 @@ WRONG_SAYS = {
     "moe_dispatch": "e // (E/ep)",
     "predict_memory": "ZeRO-1 shards only the optimizer state",
     "hsdp_wrapping": "HSDP needs a 2-D mesh",
+    "tp_decode_step": "all-reduce (sum) the partial outputs",
 }
 
 # More wrong answers (tests/exercises/wrong_answers/NAME__what.py), each a mistake a grader once passed or a
@@ -164,6 +165,11 @@ MORE_WRONG_SAYS = {
         "stage2_params_sharded": "stages 1-2 keep the whole flat buffer",
         "stage3_unpadded": "pad each unit",
         "tuple": "return a dict",
+    },
+    "tp_decode_step": {
+        "no_cache_write": "is not this token's k",
+        "fill_rest": "changed at positions other than pos",
+        "whole_cache": "attend to positions 0..pos only",
     },
 }
 
