@@ -67,6 +67,8 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     planning.cli                     the planner's flags and its printed plan (21)
     planning.closed_forms            the planner's rows written out as closed forms (21)
     planning.transformer             the shared transformer at any size, counted from shapes (21)
+    libraries.accumulation           Accelerate's and Fabric's accumulation idioms, each loss normalisation (23)
+    libraries.sharding               fully_shard through Fabric's ModelParallelStrategy, Accelerate's FSDP2 here (23)
 
 shared by every topic
     models                   the small models the lessons share (CNN, MLP stack, causal transformer)
@@ -97,6 +99,7 @@ plots: the notebooks' pictures, drawn from the runs' own tensors
     plots.checkpoint         who wrote which bytes of a sharded checkpoint, who read them back (15)
     plots.profile            one step per rank, the bucket all-reduces against backward (17)
     plots.compression        bytes against gradient error, one point per comm hook (18)
+    plots.libraries          each library's loss normalisations against the global step (23)
 
 run: used by notebooks, tests and benchmarks, never by a lesson
     run.launch               run a lesson as a user does (torchrun / python) with a timeout

@@ -68,4 +68,8 @@ EXERCISES: dict[str, tuple[str, str]] = {
         "expert parallelism's dispatch plan: rows per destination rank, their send order",
     ),
     "predict_memory": ("21", "predict the bytes a rank holds under DDP and ZeRO 1-3"),
+    "library_lines": (
+        "23",
+        "the plain-torch lines fabric.setup, setup_dataloaders and no_backward_sync run for you",
+    ),
 }
