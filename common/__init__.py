@@ -70,6 +70,8 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     planning.serving                 how much KV cache fits beside the weights: the longest context (22)
     inference.kv_cache               the KV cache, and causal attention of new tokens over it (22)
     inference.tp_decode              tensor-parallel greedy decoding, the cache split by heads (22)
+    libraries.accumulation           Accelerate's and Fabric's accumulation idioms, each loss normalisation (23)
+    libraries.sharding               fully_shard through Fabric's ModelParallelStrategy, Accelerate's FSDP2 here (23)
 
 shared by every topic
     models                   the small models the lessons share (CNN, MLP stack, causal transformer)
@@ -101,6 +103,7 @@ plots: the notebooks' pictures, drawn from the runs' own tensors
     plots.profile            one step per rank, the bucket all-reduces against backward (17)
     plots.compression        bytes against gradient error, one point per comm hook (18)
     plots.inference          which rank caches which heads, the all-reduces of one generated token (22)
+    plots.libraries          each library's loss normalisations against the global step (23)
 
 run: used by notebooks, tests and benchmarks, never by a lesson
     run.launch               run a lesson as a user does (torchrun / python) with a timeout

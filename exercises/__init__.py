@@ -72,4 +72,8 @@ EXERCISES: dict[str, tuple[str, str]] = {
         "22",
         "one decode step of head-sharded attention: the cache update and the all-reduce",
     ),
+    "library_lines": (
+        "23",
+        "the plain-torch lines fabric.setup, setup_dataloaders and no_backward_sync run for you",
+    ),
 }

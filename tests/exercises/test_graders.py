@@ -45,6 +45,7 @@ WRONG_SAYS = {
     "predict_memory": "ZeRO-1 shards only the optimizer state",
     "hsdp_wrapping": "HSDP needs a 2-D mesh",
     "tp_decode_step": "all-reduce (sum) the partial outputs",
+    "library_lines": "only accelerator.backward divides by k",
 }
 
 # More wrong answers (tests/exercises/wrong_answers/NAME__what.py), each a mistake a grader once passed or a
@@ -101,6 +102,12 @@ MORE_WRONG_SAYS = {
         "averaged": "reduce sums and counts",
         "unstable": "cancels in float32",
         "mean_of_variances": "the spread between the ranks' means",
+    },
+    "library_lines": {
+        "no_set_epoch": "the order of epoch 0 again",
+        "no_sampler": "use DistributedSampler",
+        "no_no_sync": "inside ddp_model.no_sync()",
+        "no_zero_grad": "zero_grad every k micro-batches",
     },
     "accumulation": {
         "divided_by_k": "right only when the micro-batches are equal",

@@ -1,0 +1,1 @@
+"""What Accelerate and Lightning Fabric run for you, measured against the lessons (23)."""

@@ -1,0 +1,429 @@
+"""Lesson 23: Accelerate and Lightning Fabric: what they run for you, against lessons 03, 07 and 13.
+
+Run it:
+
+    torchrun --standalone --nproc_per_node=2 lessons/23_libraries.py            # 2 CPU processes (gloo)
+    torchrun --standalone --nproc_per_node=2 lessons/23_libraries.py --seed 1   # another init and order
+    accelerate launch --num_processes 2 --cpu lessons/23_libraries.py           # Accelerate's launcher
+    python lessons/23_libraries.py                                              # one process: no wrapping
+
+What to look for:
+1. Lesson 03's epoch three ways: by hand (DistributedSampler + set_epoch + DDP), through
+   `accelerator.prepare` and through `fabric.setup` / `setup_dataloaders`. Both libraries hand back lesson
+   03's DistributedDataParallel and send the same bucket all-reduces. Fabric inserts lesson 03's
+   DistributedSampler (seed from `fabric.seed_everything`, else 0) and calls set_epoch for you: parameters
+   equal lesson 03's. Accelerate keeps your sampler and deals whole batches to ranks (BatchSamplerShard:
+   rank r takes batches r, r + W, ...), broadcasting rank 0's RNG state once per epoch: another data
+   order, so other parameters; fed the same batches, DDP ends equal to it.
+2. Accumulation (lesson 07): `accelerator.accumulate` is `no_sync` on all micro-steps but the last, and
+   `accelerator.backward` divides the loss by gradient_accumulation_steps FOR you; Fabric's
+   `no_backward_sync` is `no_sync` alone: you divide by k. Measured: which normalisation equals one step on
+   the global batch under each library.
+3. Sharding (lesson 13): Fabric's ModelParallelStrategy builds a mesh (data_parallel, tensor_parallel) and
+   calls your fully_shard; the same parameters and collectives as fully_shard by hand. Its default puts
+   every rank on tensor_parallel. Accelerate's FSDP2 plugin needs a GPU: on CPU the error is recorded;
+   its ParallelismConfig names (dp_replicate, dp_shard, tp, cp) are the mesh dims it builds.
+Sources: huggingface.co/docs/accelerate (accelerator, gradient accumulation, FSDP), lightning.ai/docs/fabric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.parallelism_config import ParallelismConfig
+from lightning_fabric import Fabric
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from common.data import digits_split
+from common.data_parallel.accumulation import Proof
+from common.harness.env import DistInfo, LessonError
+from common.harness.ranks import print0
+from common.harness.results import Report
+from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
+from common.libraries.accumulation import (
+    RIGHT,
+    accelerate_variant,
+    fabric_variant,
+    no_sync_variant,
+)
+from common.libraries.sharding import accelerate_fsdp2_outcome, fabric_fully_shard, shard_run
+from common.measure.counters import CommCounter, count_collectives
+from common.measure.differences import max_abs_diff_all, max_over_ranks
+from common.measure.memory import ResidualMLP
+from common.models import DigitsCNN
+from common.sharding.fsdp import shard_blocks_then_root
+
+EQUAL = 1e-6  # the same float32 operations in the same order: measured 0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--epochs", type=int, default=1, help="passes over the digits (lesson 03: 4)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per process per step")
+    p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate, momentum 0.9")
+    p.add_argument("--grad-accum-steps", type=int, default=2, help="k of section 2 (>= 2)")
+    p.add_argument("--micro-batch", type=int, default=8, help="samples per micro-step (section 2)")
+    p.add_argument("--seed", type=int, default=0, help="init and data order (every rank)")
+    p.add_argument("--results", default=None, help="rank 0 writes the reported numbers here (JSON)")
+    add_distributed_args(p)
+    args = p.parse_args(argv)
+    # Validated before any process group: every rank fails alike and none waits in a collective.
+    if min(args.epochs, args.batch_size, args.micro_batch) < 1 or args.lr <= 0:
+        raise LessonError("--epochs, --batch-size, --micro-batch and --lr must be positive")
+    if args.grad_accum_steps < 2:  # k = 1: dividing by k or not is the same, no claim could fail
+        raise LessonError(f"--grad-accum-steps must be >= 2, got {args.grad_accum_steps}")
+    return args
+
+
+def indexed(dataset: TensorDataset) -> TensorDataset:
+    """The digits with each sample's index as a third tensor: every run records the order it read."""
+    x, y = dataset.tensors  # (1438, 1, 8, 8), (1438,)
+    return TensorDataset(x, y, torch.arange(len(y)))
+
+
+def fit(model, optimizer, loader, backward, epochs: int, device) -> list[list[int]]:
+    """Lesson 03's loop; returns the sample indices of every step this rank read."""
+    order = []
+    for _ in range(epochs):
+        for x, y, i in loader:
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))  # mean over this rank's B
+            optimizer.zero_grad(set_to_none=True)
+            backward(loss)  # DDP all-reduces each bucket during it
+            optimizer.step()
+            order.append(i.tolist())
+    return order
+
+
+def by_hand(args, info: DistInfo, train_set, batches=None):
+    """Lesson 03: DistributedSampler(seed) + set_epoch + DDP; or, with `batches`, DDP fed those batches."""
+    set_seed(args.seed)
+    raw = DigitsCNN(image_size=8).to(info.device)
+    model = DDP(raw) if info.distributed else raw
+    opt = torch.optim.SGD(raw.parameters(), lr=args.lr, momentum=0.9)
+    sampler = DistributedSampler(
+        train_set, info.world_size, info.rank, shuffle=True, seed=args.seed
+    )
+    if batches is None:
+        loader = EpochLoader(DataLoader(train_set, batch_size=args.batch_size, sampler=sampler))
+    else:
+        loader = [train_set[torch.tensor(b)] for b in batches]  # one epoch of given batches
+    counter = CommCounter().register(model) if info.distributed else CommCounter()
+    order = fit(
+        model, opt, loader, lambda loss: loss.backward(), 1 if batches else args.epochs, info.device
+    )
+    return raw, order, counter.calls, loader, model
+
+
+class EpochLoader:
+    """A DataLoader over a DistributedSampler that calls sampler.set_epoch(epoch) before each pass."""
+
+    def __init__(self, loader: DataLoader):
+        self.loader, self.epoch = loader, 0
+
+    def __iter__(self):
+        self.loader.sampler.set_epoch(self.epoch)  # without it every epoch repeats epoch 0's order
+        self.epoch += 1
+        return iter(self.loader)
+
+
+def with_accelerate(args, info: DistInfo, train_set):
+    """accelerator.prepare(model, optimizer, loader) on a plain shuffled DataLoader."""
+    accelerator = Accelerator(cpu=info.device.type == "cpu")
+    set_seed(args.seed)
+    raw = DigitsCNN(image_size=8)
+    opt = torch.optim.SGD(raw.parameters(), lr=args.lr, momentum=0.9)
+    loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True)
+    model, opt, loader = accelerator.prepare(raw, opt, loader)
+    counter = CommCounter().register(model) if info.distributed else CommCounter()
+    # Python-level calls: the comm hook's all-reduces and the library's own
+    with count_collectives() as c:
+        order = fit(model, opt, loader, accelerator.backward, args.epochs, info.device)
+    return accelerator, raw, model, loader, order, counter.calls, c.calls
+
+
+def with_fabric(args, info: DistInfo, train_set):
+    """fabric.setup(model, optimizer) and fabric.setup_dataloaders(loader), the same plain loader."""
+    strategy = "ddp" if info.distributed else "auto"  # "ddp" on 1 device would make a group of 1
+    fabric = Fabric(accelerator=info.device.type, devices=info.world_size, strategy=strategy)
+    fabric.launch()  # under torchrun: joins the process group that is already there
+    default = fabric.setup_dataloaders(DataLoader(train_set, shuffle=True)).sampler
+    default_seed = getattr(default, "seed", None)  # before seed_everything: PL_GLOBAL_SEED unset
+    fabric.seed_everything(args.seed, verbose=False)  # sets PL_GLOBAL_SEED: the sampler's seed
+    raw = DigitsCNN(image_size=8)
+    opt = torch.optim.SGD(raw.parameters(), lr=args.lr, momentum=0.9)
+    model, opt = fabric.setup(raw, opt)
+    loader = fabric.setup_dataloaders(
+        DataLoader(train_set, batch_size=args.batch_size, shuffle=True)
+    )
+    ddp = model._forward_module
+    counter = CommCounter().register(ddp) if info.distributed else CommCounter()
+    with count_collectives() as c:
+        order = fit(model, opt, loader, fabric.backward, args.epochs, info.device)
+    return fabric, raw, model, loader, order, counter.calls, c.calls, default_seed
+
+
+def first_batch(loader) -> list[int]:
+    """The sample indices of the loader's next first batch (one more pass, no training)."""
+    return next(iter(loader))[2].tolist()
+
+
+HEAD = ("device", "backend")  # the same for every row: printed once, in the heading
+
+
+def describe(report: Report, name: str, model, sampler, reshuffles: bool, info) -> None:
+    """Section 1's table row: what prepare / setup put around the model and the loader."""
+    row = {
+        "wrapper": type(getattr(model, "_forward_module", model)).__name__,
+        "sampler": type(sampler).__name__,
+        "seed": getattr(sampler, "seed", "-"),
+        "drop_last": getattr(sampler, "drop_last", "-"),
+        "set_epoch": reshuffles,
+        "device": str(info.device),
+        "backend": dist.get_backend() if info.distributed else "none",
+    }
+    report.record(f"{name}_setup", row)
+    print0(f"  {name:<11}" + "".join(f" {k} {v}" for k, v in row.items() if k not in HEAD))
+
+
+def section1(args, info: DistInfo, report: Report, train_set):
+    print0("1. lesson 03's training: by hand, through Accelerate, through Fabric")
+    ddp_raw, ddp_order, ddp_calls, ddp_loader, ddp_model = by_hand(args, info, train_set)
+    accelerator, acc_raw, acc_model, acc_loader, acc_order, acc_calls, acc_py = with_accelerate(
+        args, info, train_set
+    )
+    fabric, fab_raw, fab_model, fab_loader, fab_order, fab_calls, fab_py, seed0 = with_fabric(
+        args, info, train_set
+    )
+    # the next pass's first batch against epoch 0's: a new order each epoch, or not
+    acc_new = first_batch(acc_loader) != acc_order[0]
+    fab_new = first_batch(fab_loader) != fab_order[0]
+    plain = DataLoader(train_set, batch_size=args.batch_size, sampler=ddp_loader.loader.sampler)
+    plain_new = first_batch(plain) != first_batch(plain)  # no set_epoch between the two passes
+    inner = acc_loader.batch_sampler  # BatchSamplerShard around the DataLoader's own BatchSampler
+    backend = dist.get_backend() if info.distributed else "none"
+    print0(f"  what prepare / setup returned (all on {info.device}, backend {backend}):")
+    describe(report, "by_hand", ddp_model, ddp_loader.loader.sampler, True, info)
+    describe(report, "accelerate", acc_model, inner, acc_new, info)
+    report.record(
+        "accelerate_inner_sampler", type(getattr(inner, "batch_sampler", inner).sampler).__name__
+    )
+    describe(report, "fabric", fab_model, fab_loader.sampler, fab_new, info)
+    report.claim(
+        "accelerate_new_order_each_epoch",
+        int(acc_new),
+        "==",
+        1,
+        "  Accelerate reshuffles each epoch by itself: {value}",
+    )
+    report.claim(
+        "fabric_calls_set_epoch",
+        int(fab_new),
+        "==",
+        1,
+        "  Fabric calls set_epoch for you: {value} (a bare DataLoader over the same "
+        "sampler, no set_epoch: {plain})",
+        plain=int(plain_new),
+    )
+    if info.distributed:  # one process: Fabric keeps the RandomSampler, inserts nothing
+        sentence = "  Fabric's sampler seed without seed_everything: {value}"
+        report.claim("fabric_default_sampler_seed", seed0, "==", 0, sentence)
+    return (
+        (ddp_raw, ddp_order, ddp_calls),
+        (acc_raw, acc_order, acc_calls, acc_py),
+        (fab_raw, fab_order, fab_calls, fab_py),
+        (accelerator, fabric),
+    )
+
+
+def compare(args, info: DistInfo, report: Report, train_set, ddp, acc, fab) -> None:
+    """Parameters and collectives of the three runs; Accelerate's order replayed by hand."""
+    ddp_raw, ddp_order, ddp_calls = ddp
+    acc_raw, acc_order, acc_calls, acc_py = acc
+    fab_raw, fab_order, fab_calls, fab_py = fab
+    # the sum of Fabric's parameters: minimal/23_libraries.py, plain torch, ends at the same number
+    report.record("fabric_param_sum", sum(p.detach().double().sum() for p in fab_raw.parameters()))
+    diff = lambda a, b: max_over_ranks(max_abs_diff_all(a.parameters(), b.parameters()))  # noqa: E731
+    same_order = lambda a, b: max_over_ranks(float(a != b)) == 0  # noqa: E731
+    print0("  max |parameter difference| from lesson 03's run, worst over ranks:")
+    fab_same = same_order(fab_order, ddp_order)
+    sentence = "  Fabric vs by hand: {value:.1e} (same order of samples: {same})"
+    if info.distributed:  # seed_everything(seed) gave its DistributedSampler our seed
+        report.claim(
+            "fabric_equals_ddp", diff(fab_raw, ddp_raw), "<=", EQUAL, sentence, same=fab_same
+        )
+    else:
+        report.value("fabric_vs_ddp", diff(fab_raw, ddp_raw), sentence, same=fab_same)
+    report.claim(
+        "accelerate_order_differs",
+        diff(acc_raw, ddp_raw),
+        ">=",
+        1e-4,
+        "  Accelerate vs by hand: {value:.1e} (same order: {same}): its order, not its "
+        "arithmetic ...",
+        same=same_order(acc_order, ddp_order),
+    )
+    replay = by_hand(args, info, train_set, batches=acc_order)
+    report.claim(
+        "accelerate_equals_ddp_same_batches",
+        diff(acc_raw, replay[0]),
+        "<=",
+        EQUAL,
+        "  ... DDP fed Accelerate's batches ends {value:.1e} from it",
+    )
+    if info.distributed:
+        compare_collectives(args, report, ddp_calls, acc_calls, acc_py, fab_calls, fab_py)
+
+
+def compare_collectives(args, report: Report, ddp_calls, acc_calls, acc_py, fab_calls, fab_py):
+    """The bucket all-reduces (counted by the comm hook) and the libraries' own collectives."""
+    print0(
+        "  collectives per run, this rank (gradient buckets by the comm hook, then Python-level):"
+    )
+    report.claim(
+        "accelerate_allreduces_equal_ddp",
+        acc_calls,
+        "==",
+        ddp_calls,
+        "  bucket all-reduces: by hand {bound}, Accelerate {value}",
+    )
+    report.claim(
+        "fabric_allreduces_equal_ddp",
+        fab_calls,
+        "==",
+        ddp_calls,
+        "  bucket all-reduces: by hand {bound}, Fabric {value}",
+    )
+    extra = {k: v for k, v in acc_py.items() if k != "all_reduce"}
+    report.claim(
+        "accelerate_rng_broadcasts",
+        extra.get("broadcast", 0),
+        "==",
+        args.epochs,
+        "  the libraries' own: Accelerate {acc} (rank 0's RNG state, each epoch), Fabric {fab}",
+        acc=extra,
+        fab={k: v for k, v in fab_py.items() if k != "all_reduce"},
+    )
+
+
+# -------- 2. accumulation: the library's context manager against lesson 07's no_sync
+def section2(args, info: DistInfo, report: Report, train_set, fabric) -> None:
+    W, k, m = info.world_size, args.grad_accum_steps, args.micro_batch
+    print0(
+        f"\n2. accumulation, k = {k} micro-steps of {m} on {W} ranks vs one SGD step on the "
+        f"global batch of {k * m * W}: max |difference|"
+    )
+    set_seed(args.seed)
+    init = copy.deepcopy(ResidualMLP().state_dict())
+    g = torch.Generator().manual_seed(args.seed + 1)
+    idx = torch.randperm(len(train_set), generator=g)[: k * m * W]
+    gx, gy = train_set.tensors[0][idx].to(info.device), train_set.tensors[1][idx].to(info.device)
+    # rank r's micro-step j holds the global batch's samples (j W + r) m ... + m (lesson 07)
+    micro = [(gx[s : s + m], gy[s : s + m]) for s in ((j * W + info.rank) * m for j in range(k))]
+    accelerator = Accelerator(cpu=info.device.type == "cpu", gradient_accumulation_steps=k)
+    # SGD without momentum at lr 0.1: a step scaled by 1/k moves the parameters >= 1e-3 (lesson 07's bound)
+    proof_args = argparse.Namespace(lr=0.1, grad_accum_steps=k)
+    runs = {}
+    for lib in ("ddp", "accelerate", "fabric"):
+        raw = ResidualMLP().to(info.device)
+        raw.load_state_dict(init)
+        if lib == "ddp":
+            model = DDP(raw) if info.distributed else raw
+        elif lib == "accelerate":
+            model = accelerator.prepare(raw)
+        else:
+            model = fabric.setup(raw)
+        ddp = getattr(model, "_forward_module", model)
+        counter = CommCounter().register(ddp) if info.distributed else CommCounter()
+        runs[lib] = Proof(model, raw, init, counter, proof_args, info, report)
+    ref = runs["ddp"]
+    ref.run(no_sync_variant("divide_by_k", k, k * m), micro)  # DDP rebuilds its buckets once
+    ref.ref = ref.run(no_sync_variant("divide_by_k", 1, 1), [(gx, gy)], on=ref.raw_model)
+    calls = ref.run(no_sync_variant("divide_by_k", k, k * m), micro)[2]
+    make = {
+        "ddp": lambda h: no_sync_variant(h, k, k * m),
+        "accelerate": lambda h: accelerate_variant(accelerator, h, k, k * m),
+        "fabric": lambda h: fabric_variant(fabric, h, k, k * m),
+    }
+    for lib, proof in runs.items():
+        proof.ref = ref.ref
+        proof.run(make[lib]("nothing" if lib == "accelerate" else "divide_by_k"), micro)  # warm-up
+        for how, right in RIGHT[lib].items():
+            proof.check(
+                f"{lib}_{how}", make[lib](how), micro, right, calls=calls if right else None
+            )
+    report.record("accumulation_right", RIGHT)
+    report.record("round_allreduce_calls", calls)
+
+
+# -------- 3. sharding: Fabric's ModelParallelStrategy and Accelerate's config against fully_shard
+def section3(args, info: DistInfo, report: Report, train_set) -> None:
+    W = info.world_size
+    print0("\n3. sharding through the library vs fully_shard by hand (lesson 13), 3 Adam steps")
+    set_seed(args.seed)
+    init = copy.deepcopy(ResidualMLP(33, 2).state_dict())
+    x, y = train_set.tensors[0][: 48 * W], train_set.tensors[1][: 48 * W]
+    starts = range(16 * info.rank, 48 * W, 16 * W)  # 3 batches of 16 per rank
+    mine = [(x[s : s + 16], y[s : s + 16]) for s in starts]
+    meshes, fab_params, fab_calls = fabric_fully_shard(info, init, mine)
+    # by hand: the mesh Accelerate's ParallelismConfig(dp_shard_size=W) builds, fully_shard on it
+    config = ParallelismConfig(dp_shard_size=W)
+    mesh = config.build_device_mesh(info.device.type)
+    hand = ResidualMLP(33, 2).to(info.device)
+    hand.load_state_dict(init)
+    hand = shard_blocks_then_root(hand, mesh["dp_shard"])
+    hand_params, hand_calls = shard_run(hand, torch.optim.Adam(hand.parameters(), lr=1e-3), mine)
+    report.record("fabric_default_mesh", meshes[0])
+    report.record("fabric_mesh", meshes[1])
+    report.record("accelerate_mesh", (mesh.mesh_dim_names, tuple(mesh.shape)))
+    print0(f"  Fabric's mesh, default sizes: {meshes[0]}")
+    print0(f"  Fabric's mesh, data_parallel_size={W}, tensor_parallel_size=1: {meshes[1]}")
+    print0(
+        f"  Accelerate's ParallelismConfig(dp_shard_size={W}): {report.recorded('accelerate_mesh')}"
+    )
+    diff = max_over_ranks(max_abs_diff_all(fab_params, hand_params))
+    sentence = "  Fabric's fully_shard vs by hand: {value:.1e}"
+    report.claim("fabric_fsdp_equals_fully_shard", diff, "<=", EQUAL, sentence)
+    report.claim(
+        "fabric_fsdp_collectives_equal",
+        int(fab_calls == hand_calls),
+        "==",
+        1,
+        "  same collectives as by hand: {value} ({hand})",
+        hand=", ".join(f"{k} {v}" for k, v in sorted(hand_calls.items())),
+    )
+    report.claim(
+        "fabric_default_data_parallel_size",
+        meshes[0][1][0],
+        "==",
+        1,
+        "  Fabric's default data_parallel size: {value} (every rank on tensor_parallel)",
+    )
+    report.value(
+        "accelerate_fsdp2",
+        accelerate_fsdp2_outcome(info),
+        "  Accelerate's FSDP2 plugin here: {value}",
+    )
+
+
+def main() -> None:
+    args = parse_args()
+    with distributed_session(args) as info:
+        report = Report(info)
+        train_set = indexed(digits_split()[0])
+        report.record("world_size", info.world_size)
+        ddp, acc, fab, (accelerator, fabric) = section1(args, info, report, train_set)
+        compare(args, info, report, train_set, ddp, acc, fab)
+        section2(args, info, report, digits_split()[0], fabric)
+        if info.distributed:
+            section3(args, info, report, digits_split()[0])
+        report.finish(args.results)
+
+
+if __name__ == "__main__":
+    run_main(main)
