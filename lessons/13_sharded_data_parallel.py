@@ -127,7 +127,7 @@ def ddp(model, info, **kw) -> DDP:
 
 
 @dataclass
-class Setup:
+class Run:
     """What every section shares: arguments, the world, the report, the batches, the initial values."""
 
     args: argparse.Namespace
@@ -153,7 +153,7 @@ class Setup:
 
 
 # -------- 1. the reference: DDP (one process: plain Adam), gradients in DDP's buckets
-def ddp_reference(s: Setup, table: dict, psi: int) -> list:
+def ddp_reference(s: Run, table: dict, psi: int) -> list:
     info, N = s.info, s.info.world_size
     raw = s.fresh()
     model = ddp(raw, info, gradient_as_bucket_view=True) if info.distributed else raw
@@ -177,7 +177,7 @@ def ddp_reference(s: Setup, table: dict, psi: int) -> list:
 
 
 # -------- 2. ZeRO stages by hand, each against DDP
-def zero_stage(s: Setup, stage: int, table: dict, ref: list, psi_p: int) -> list:
+def zero_stage(s: Run, stage: int, table: dict, ref: list, psi_p: int) -> list:
     N, report = s.info.world_size, s.report
     m = s.fresh()
     zero = ZeRO(m, [u for _, u in flat_units(m)], stage, group=s.group, lr=s.args.lr)
@@ -214,7 +214,7 @@ def zero_stage(s: Setup, stage: int, table: dict, ref: list, psi_p: int) -> list
     return full
 
 
-def ring_claim(s: Setup, name: str, moved: float, gathers: int, psi_name: str, psi, ddp) -> None:
+def ring_claim(s: Run, name: str, moved: float, gathers: int, psi_name: str, psi, ddp) -> None:
     """The bytes a sharded setup sends per rank per step, as the ring model says: each all-gather (AG) and the
     reduce-scatter (RS) move Psi (N-1)/N, with Psi the bytes of the (padded) buffers they work on."""
     N = s.info.world_size
@@ -232,7 +232,7 @@ def ring_claim(s: Setup, name: str, moved: float, gathers: int, psi_name: str, p
 
 
 # -------- 4. what each rank holds, and what it sends
-def memory_claims(s: Setup, table: dict) -> None:
+def memory_claims(s: Run, table: dict) -> None:
     N, report, ddp = s.info.world_size, s.report, table["DDP"]
     report.value(
         "memory_table",
@@ -276,7 +276,7 @@ def memory_claims(s: Setup, table: dict) -> None:
 
 
 # -------- 3. PyTorch's versions
-def fsdp2_runs(s: Setup) -> dict:
+def fsdp2_runs(s: Run) -> dict:
     """name -> (model, optimizer, full parameters, bytes per op, gradient bytes) of 3 settings."""
     bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     settings = {
@@ -294,7 +294,7 @@ def fsdp2_runs(s: Setup) -> dict:
     return runs
 
 
-def pytorch_versions(s: Setup, hand: dict, table: dict) -> dict:
+def pytorch_versions(s: Run, hand: dict, table: dict) -> dict:
     report, N = s.report, s.info.world_size
     model = ddp(s.fresh(), s.info)
     zro = ZeroRedundancyOptimizer(
@@ -348,7 +348,7 @@ def pytorch_versions(s: Setup, hand: dict, table: dict) -> dict:
     return runs
 
 
-def bf16_claims(s: Setup, runs: dict) -> None:
+def bf16_claims(s: Run, runs: dict) -> None:
     """MixedPrecisionPolicy(bf16 params, fp32 reduce): another result, and 2/3 of the bytes."""
     bf16_params, fp32_params = runs["fsdp2_bf16"][2], runs["fsdp2"][2]
     s.report.value(
@@ -375,7 +375,7 @@ def bf16_claims(s: Setup, runs: dict) -> None:
     )
 
 
-def report_sizes(s: Setup) -> tuple[int, int]:
+def report_sizes(s: Run) -> tuple[int, int]:
     """The model, the padding of each flat unit on this world size; returns the bytes of the parameters (Psi)
     and of the padded flat buffers (Psi_padded)."""
     sizes = unit_sizes(s.fresh())
@@ -413,7 +413,7 @@ def main() -> None:
         batches = global_batch_slices(
             train_set, args.steps, args.global_batch, args.seed, info.rank, N, device=info.device
         )
-        s = Setup(
+        s = Run(
             args=args,
             info=info,
             report=report,
