@@ -219,8 +219,7 @@ def main() -> None:
         device=device.type,
         epochs=args.epochs,
     )
-    # the untrained model: about ln(10) = 2.30
-    before = test = evaluate(run.model, run.test_set, run.info)
+    before = test = evaluate(run.model, run.test_set, run.info)  # untrained: about ln(10) = 2.30
     # GPU work is asynchronous: wait for it before reading the clock
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     history, samples_per_s = [], []
