@@ -11,6 +11,7 @@ LESSON = "lessons.18_gradient_compression"
 def _cast_claims(rank: int, world_size: int, make_hook) -> dict:
     """Lesson 18's fp16 / bf16 section with `make_hook(dtype)` as the hand-written hook: its claims as recorded
     ({name: (value, holds)}) and the names that do not hold."""
+    from common.compression.hooks import comm_hook
     from common.harness.env import DistInfo
     from common.harness.results import Report
     from common.harness.session import set_seed
@@ -23,7 +24,7 @@ def _cast_claims(rank: int, world_size: int, make_hook) -> dict:
     torch.manual_seed(1 + rank)  # each rank its own batch
     batch = (torch.randn(8, 1, 8, 8), torch.randint(10, (8,)))
     run = lesson.Run(lesson.parse_args([]), info, Report(info), init_state, batch)
-    plain, plain_bytes = lesson.hook_gradients(run, *lesson.comm_hook("allreduce"))
+    plain, plain_bytes = lesson.hook_gradients(run, *comm_hook("allreduce"))
     lesson.cast_section(run, plain[-1], plain_bytes, make_hook=make_hook or lesson.compress_hook)
     claims = run.report.results["claims"]
     return {
