@@ -66,10 +66,10 @@ from common.sharding.fsdp import (
     one_step_profile,
     padded_bytes,
     predicted_step_bytes,
-    prefetch_runs,
     shard_blocks_then_root,
     world_of_one,
 )
+from common.sharding.prefetch import prefetch_runs
 
 EQUAL = 1e-5  # max |difference| of parameters after a few SGD steps: float32 rounding is ~1e-7
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
