@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -56,6 +56,7 @@ from common.sharding.accounting import (
     rows_padded_bytes,
     table_text,
 )
+from common.sharding.fsdp import shard_blocks_then_root
 from common.sharding.zero import ZeRO, check_stages, check_world_size, flat_units, padded_sizes
 
 # Bound on relative_difference: float32 rounding stays far below it, a real error near 1.
@@ -108,18 +109,6 @@ def train(model, step, data, grads_of=None) -> tuple[list[float], int]:
         model.zero_grad(set_to_none=True)
         losses.append(loss.item())
     return losses, grad_bytes
-
-
-def fsdp2(model, mesh, reshard_after_forward: bool = True, mp_policy=None):
-    """fully_shard each block (its own all-gather and reduce-scatter), then the root (stem and head)."""
-    kw = dict(
-        mesh=mesh,
-        reshard_after_forward=reshard_after_forward,
-        mp_policy=mp_policy or MixedPrecisionPolicy(),
-    )
-    for block in model.blocks:
-        fully_shard(block, **kw)
-    return fully_shard(model, **kw)
 
 
 def ddp(model, info, **kw) -> DDP:
@@ -280,13 +269,15 @@ def fsdp2_runs(s: Run) -> dict:
     """name -> (model, optimizer, full parameters, bytes per op, gradient bytes) of 3 settings."""
     bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     settings = {
-        "fsdp2": {},
+        "fsdp2": {
+            "reshard_after_forward": True
+        },  # the root too (fully_shard's default: not the root)
         "fsdp2_no_reshard": {"reshard_after_forward": False},
-        "fsdp2_bf16": {"mp_policy": bf16},
+        "fsdp2_bf16": {"reshard_after_forward": True, "mp_policy": bf16},
     }
     runs = {}
     for name, kw in settings.items():
-        m = fsdp2(s.fresh(), s.mesh, **kw)
+        m = shard_blocks_then_root(s.fresh(), s.mesh, **kw)
         opt = torch.optim.Adam(m.parameters(), lr=s.args.lr)
         with count_collectives() as c:
             _, grad_bytes = train(m, opt.step, s.data, lambda: [p.grad for p in m.parameters()])
@@ -314,7 +305,9 @@ def pytorch_versions(s: Run, hand: dict, table: dict) -> dict:
     m, opt = runs["fsdp2"][:2]
     # activations: one forward of an untrained twin (FSDP2 expects a backward after each forward)
     x = s.data[0][0]
-    activations = activation_bytes(fsdp2(s.fresh(), s.mesh), x)
+    activations = activation_bytes(
+        shard_blocks_then_root(s.fresh(), s.mesh, reshard_after_forward=True), x
+    )
     table["FSDP2"] = memory_row(m.parameters(), opt, runs["fsdp2"][4], activations, moved["fsdp2"])
     report.claim(
         "fsdp2_activations_as_ddp",
@@ -331,7 +324,9 @@ def pytorch_versions(s: Run, hand: dict, table: dict) -> dict:
             EQUAL,
             "  fully_shard (reshard_after_forward=True) vs stage 3: {value:.1e}",
         )
-    held = activation_bytes(fsdp2(s.fresh(), s.mesh, reshard_after_forward=False), x)
+    held = activation_bytes(
+        shard_blocks_then_root(s.fresh(), s.mesh, reshard_after_forward=False), x
+    )
     report.claim(
         "fsdp2_no_reshard_keeps_parameters",
         held - table["FSDP2"]["activations"],
