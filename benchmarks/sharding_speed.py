@@ -34,6 +34,7 @@ from common.measure.bandwidth import ring_bytes_sent
 from common.measure.counters import count_collectives
 from common.measure.memory import ResidualMLP, held_bytes
 from common.sharding.accounting import moved_bytes
+from common.sharding.fsdp import shard_blocks_then_root
 from common.sharding.zero import ZeRO, flat_units
 
 lesson = importlib.import_module("lessons.13_sharded_data_parallel")
@@ -75,7 +76,7 @@ def build(setup: str, width: int, depth: int, grid: Grid, info, lr: float = 1e-3
             lambda: [p.grad for p in raw.parameters()],
         )
     if setup == "FSDP2":
-        model = lesson.fsdp2(raw, grid.submesh("dp"))
+        model = shard_blocks_then_root(raw, grid.submesh("dp"), reshard_after_forward=True)
         opt = torch.optim.Adam(model.parameters(), lr=lr)
         return (
             model,

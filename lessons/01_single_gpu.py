@@ -27,12 +27,13 @@ import argparse
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 
 from common.data import digits_split
 from common.harness.atomic import load_checkpoint, save_checkpoint
@@ -155,14 +156,32 @@ def resume_difference(args, loader, generator, device, info, reference: nn.Modul
     )
 
 
-def setup(args: argparse.Namespace):
-    """The device, the data, the model and optimizer (from --checkpoint with --resume): (device, train_set,
-    test_set, loader, generator, model, optimizer, start_epoch)."""
+@dataclass
+class Run:
+    """What main and its checks share: the options, the world of one, the report, the data, the model and
+    optimizer, and the epoch to start from (0, or the checkpoint's with --resume)."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    train_set: TensorDataset  # (1438, 1, 8, 8) images, their labels
+    test_set: TensorDataset  # (359, 1, 8, 8)
+    loader: DataLoader
+    generator: torch.Generator  # the loader's shuffle, seeded per epoch
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    start_epoch: int
+
+
+def setup(args: argparse.Namespace) -> Run:
+    """The device, the data, the model and optimizer (from --checkpoint with --resume)."""
     _, device = choose_backend_and_device("auto", args.device)
     if (
         device.type == "cuda"
     ):  # exact resume on a GPU needs deterministic kernels (deterministic_cuda)
         deterministic_cuda()
+    # a world of one: evaluate() and save_checkpoint() need no process group
+    info = DistInfo(device=device)
     set_seed(args.seed)
     train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8) and (359, 1, 8, 8)
     # shuffle via an explicit generator seeded per epoch: the order depends only on (seed, epoch), so a
@@ -180,15 +199,17 @@ def setup(args: argparse.Namespace):
         )  # momentum buffers too, or the next steps differ
         start_epoch = int(ckpt["epoch"])
         print0(f"resumed from {args.checkpoint} at epoch {start_epoch}")
-    return device, train_set, test_set, loader, generator, model, optimizer, start_epoch
+    report = Report(info)
+    return Run(
+        args, info, report, train_set, test_set, loader, generator, model, optimizer, start_epoch
+    )
 
 
 def main() -> None:
     args = parse_args()
-    device, train_set, test_set, loader, generator, model, optimizer, start_epoch = setup(args)
-    # a world of one: evaluate() and save_checkpoint() need no process group
-    info = DistInfo(device=device)
-    report = Report(info)
+    run = setup(args)
+    device = run.info.device
+    report = run.report
     report.record("device", device.type)
     report.record("world_size", 1)
     report.value(
@@ -198,18 +219,19 @@ def main() -> None:
         device=device.type,
         epochs=args.epochs,
     )
-    before = test = evaluate(model, test_set, info)  # the untrained model: about ln(10) = 2.30
+    before = test = evaluate(run.model, run.test_set, run.info)  # untrained: about ln(10) = 2.30
     # GPU work is asynchronous: wait for it before reading the clock
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     history, samples_per_s = [], []
-    for epoch in range(start_epoch, args.epochs):
-        generator.manual_seed(args.seed + epoch)  # a new order every epoch, the same on every rerun
+    for epoch in range(run.start_epoch, args.epochs):
+        # a new order every epoch, the same on every rerun
+        run.generator.manual_seed(args.seed + epoch)
         sync()
         t0 = time.perf_counter()
-        train_loss = train_epoch(model, optimizer, loader, device, info)
+        train_loss = train_epoch(run.model, run.optimizer, run.loader, device, run.info)
         sync()
-        samples_per_s.append(len(train_set) / (time.perf_counter() - t0))
-        test = evaluate(model, test_set, info)
+        samples_per_s.append(len(run.train_set) / (time.perf_counter() - t0))
+        test = evaluate(run.model, run.test_set, run.info)
         history.append(
             {
                 "epoch": epoch + 1,
@@ -225,17 +247,17 @@ def main() -> None:
         )
         if args.checkpoint:  # temporary file + rename: a crash never leaves half a file
             state = {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
+                "model": run.model.state_dict(),
+                "optimizer": run.optimizer.state_dict(),
                 "epoch": epoch + 1,
             }
-            save_checkpoint(state, args.checkpoint, info)
+            save_checkpoint(state, args.checkpoint, run.info)
     report.record("history", history)
-    report_claims(report, args, test, before, len(test_set), samples_per_s)
+    report_claims(report, args, test, before, len(run.test_set), samples_per_s)
     if args.check_resume:
         report.claim(
             "resume_reproduces_uninterrupted",
-            resume_difference(args, loader, generator, device, info, model),
+            resume_difference(args, run.loader, run.generator, device, run.info, run.model),
             "==",
             0.0,
             "resumed after epoch {half}: max |difference| to the uninterrupted run "

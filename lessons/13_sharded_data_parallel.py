@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -56,6 +56,7 @@ from common.sharding.accounting import (
     rows_padded_bytes,
     table_text,
 )
+from common.sharding.fsdp import shard_blocks_then_root
 from common.sharding.zero import ZeRO, check_stages, check_world_size, flat_units, padded_sizes
 
 # Bound on relative_difference: float32 rounding stays far below it, a real error near 1.
@@ -110,24 +111,12 @@ def train(model, step, data, grads_of=None) -> tuple[list[float], int]:
     return losses, grad_bytes
 
 
-def fsdp2(model, mesh, reshard_after_forward: bool = True, mp_policy=None):
-    """fully_shard each block (its own all-gather and reduce-scatter), then the root (stem and head)."""
-    kw = dict(
-        mesh=mesh,
-        reshard_after_forward=reshard_after_forward,
-        mp_policy=mp_policy or MixedPrecisionPolicy(),
-    )
-    for block in model.blocks:
-        fully_shard(block, **kw)
-    return fully_shard(model, **kw)
-
-
 def ddp(model, info, **kw) -> DDP:
     return DDP(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None, **kw)
 
 
 @dataclass
-class Setup:
+class Run:
     """What every section shares: arguments, the world, the report, the batches, the initial values."""
 
     args: argparse.Namespace
@@ -153,7 +142,7 @@ class Setup:
 
 
 # -------- 1. the reference: DDP (one process: plain Adam), gradients in DDP's buckets
-def ddp_reference(s: Setup, table: dict, psi: int) -> list:
+def ddp_reference(s: Run, table: dict, psi: int) -> list:
     info, N = s.info, s.info.world_size
     raw = s.fresh()
     model = ddp(raw, info, gradient_as_bucket_view=True) if info.distributed else raw
@@ -177,7 +166,7 @@ def ddp_reference(s: Setup, table: dict, psi: int) -> list:
 
 
 # -------- 2. ZeRO stages by hand, each against DDP
-def zero_stage(s: Setup, stage: int, table: dict, ref: list, psi_p: int) -> list:
+def zero_stage(s: Run, stage: int, table: dict, ref: list, psi_p: int) -> list:
     N, report = s.info.world_size, s.report
     m = s.fresh()
     zero = ZeRO(m, [u for _, u in flat_units(m)], stage, group=s.group, lr=s.args.lr)
@@ -214,7 +203,7 @@ def zero_stage(s: Setup, stage: int, table: dict, ref: list, psi_p: int) -> list
     return full
 
 
-def ring_claim(s: Setup, name: str, moved: float, gathers: int, psi_name: str, psi, ddp) -> None:
+def ring_claim(s: Run, name: str, moved: float, gathers: int, psi_name: str, psi, ddp) -> None:
     """The bytes a sharded setup sends per rank per step, as the ring model says: each all-gather (AG) and the
     reduce-scatter (RS) move Psi (N-1)/N, with Psi the bytes of the (padded) buffers they work on."""
     N = s.info.world_size
@@ -232,7 +221,7 @@ def ring_claim(s: Setup, name: str, moved: float, gathers: int, psi_name: str, p
 
 
 # -------- 4. what each rank holds, and what it sends
-def memory_claims(s: Setup, table: dict) -> None:
+def memory_claims(s: Run, table: dict) -> None:
     N, report, ddp = s.info.world_size, s.report, table["DDP"]
     report.value(
         "memory_table",
@@ -276,17 +265,19 @@ def memory_claims(s: Setup, table: dict) -> None:
 
 
 # -------- 3. PyTorch's versions
-def fsdp2_runs(s: Setup) -> dict:
+def fsdp2_runs(s: Run) -> dict:
     """name -> (model, optimizer, full parameters, bytes per op, gradient bytes) of 3 settings."""
     bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     settings = {
-        "fsdp2": {},
+        "fsdp2": {
+            "reshard_after_forward": True
+        },  # the root too (fully_shard's default: not the root)
         "fsdp2_no_reshard": {"reshard_after_forward": False},
-        "fsdp2_bf16": {"mp_policy": bf16},
+        "fsdp2_bf16": {"reshard_after_forward": True, "mp_policy": bf16},
     }
     runs = {}
     for name, kw in settings.items():
-        m = fsdp2(s.fresh(), s.mesh, **kw)
+        m = shard_blocks_then_root(s.fresh(), s.mesh, **kw)
         opt = torch.optim.Adam(m.parameters(), lr=s.args.lr)
         with count_collectives() as c:
             _, grad_bytes = train(m, opt.step, s.data, lambda: [p.grad for p in m.parameters()])
@@ -294,7 +285,7 @@ def fsdp2_runs(s: Setup) -> dict:
     return runs
 
 
-def pytorch_versions(s: Setup, hand: dict, table: dict) -> dict:
+def pytorch_versions(s: Run, hand: dict, table: dict) -> dict:
     report, N = s.report, s.info.world_size
     model = ddp(s.fresh(), s.info)
     zro = ZeroRedundancyOptimizer(
@@ -314,7 +305,9 @@ def pytorch_versions(s: Setup, hand: dict, table: dict) -> dict:
     m, opt = runs["fsdp2"][:2]
     # activations: one forward of an untrained twin (FSDP2 expects a backward after each forward)
     x = s.data[0][0]
-    activations = activation_bytes(fsdp2(s.fresh(), s.mesh), x)
+    activations = activation_bytes(
+        shard_blocks_then_root(s.fresh(), s.mesh, reshard_after_forward=True), x
+    )
     table["FSDP2"] = memory_row(m.parameters(), opt, runs["fsdp2"][4], activations, moved["fsdp2"])
     report.claim(
         "fsdp2_activations_as_ddp",
@@ -331,7 +324,9 @@ def pytorch_versions(s: Setup, hand: dict, table: dict) -> dict:
             EQUAL,
             "  fully_shard (reshard_after_forward=True) vs stage 3: {value:.1e}",
         )
-    held = activation_bytes(fsdp2(s.fresh(), s.mesh, reshard_after_forward=False), x)
+    held = activation_bytes(
+        shard_blocks_then_root(s.fresh(), s.mesh, reshard_after_forward=False), x
+    )
     report.claim(
         "fsdp2_no_reshard_keeps_parameters",
         held - table["FSDP2"]["activations"],
@@ -348,7 +343,7 @@ def pytorch_versions(s: Setup, hand: dict, table: dict) -> dict:
     return runs
 
 
-def bf16_claims(s: Setup, runs: dict) -> None:
+def bf16_claims(s: Run, runs: dict) -> None:
     """MixedPrecisionPolicy(bf16 params, fp32 reduce): another result, and 2/3 of the bytes."""
     bf16_params, fp32_params = runs["fsdp2_bf16"][2], runs["fsdp2"][2]
     s.report.value(
@@ -375,7 +370,7 @@ def bf16_claims(s: Setup, runs: dict) -> None:
     )
 
 
-def report_sizes(s: Setup) -> tuple[int, int]:
+def report_sizes(s: Run) -> tuple[int, int]:
     """The model, the padding of each flat unit on this world size; returns the bytes of the parameters (Psi)
     and of the padded flat buffers (Psi_padded)."""
     sizes = unit_sizes(s.fresh())
@@ -413,7 +408,7 @@ def main() -> None:
         batches = global_batch_slices(
             train_set, args.steps, args.global_batch, args.seed, info.rank, N, device=info.device
         )
-        s = Setup(
+        s = Run(
             args=args,
             info=info,
             report=report,

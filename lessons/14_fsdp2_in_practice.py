@@ -66,10 +66,10 @@ from common.sharding.fsdp import (
     one_step_profile,
     padded_bytes,
     predicted_step_bytes,
-    prefetch_runs,
     shard_blocks_then_root,
     world_of_one,
 )
+from common.sharding.prefetch import prefetch_runs
 
 EQUAL = 1e-5  # max |difference| of parameters after a few SGD steps: float32 rounding is ~1e-7
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -116,7 +116,7 @@ def check_args(args: argparse.Namespace, n: int) -> None:
 
 
 @dataclass
-class Setup:
+class Run:
     """What every section shares: the arguments, the world, the report, the batches, the initial values."""
 
     args: argparse.Namespace
@@ -140,7 +140,7 @@ class Setup:
         return max_over_ranks(max_abs_diff_all(a, b))
 
 
-def train(s: Setup, model: nn.Module, micro: int = 1, sync_each: bool = False) -> None:
+def train(s: Run, model: nn.Module, micro: int = 1, sync_each: bool = False) -> None:
     """`--steps` SGD steps; each accumulates `micro` micro-batches (loss / micro) of this rank's slice."""
     opt = torch.optim.SGD(model.parameters(), lr=s.args.lr)  # on DTensors: updates the local shards
     for x, y in s.batches:
@@ -153,7 +153,7 @@ def train(s: Setup, model: nn.Module, micro: int = 1, sync_each: bool = False) -
 
 
 # -------- 1. HSDP: a 2-D mesh, sharded inside a group, replicated across groups
-def hsdp(s: Setup, ref: list) -> None:
+def hsdp(s: Run, ref: list) -> None:
     args, info, report = s.args, s.info, s.report
     shard = info.world_size // args.replicate
     grid = Grid(info, dp_replicate=args.replicate, dp_shard=shard)  # init_device_mesh
@@ -182,7 +182,7 @@ def hsdp(s: Setup, ref: list) -> None:
     memory_between(s, model, shard)
 
 
-def memory_between(s: Setup, model, shard: int) -> None:
+def memory_between(s: Run, model, shard: int) -> None:
     """Parameter bytes a rank holds at rest: DDP (all of them), HSDP (1/shard), FSDP over the world (1/N)."""
     n, report = s.info.world_size, s.report
     fsdp = shard_blocks_then_root(s.fresh(), s.mesh)
@@ -203,7 +203,7 @@ def memory_between(s: Setup, model, shard: int) -> None:
 
 
 # -------- 2. prefetching: the order of the all-gathers, and the gathered parameters held
-def prefetching(s: Setup) -> None:
+def prefetching(s: Run) -> None:
     report, n, d, units = s.report, s.info.world_size, s.args.depth, fsdp_units(s.fresh())
     if n == 1:  # a world of one gathers nothing: no order to show
         return report.value("prefetch", "nothing to gather", "2. prefetching: {value}")
@@ -236,7 +236,7 @@ def prefetching(s: Setup) -> None:
 
 
 # -------- 3. mixed precision: what reduce_dtype changes
-def mixed_precision(s: Setup) -> None:
+def mixed_precision(s: Run) -> None:
     report, low = s.report, DTYPES[s.args.param_dtype]
     x, y = s.mine(s.batches[0][0])[0], s.mine(s.batches[0][1])[0]  # this rank's slice
 
@@ -265,7 +265,7 @@ def mixed_precision(s: Setup) -> None:
 
 
 # -------- 4. reshard_after_forward: what stays gathered between forward and backward
-def reshard_after_forward(s: Setup) -> None:
+def reshard_after_forward(s: Run) -> None:
     args, report, n = s.args, s.report, s.info.world_size
     full = padded_bytes(s.fresh().parameters(), n)  # every unit gathered, rows padded to N
     count = len(fsdp_units(s.fresh()))
@@ -290,14 +290,14 @@ def reshard_after_forward(s: Setup) -> None:
 
 
 # -------- 5. a model that does not fit: meta device, fully_shard, to_empty, initialise
-def meta_model(s: Setup) -> NormalisedMLP:
+def meta_model(s: Run) -> NormalisedMLP:
     with torch.device("meta"):  # shapes only: no memory, no random numbers drawn
         model = NormalisedMLP(s.args.width, s.args.depth)
     shard_blocks_then_root(model, s.mesh)
     return model.to_empty(device=s.info.device)  # each rank allocates its shards, uninitialised
 
 
-def meta_init(s: Setup) -> None:
+def meta_init(s: Run) -> None:
     args, report = s.args, s.report
     eager, model_bytes = full_values(s.fresh()), storage_bytes(s.fresh().parameters())
     naive = meta_model(s)
@@ -321,7 +321,7 @@ def meta_init(s: Setup) -> None:
     broadcast_load(s, eager, model_bytes)
 
 
-def broadcast_load(s: Setup, eager: list, model_bytes: int) -> None:
+def broadcast_load(s: Run, eager: list, model_bytes: int) -> None:
     """A full state dict on rank 0 only (as read from a checkpoint), into the sharded meta-built model."""
     info, report = s.info, s.report
     model = meta_model(s)
@@ -344,7 +344,7 @@ def broadcast_load(s: Setup, eager: list, model_bytes: int) -> None:
 
 
 # -------- 6. gradient accumulation: set_requires_gradient_sync
-def accumulation(s: Setup, ref: list) -> None:
+def accumulation(s: Run, ref: list) -> None:
     report, n, k = s.report, s.info.world_size, s.args.micro_steps
     counted = {}
     for sync_each in (False, True):
@@ -375,7 +375,7 @@ def accumulation(s: Setup, ref: list) -> None:
 
 
 # -------- 7. clipping and the optimizer state
-def clipping_and_state(s: Setup) -> None:
+def clipping_and_state(s: Run) -> None:
     report, n = s.report, s.info.world_size
     model, plain = shard_blocks_then_root(s.fresh(), s.mesh), s.fresh()
     x, y = s.batches[0]
@@ -401,7 +401,7 @@ def clipping_and_state(s: Setup) -> None:
 
 
 # -------- 8. what does not run here
-def not_here(s: Setup) -> None:
+def not_here(s: Run) -> None:
     try:
         model = shard_blocks_then_root(s.fresh(), s.mesh, offload_policy=CPUOffloadPolicy())
         x, y = s.batches[0]
@@ -428,7 +428,7 @@ def main() -> None:
             for i in perm[: args.steps * args.global_batch].view(args.steps, -1)
         ]
         mesh = init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp_shard",))
-        s = Setup(args, info, report, batches, init, mesh)
+        s = Run(args, info, report, batches, init, mesh)
         n_params = sum(t.numel() for t in s.fresh().parameters())
         report.record("world_size", info.world_size)
         text = "world_size {n}, NormalisedMLP width {w} depth {d}: {value} parameters, {u} units"

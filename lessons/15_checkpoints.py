@@ -39,7 +39,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.checkpoint.sharded import (
@@ -65,6 +64,7 @@ from common.harness.session import add_distributed_args, distributed_session, ra
 from common.measure.differences import max_abs_diff_all, max_over_ranks, relative_difference
 from common.measure.memory import ResidualMLP
 from common.sharding.accounting import full_params
+from common.sharding.fsdp import shard_blocks_then_root
 
 EQUAL = (
     1e-3  # bound on relative_difference: float32 rounding stays far below it, a real error near 1
@@ -131,13 +131,6 @@ class Run:
         )
 
 
-def fsdp2(model, mesh):
-    """fully_shard each block, then the root (lesson 13)."""
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
-
-
 def train(model, opt, data) -> None:
     for x, y in data:
         F.cross_entropy(model(x), y).backward()
@@ -172,7 +165,7 @@ def sharded_save(r: Run) -> tuple[Path, Path]:
     """FSDP2 and DDP trained --steps on N ranks and saved into root/fsdp2 and root/ddp."""
     info, args, report = r.info, r.args, r.report
     mesh = DeviceMesh.from_group(dist.group.WORLD, info.device.type)
-    model = fsdp2(r.model(args.seed), mesh)
+    model = shard_blocks_then_root(r.model(args.seed), mesh)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     train(model, opt, r.batches(0, args.steps, info.rank, info.world_size))
     fsdp_folder = save_and_continue(r, "fsdp2", model, model, opt)
@@ -228,7 +221,7 @@ def reshard(r: Run, ranks: list[int], fsdp_folder: Path, ddp_folder: Path):
     if mesh is None:  # not one of the loading world's ranks
         return None
     saved = check_complete(fsdp_folder, model_signature(ResidualMLP(r.args.width, r.args.depth)))
-    model = fsdp2(
+    model = shard_blocks_then_root(
         r.model(r.args.seed + 1), mesh
     )  # other initial values: the load must overwrite them
     opt = torch.optim.Adam(
@@ -346,7 +339,7 @@ def one_process(r: Run, folder: Path, logits) -> None:
 def async_save(r: Run) -> None:
     info, args = r.info, r.args
     mesh = DeviceMesh.from_group(dist.group.WORLD, info.device.type)
-    model = fsdp2(r.model(args.seed), mesh)
+    model = shard_blocks_then_root(r.model(args.seed), mesh)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     train(model, opt, r.batches(0, args.steps, info.rank, info.world_size))
     t0 = time.perf_counter()
@@ -365,7 +358,7 @@ def async_save(r: Run) -> None:
     future.result()  # a real loop checks it before its next save
     mark_complete(folder, info, world_size=info.world_size, step=args.steps)
     moved = max_over_ranks(max_abs_diff_all(full_params(model), snapshot))
-    fresh = fsdp2(r.model(args.seed + 1), mesh)
+    fresh = shard_blocks_then_root(r.model(args.seed + 1), mesh)
     load_sharded(fresh, torch.optim.Adam(fresh.parameters(), lr=args.lr), folder)
     r.report.claim(
         "async_save_is_the_state_at_the_call",
@@ -402,7 +395,9 @@ def never_lost(r: Run, folder: Path) -> None:
         folder=folder.name,
     )
     killed = step_folder(r.root / "fsdp2", args.steps + args.more_steps)
-    model = fsdp2(r.model(args.seed), DeviceMesh.from_group(dist.group.WORLD, info.device.type))
+    model = shard_blocks_then_root(
+        r.model(args.seed), DeviceMesh.from_group(dist.group.WORLD, info.device.type)
+    )
     save_sharded(
         model, torch.optim.Adam(model.parameters()), killed, info
     )  # ... killed here: no marker

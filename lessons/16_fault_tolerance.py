@@ -42,8 +42,8 @@ import os
 import random
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -75,7 +75,7 @@ from common.fault_tolerance.faults import (
     read_events,
     report_timeline,
 )
-from common.harness.env import LessonError, read_torchrun_env
+from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.ranks import print0
 from common.harness.rendezvous import attempt
 from common.harness.results import Report
@@ -110,9 +110,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--crash-at-step", type=int, default=None, help="--crash-rank exits here")
     p.add_argument("--crash-rank", type=int, default=None, help="default: the last rank")
     p.add_argument("--fault", nargs="+", default=[], help="KIND@STEP[:RANK], one per attempt")
-    p.add_argument(
-        "--step-sleep-s", type=float, default=0.0, help="sleep per step (a slower model)"
-    )
+    p.add_argument("--step-sleep-s", type=float, default=0.0, help="sleep per step: a big model")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results", default=None, help="rank 0 writes the numbers here as JSON")
     return add_distributed_args(p)
@@ -123,10 +121,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.attempt = attempt()  # 0, then 1, 2, ... after each restart: the same number on every node
     # Validate before any process group exists: every rank reads the same files and fails alike, in one line.
     rank, _, W, _ = read_torchrun_env()
-    if (
-        min(args.steps, args.batch_size, args.train_samples, args.width, args.ckpt_every) < 1
-        or args.lr <= 0
-    ):
+    sizes = (args.steps, args.batch_size, args.train_samples, args.width, args.ckpt_every)
+    if min(sizes) < 1 or args.lr <= 0:
         raise LessonError(
             "--steps, --batch-size, --train-samples, --width, --ckpt-every, --lr must be > 0"
         )
@@ -161,7 +157,24 @@ def augment(x: torch.Tensor, gen: torch.Generator, on: bool) -> torch.Tensor:
     return x + 0.05 * torch.randn(x.shape, generator=gen)
 
 
-def build(args, info, train_set) -> SimpleNamespace:
+@dataclass
+class Run:
+    """A training run as at step 0: options, this rank, the report, then what a checkpoint saves."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    raw: nn.Module  # the unwrapped model: what is saved and loaded
+    model: nn.Module  # DDP(raw) on several ranks
+    opt: torch.optim.Optimizer
+    sampler: ResumableDistributedSampler
+    loader: DataLoader
+    sched: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    gen: torch.Generator  # augmentation noise, this rank's
+
+
+def build(args, info, report, train_set) -> Run:
     """Model, optimizer, scheduler, scaler, sampler and RNG streams, as at step 0 (the same on every call)."""
     set_seed(args.seed)  # the same initial weights on every rank
     raw_model = make_model(args.width, 0.0 if args.no_random_draws else 0.1).to(info.device)
@@ -182,33 +195,27 @@ def build(args, info, train_set) -> SimpleNamespace:
     loader = DataLoader(
         train_set, batch_size=args.batch_size, sampler=sampler, generator=torch.Generator()
     )
-    return SimpleNamespace(
-        raw=raw_model,
-        model=model,
-        opt=opt,
-        sampler=sampler,
-        loader=loader,
-        sched=torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps),
-        scaler=torch.amp.GradScaler(info.device.type, enabled=args.amp),
-        gen=torch.Generator().manual_seed(rank_seed(args.seed + 1, info.rank)),
-    )
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)
+    scaler = torch.amp.GradScaler(info.device.type, enabled=args.amp)
+    gen = torch.Generator().manual_seed(rank_seed(args.seed + 1, info.rank))
+    return Run(args, info, report, raw_model, model, opt, sampler, loader, sched, scaler, gen)
 
 
 # ------------------------------------------------------------- 1. the pattern to copy: save and restore ALL
-def capture(T, step: int, info) -> dict:
+def capture(T: Run, step: int) -> dict:
     return {
         "step": step,
         "model": T.raw.state_dict(),
         "optimizer": T.opt.state_dict(),
         # rank 0 writes every rank's streams: one file, one writer
-        "rng": capture_rng_all_ranks(T.gen, info),
+        "rng": capture_rng_all_ranks(T.gen, T.info),
         "scheduler": T.sched.state_dict(),
         "scaler": T.scaler.state_dict(),
         "sampler": T.sampler.state_dict(),
     }
 
 
-def restore(T, state: dict, info) -> int:
+def restore(T: Run, state: dict) -> int:
     T.raw.load_state_dict(state["model"])  # the unwrapped model: every rank loads the same values
     # keeps (and later updates in place) the tensors it is given
     T.opt.load_state_dict(state["optimizer"])
@@ -216,15 +223,14 @@ def restore(T, state: dict, info) -> int:
     T.scaler.load_state_dict(state["scaler"])
     T.sampler.load_state_dict(state["sampler"])  # epoch AND position: trained samples are skipped
     if "rng" in state:
-        restore_rng(state["rng"][info.rank], T.gen, info.device)
+        restore_rng(state["rng"][T.info.rank], T.gen, T.info.device)
     return state["step"]
 
 
-def train(
-    T, args, info, step: int, until: int, fault=None, log=None, save=None
-) -> dict[int, float]:
+def train(T: Run, step: int, until: int, fault=None, log=None, save=None) -> dict[int, float]:
     """Optimizer steps step+1 .. until; returns {step: this rank's loss}."""
-    losses, dev = {}, info.device
+    args, dev = T.args, T.info.device
+    losses = {}
     while step < until:
         batches = iter(T.loader)  # the sampler's epoch, from its position
         left = len(T.sampler) // args.batch_size  # optimizer steps to the epoch's end
@@ -240,7 +246,7 @@ def train(
             with torch.autocast(dev.type, torch.float16, enabled=args.amp):
                 loss = F.cross_entropy(T.model(x), y)
             if fault:  # exit, raise or hang here, after the forward
-                fault.strike(step, info.rank, log)
+                fault.strike(step, T.info.rank, log)
             T.scaler.scale(loss).backward()
             T.scaler.step(T.opt)
             T.scaler.update()
@@ -305,25 +311,24 @@ def wrong_variants(args, snapshot: dict) -> list:
     return wrong  # no random draws: no stream to forget
 
 
-def resume_variants(args, info, train_set, snapshot: dict, reference: list, variants: list) -> dict:
+def resume_variants(T: Run, train_set, snapshot: dict, reference: list, variants: list) -> dict:
     """Each variant resumes from ITS OWN COPY of `snapshot`: AdamW's load_state_dict keeps the tensors it is
     given and updates them in place, so a shared snapshot would reach the next variant trained on."""
     diffs = {}
     for variant in variants:
-        V = build(args, info, train_set)
-        train(V, args, info, restore(V, variant(copy.deepcopy(snapshot)), info), args.steps)
-        diffs[variant.__name__] = max_diff_over_ranks(V.raw, reference, info)
+        V = build(T.args, T.info, T.report, train_set)
+        train(V, restore(V, variant(copy.deepcopy(snapshot))), T.args.steps)
+        diffs[variant.__name__] = max_diff_over_ranks(V.raw, reference, T.info)
     return diffs
 
 
 def start_point(args, info, T, log) -> int:
     """The step this attempt starts from: the newest complete checkpoint, or 0."""
-    if (
-        args.resuming and info.master_process
-    ):  # what killed saves left behind: never loaded, removed
+    # what killed saves left behind: never loaded, removed
+    if args.resuming and info.master_process:
         found_step = args.found[1]["step"] if args.found else None
         log.write("resume", step=found_step, ignored=leftovers(args.ckpt_dir, remove=True))
-    return restore(T, load_train_state(args.found[0], info.device), info) if args.found else 0
+    return restore(T, load_train_state(args.found[0], info.device)) if args.found else 0
 
 
 def saver(args, info, T, fault, log):
@@ -333,7 +338,7 @@ def saver(args, info, T, fault, log):
         if s % args.ckpt_every == 0 or s == args.steps:
             hook = fault.writer_hook(s, log) if fault else None
             signature = model_signature(T.raw)
-            save_train_state(capture(T, s, info), args.ckpt_dir, s, info, signature, fault=hook)
+            save_train_state(capture(T, s), args.ckpt_dir, s, info, signature, fault=hook)
             log.write("save", step=s)
 
     return save
@@ -344,16 +349,13 @@ def restart_section(args, info, T, train_set, report, steps_per_epoch: int):
     exact = exact_bound(info.world_size)
     print0("\n1. the restarted run against an uninterrupted one (the same processes, from scratch)")
     report.value("attempts", args.attempt + 1, "attempts: {value}")
-    tl = (
-        report_timeline(report, read_events(args.ckpt_dir / "events.jsonl"))
-        if info.master_process
-        else None
-    )
-    R = build(args, info, train_set)
+    events = read_events(args.ckpt_dir / "events.jsonl") if info.master_process else None
+    tl = report_timeline(report, events) if info.master_process else None
+    R = build(args, info, report, train_set)
     c = resume_step(args, steps_per_epoch)  # an interruption mid-run, in process, for section 2
-    ref_losses = train(R, args, info, 0, c)
-    snapshot = roundtrip(capture(R, c, info))
-    ref_losses.update(train(R, args, info, c, args.steps))
+    ref_losses = train(R, 0, c)
+    snapshot = roundtrip(capture(R, c))
+    ref_losses.update(train(R, c, args.steps))
     reference = [p.detach() for p in R.raw.parameters()]
     report.claim(
         "resumed_equals_uninterrupted",
@@ -380,25 +382,25 @@ def restart_section(args, info, T, train_set, report, steps_per_epoch: int):
     return reference, snapshot
 
 
-def variants_section(args, info, train_set, report, reference: list, snapshot: dict) -> None:
+def variants_section(T: Run, train_set, reference: list, snapshot: dict) -> None:
     """2. Resuming in process from the snapshot, each way, against the uninterrupted run."""
     c = snapshot["step"]
-    if c >= args.steps:
+    if c >= T.args.steps:
         print0(f"\n2. skipped: no step after the resume point {c} (--steps 3 or more)")
         return
     print0(
         f"\n2. resuming at step {c} in process, each way, vs the uninterrupted run: max |difference|"
     )
-    variants = [resume_exact] + wrong_variants(args, snapshot)
-    diffs = resume_variants(args, info, train_set, snapshot, reference, variants)
+    variants = [resume_exact] + wrong_variants(T.args, snapshot)
+    diffs = resume_variants(T, train_set, snapshot, reference, variants)
     for name, d in diffs.items():
         if name == "resume_exact":
-            bound = exact_bound(info.world_size)
+            bound = exact_bound(T.info.world_size)
             text = "  {variant:<26} {value}"
-            report.claim("resume_exact_equals_uninterrupted", d, "<=", bound, text, variant=name)
+            T.report.claim("resume_exact_equals_uninterrupted", d, "<=", bound, text, variant=name)
         else:
-            bound = differs_bound(args)
-            report.claim(
+            bound = differs_bound(T.args)
+            T.report.claim(
                 f"{name}_differs", d, ">=", bound, "  {variant:<26} {value:.1e}", variant=name
             )
 
@@ -421,7 +423,7 @@ def lesson(args, info, fault) -> None:
     log.write("start")
     # (192, 1, 8, 8): 6 steps per epoch on 2 ranks
     train_set = Subset(digits_split()[0], range(args.train_samples))
-    T = build(args, info, train_set)
+    T = build(args, info, report, train_set)
     report.record("world_size", W)  # for the tests
     report.record("attempt", args.attempt)
     report.record("global_batch", args.global_batch)
@@ -438,9 +440,9 @@ def lesson(args, info, fault) -> None:
     step = start_point(args, info, T, log)
     # gloo raises when a peer died, or did not answer within --timeout-s
     with exit_on_peer_failure(log):
-        train(T, args, info, step, args.steps, fault, log, saver(args, info, T, fault, log))
+        train(T, step, args.steps, fault, log, saver(args, info, T, fault, log))
     reference, snapshot = restart_section(args, info, T, train_set, report, steps_per_epoch)
-    variants_section(args, info, train_set, report, reference, snapshot)
+    variants_section(T, train_set, reference, snapshot)
     report.finish(args.results)
 
 

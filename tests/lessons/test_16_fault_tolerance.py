@@ -99,14 +99,16 @@ def test_crash_restart_equals_uninterrupted_run(crash_at_7):
 def test_a_sampler_that_never_rolls_over_fails_instead_of_looping(tmp_path, monkeypatch):
     """A sampler whose epoch never ends has no batch left after its first epoch: the training loop raises
     there, rather than starting empty epochs forever (the timeout above is only a safety net). One process."""
+    from common.data import digits_split
     from common.harness.env import DistInfo
+    from common.harness.results import Report
 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
     m = importlib.import_module(f"lessons.{LESSON}")
     args, info = m.parse_args(["--steps", "20", "--ckpt-dir", str(tmp_path)]), DistInfo()
-    train_set = torch.utils.data.Subset(m.digits_split()[0], range(args.train_samples))
-    T = m.build(args, info, train_set)
+    train_set = torch.utils.data.Subset(digits_split()[0], range(args.train_samples))
+    T = m.build(args, info, Report(info), train_set)
     steps_per_epoch = len(T.sampler) // args.global_batch  # 192 / 16 = 12 in one process
 
     def never_rolls_over(global_samples: int) -> None:  # noqa: E306
@@ -116,7 +118,7 @@ def test_a_sampler_that_never_rolls_over_fails_instead_of_looping(tmp_path, monk
     with pytest.raises(
         AssertionError, match=f"step {steps_per_epoch}: the sampler has no batch left"
     ):
-        m.train(T, args, info, 0, args.steps)
+        m.train(T, 0, args.steps)
 
 
 @pytest.mark.timeout(120)
@@ -124,16 +126,18 @@ def test_each_resume_variant_leaves_the_snapshot_as_it_was(tmp_path, monkeypatch
     """AdamW's load_state_dict keeps the tensors it is given and updates them in place: a snapshot shared by
     the variants reached the next one trained on (its step count went 12 -> 42). One process, in pytest."""
     from common.checkpoint.train_state import roundtrip
+    from common.data import digits_split
     from common.harness.env import DistInfo
+    from common.harness.results import Report
 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
     m = importlib.import_module(f"lessons.{LESSON}")
     args, info = m.parse_args(["--steps", "6", "--ckpt-dir", str(tmp_path)]), DistInfo()
-    train_set = torch.utils.data.Subset(m.digits_split()[0], range(args.train_samples))
-    R = m.build(args, info, train_set)
-    m.train(R, args, info, 0, 4)
-    snapshot = roundtrip(m.capture(R, 4, info))
+    train_set = torch.utils.data.Subset(digits_split()[0], range(args.train_samples))
+    R = m.build(args, info, Report(info), train_set)
+    m.train(R, 0, 4)
+    snapshot = roundtrip(m.capture(R, 4))
     before = copy.deepcopy(snapshot)
     reference = [p.detach() for p in R.raw.parameters()]
     variants = [
@@ -142,7 +146,7 @@ def test_each_resume_variant_leaves_the_snapshot_as_it_was(tmp_path, monkeypatch
         m.resume_without_optimizer,
         m.resume_without_rng,
     ]
-    m.resume_variants(args, info, train_set, snapshot, reference, variants)
+    m.resume_variants(R, train_set, snapshot, reference, variants)
     flat = lambda state: {k: v for k, v in torch.utils._pytree.tree_flatten_with_path(state)[0]}  # noqa: E731
     assert flat(snapshot).keys() == flat(before).keys()
     for key, value in flat(before).items():

@@ -107,6 +107,21 @@ def test_a_nan_on_rank_1_fails_the_equality_claim(tmp_path):
         )
 
 
+@pytest.mark.timeout(120)
+def test_a_hook_that_sends_fp32_fails_the_byte_and_equality_claims(tmp_path):
+    """The bytes are counted from the all-reduces the hook issued, not from a dtype's size: a hook that sends
+    the fp32 buffer fails `*_halves_bytes` (and, sending other values, the equality with PyTorch's hook)."""
+    from tests._18_workers import cast_claims_with_an_fp32_hook
+
+    for r in run_world(cast_claims_with_an_fp32_hook, 2, tmp_path):
+        assert sorted(r["failing"]) == sorted(
+            f"{k}_{what}"
+            for k in ("fp16", "bf16")
+            for what in ("hook_equals_pytorchs", "hook_halves_bytes")
+        )
+        assert r["claims"]["fp16_hook_halves_bytes"][0] < 0  # plain - 2 x plain: nothing saved
+
+
 @pytest.mark.timeout(400)
 def test_one_process_trains_without_a_hook():
     run = run_lesson(LESSON, nproc=None, timeout_s=360).check()

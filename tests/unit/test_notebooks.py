@@ -59,8 +59,15 @@ def test_each_notebook_ends_with_the_lines_to_copy_from_its_lesson(path):
 
 
 def test_notebook_13_shows_the_fully_shard_lines():
-    _, lines = lines_to_copy(last_cell(ROOT / "notebooks" / "13_sharded_data_parallel.ipynb"))
-    assert sum("fully_shard(" in line for line in lines) >= 2, "each block, then the root"
+    """Lesson 13 wraps with common's `shard_blocks_then_root`; the cell spells out its fully_shard lines, each
+    block, then the root, and they are common/sharding/fsdp.py's."""
+    cell = last_cell(ROOT / "notebooks" / "13_sharded_data_parallel.ipynb")
+    _, lines = lines_to_copy(cell)
+    assert any("shard_blocks_then_root(" in line for line in lines)
+    recipe = re.findall(r"`(fully_shard\((?:block|model), [^`]*\))`", "".join(cell["source"]))
+    fsdp = (ROOT / "common" / "sharding" / "fsdp.py").read_text(encoding="utf-8").splitlines()
+    assert len(recipe) >= 2, "each block, then the root"
+    assert all(any(r in code(line) for line in fsdp) for r in recipe), recipe
 
 
 def test_a_quote_that_drifted_from_its_lesson_fails(tmp_path):

@@ -200,18 +200,34 @@ def test_executor_rejects_a_backward_before_its_forward_with_valueerror(order):
 
 
 def torch_gpipe_on_uneven(rank: int, world_size: int):
-    """One rank of a 2-stage torch ScheduleGPipe on 10 samples in 4 micro-batches, through the lesson's own
-    `pipeline_step`; returns the error this rank saw (None if none). Each rank catches its error and leaves, so
-    that the peer's wait ends with a closed connection instead of the timeout."""
+    """One rank of a 2-stage torch ScheduleGPipe on 10 samples in 4 micro-batches, through the step lesson 09
+    records (`recorded_pipeline_step`, at the lesson's defaults); returns the error this rank saw (None if
+    none). Each rank catches its error and leaves, so that the peer's wait ends with a closed connection
+    instead of the timeout."""
     from common.harness.env import DistInfo
     from common.harness.grid import Grid
+    from common.harness.session import barrier
+    from common.pipeline.step import recorded_pipeline_step
 
-    lesson = importlib.import_module("lessons.09_model_parallel")
-    args = lesson.parse_args(["--stage-ms", "0"])
+    args = importlib.import_module("lessons.09_model_parallel").parse_args(["--stage-ms", "0"])
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")
-    x, y = lesson.make_data(10, 0)
+    x = torch.randn(10, 64, generator=torch.Generator().manual_seed(0))  # 10 flattened 8x8 digits
+    y = torch.arange(10) % 10
     try:
-        lesson.pipeline_step("torch-gpipe", args, info, Grid(info, pp=world_size), x, y, 4, 0.0)
+        recorded_pipeline_step(
+            "torch-gpipe",
+            Grid(info, pp=world_size),
+            x,
+            y,
+            4,
+            widths=args.widths,
+            split_points=args.split_points,
+            seed=args.seed,
+            lr=args.lr,
+            stage_ms=0.0,
+            device=info.device,
+            barrier=lambda: barrier(info),
+        )
     except Exception as e:  # noqa: BLE001 -- what torch raises is the thing under test
         return f"{type(e).__name__}: {e}"
     return None

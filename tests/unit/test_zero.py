@@ -266,7 +266,7 @@ def test_a_save_stopped_before_its_marker_is_refused_even_over_a_finished_checkp
 
 @pytest.mark.timeout(120)
 def test_lesson13_meta_model_loads_the_full_state_dict_broadcast_from_rank0(tmp_path):
-    """The recipe lesson 13's Setup.fresh names: StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)."""
+    """The recipe lesson 13's Run.fresh names: StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)."""
     out = run_world(load_full_from_rank0_into_meta, 2, tmp_path, timeout_s=100)
     for r in out:
         assert "full_state_dict must be True when broadcast_from_rank0 is True" in r["refused"], r
