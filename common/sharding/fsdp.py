@@ -13,13 +13,16 @@
 - `gradient_bytes(model)`: the gradient bytes a rank holds: the sharded ones (`p.grad`) and the unsharded ones
   FSDP2 keeps on its own objects while gradient sync is off (no public API reports those).
 - `one_step_profile(model, x, y, mine)`: one step's all-gathers and the parameter bytes held after forward.
-- `set_prefetch(model, how)`: FSDP2's implicit prefetching, explicit (`set_modules_to_forward_prefetch`,
-  `set_modules_to_backward_prefetch`: the next block), or none; `prefetch_profile(model, x, y)`: one step's
-  collectives in order, with markers of what computed between them, and the peak of gathered parameter bytes;
-  `prefetch_runs(build, x, y)`: that profile for each of the three ways.
+- `param_groups(model)`: FSDP2's FSDPParamGroup of each unit; `exact_mean_gradients(model, x, y)`: the local
+  gradients the reduce-scatter would be handed, averaged over ranks in float64 (a reduction's error is
+  measured against it). Prefetching: common/sharding/prefetch.py.
+- `meta_sharded(width, depth, mesh, device)`: built on the meta device, sharded, `to_empty`;
+  `reset_sharded(model, seed)`: `reset_parameters()` on its DTensors (each rank draws its own shard).
+- `backward_outcome(model, x, y)`: one backward tried (CPUOffloadPolicy): where the gradients are, or the error.
 - `one_backward(model, x, y)`: one backward: the full gradients, the bytes per collective, the gradients' dtype.
 - `full_values(model)`: every parameter in full, then every buffer: what "equal to eager" compares.
-- `one_process(model, batches, lr)`: the reference, SGD on each whole global batch; `world_of_one()`: the
+- `train_sharded(model, batches, mine, lr, micro, sync_each)`: SGD on this rank's slices, accumulating;
+  `one_process(model, batches, lr)`: the reference, SGD on each whole global batch; `world_of_one()`: the
   environment torchrun would set for one process (FSDP2 needs a process group).
 - `init_like_eager(model, seed)`: the sharded model's values equal to `NormalisedMLP(...)` built eagerly after
   `torch.manual_seed(seed)`, holding one full layer at a time; buffers included.
@@ -30,7 +33,7 @@ Source: pytorch.org/docs/stable/distributed.fsdp.fully_shard.html; torchtitan's 
 from __future__ import annotations
 
 import os
-from itertools import zip_longest
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -40,6 +43,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from common.measure.counters import count_collectives, local_shard
+from common.measure.differences import max_over_ranks
 from common.measure.memory import ResidualMLP, storage_bytes
 from common.sharding.accounting import full_params
 
@@ -54,12 +58,14 @@ __all__ = [
     "full_values",
     "one_step_profile",
     "one_backward",
-    "set_prefetch",
-    "prefetch_profile",
-    "prefetch_runs",
+    "train_sharded",
     "one_process",
     "world_of_one",
-    "gathered_bytes",
+    "param_groups",
+    "exact_mean_gradients",
+    "meta_sharded",
+    "reset_sharded",
+    "backward_outcome",
 ]
 
 
@@ -129,20 +135,24 @@ def predicted_step_bytes(
     ag = sum(gathers[0] * padded_bytes(u, shard, param_size) for u in block_units)
     ag += gathers[1] * padded_bytes(root, shard, param_size)
     rs = sum(padded_bytes(u, shard, reduce_size) for u in fsdp_units(model))
+    ar = (
+        rs // shard
+    )  # the reduced shard, all-reduced across replicas: computed before a shard of 1 zeroes rs
     if shard == 1:  # a shard group of one rank: nothing to gather or scatter
         ag = rs = 0
     out = {"all_gather_single": ag, "reduce_scatter_single": rs}
     if replicate > 1:
-        out["all_reduce"] = rs // shard
+        out["all_reduce"] = ar
     return out
 
 
 def init_like_eager(model: ResidualMLP, seed: int) -> int:
     """Give a sharded (or plain) model the values `NormalisedMLP` has when built after manual_seed(seed).
 
-    Eager construction draws each Linear's weight, then bias, in module order. Here each rank draws the same
-    numbers, one full Linear at a time, and keeps its shard (`distribute_tensor(..., src_data_rank=None)`: no
-    communication, each rank slices its own copy): one layer in full at most, never the model. Then the
+    Eager construction draws each Linear's weight, then bias, in module order, on the CPU (the lessons build
+    the eager model there and move it). Here each rank draws the same numbers on the CPU's generator, one full
+    Linear at a time, and keeps its shard (`distribute_tensor(..., src_data_rank=None)` moves it to the mesh's
+    device type; no communication, each rank slices its own copy): one layer in full at most. Then the
     buffers. (`reset_parameters()` on DTensor parameters draws each shard from the rank's own generator on a
     CPU: other values; lesson 14 measures how far.) Returns the largest full layer's bytes held.
     """
@@ -152,7 +162,9 @@ def init_like_eager(model: ResidualMLP, seed: int) -> int:
         for m in model.modules():
             if not isinstance(m, nn.Linear):
                 continue
-            full = nn.Linear(m.in_features, m.out_features, device=m.weight.device)  # eager's draw
+            full = nn.Linear(
+                m.in_features, m.out_features, device="cpu"
+            )  # eager's draw, on the CPU
             largest = max(largest, 4 * sum(p.numel() for p in full.parameters()))
             for mine, theirs in ((m.weight, full.weight), (m.bias, full.bias)):
                 if isinstance(mine, DTensor):
@@ -161,9 +173,67 @@ def init_like_eager(model: ResidualMLP, seed: int) -> int:
                     )
                     mine.to_local().copy_(part.to_local())
                 else:
-                    mine.copy_(theirs)
+                    mine.copy_(theirs.to(mine.device))
     model.init_buffers()
     return largest
+
+
+def param_groups(model: nn.Module) -> list:
+    """The FSDPParamGroup of each fully_shard unit in `model` (FSDP2's internal objects: no public API)."""
+    states = [m._get_fsdp_state() for m in model.modules() if hasattr(m, "_get_fsdp_state")]
+    return [st._fsdp_param_group for st in states if st._fsdp_param_group is not None]
+
+
+def exact_mean_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    """What a reduction without rounding gives: one forward and backward of `model` on this rank's (x, y) with
+    gradient sync off, then each parameter's local gradient (unsharded, not reduced: what the reduce-scatter
+    would be handed, in the reduce dtype) averaged over the ranks in float64, in `model.parameters()` order.
+    A collective: every rank calls it."""
+    model.set_requires_gradient_sync(False)
+    F.cross_entropy(model(x), y).backward()
+    held = {}
+    for group in param_groups(model):
+        for fp in group.fsdp_params:
+            acc = fp.unsharded_accumulated_grad
+            grad = acc if acc is not None else fp._unsharded_param.grad
+            held[id(fp.sharded_param)] = grad.double()
+    for t in held.values():
+        dist.all_reduce(t)  # float64: the sum of the same numbers, exact to ~1e-16
+    return [held[id(p)] / dist.get_world_size() for p in model.parameters()]
+
+
+def meta_sharded(width: int, depth: int, mesh, device: torch.device) -> NormalisedMLP:
+    """NormalisedMLP built on the meta device (shapes only: no memory, no random numbers drawn), sharded by
+    `shard_blocks_then_root`, then `to_empty`: each rank allocates its shards and buffers, uninitialised."""
+    with torch.device("meta"):
+        model = NormalisedMLP(width, depth)
+    shard_blocks_then_root(model, mesh)
+    return model.to_empty(device=device)
+
+
+def reset_sharded(model: NormalisedMLP, seed: int) -> NormalisedMLP:
+    """The obvious initialisation of a meta-built model: `reset_parameters()` of each Linear after
+    manual_seed(seed), then the buffers. On DTensor parameters each rank's generator draws its own shard."""
+    torch.manual_seed(seed)
+    with (
+        warnings.catch_warnings()
+    ):  # "DTensor random operators may not have complete support on cpu"
+        warnings.simplefilter("ignore", UserWarning)
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                m.reset_parameters()
+    model.init_buffers()
+    return model
+
+
+def backward_outcome(build, x: torch.Tensor, y: torch.Tensor) -> str:
+    """`build()` a model, one forward and backward: "ran, gradients on <device type>", or the error raised."""
+    try:
+        model = build()
+        F.cross_entropy(model(x), y).backward()
+        return f"ran, gradients on {next(model.parameters()).grad.device.type}"
+    except Exception as e:  # the behaviour of this build is the value
+        return f"{type(e).__name__}: {e}"
 
 
 def gradient_bytes(model: nn.Module) -> int:
@@ -172,9 +242,8 @@ def gradient_bytes(model: nn.Module) -> int:
     `set_requires_gradient_sync(False)` (on its FSDPParam objects: `unsharded_param.grad`, or
     `unsharded_accumulated_grad` when reduce_dtype differs from param_dtype)."""
     grads = [local_shard(p.grad) for p in model.parameters() if p.grad is not None]
-    for m in model.modules():
-        group = m._get_fsdp_state()._fsdp_param_group if hasattr(m, "_get_fsdp_state") else None
-        for fp in group.fsdp_params if group is not None else []:
+    for group in param_groups(model):
+        for fp in group.fsdp_params:
             unsharded = getattr(fp, "_unsharded_param", None)
             grads += [
                 unsharded.grad if unsharded is not None else None,
@@ -200,7 +269,7 @@ def one_step_profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mine) -
         loss = F.cross_entropy(model(mine(x)[0]), mine(y)[0])
         params = storage_bytes(local_shard(p) for p in model.parameters())
         loss.backward()
-    world = dist.get_world_size()
+    world, params = dist.get_world_size(), max_over_ranks(params)  # the most any rank holds
     small = sum(
         v
         for (op, ranks), v in c.groups.items()
@@ -209,7 +278,7 @@ def one_step_profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mine) -
     return {
         "all_gathers": c.calls.get("all_gather_single", 0),
         "in_smaller_groups": small,
-        "params": params,
+        "params": int(params),
     }
 
 
@@ -228,107 +297,19 @@ def one_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[li
     return grads, {**c.bytes, "grad_dtype": ",".join(sorted(dtype))}
 
 
-def set_prefetch(model: ResidualMLP, how: str) -> ResidualMLP:
-    """Prefetching of a model from `shard_blocks_then_root`, `how` one of:
-
-    - "implicit", FSDP2's default: in backward each unit, at its pre-backward, all-gathers the unit before it
-      in forward order (the root block -1, block i block i-1); in forward nothing ahead of time on a CPU.
-    - "explicit": `set_modules_to_forward_prefetch`, each unit the next block (the root block 0, block i
-      block i+1: issued before block i computes), and `set_modules_to_backward_prefetch`, each unit the
-      block before it (the order implicit prefetching gives, now explicit).
-    - "none": every unit's backward prefetch list is itself, already gathered then: a no-op that replaces the
-      implicit prefetch (an explicit list, even one doing nothing, turns the implicit one off).
-    """
-    blocks = list(model.blocks)
-    if how == "none":
-        for unit in (model, *blocks):
-            unit.set_modules_to_backward_prefetch([unit])
-    elif how == "explicit":
-        for unit, after in zip((model, *blocks), blocks):
-            unit.set_modules_to_forward_prefetch([after])
-        for unit, before in zip((model, *blocks[:0:-1]), blocks[::-1]):
-            unit.set_modules_to_backward_prefetch([before])
-    elif how != "implicit":
-        raise ValueError(f"unknown prefetching {how!r}: implicit, explicit or none")
-    return model
-
-
-def _param_groups(model: nn.Module) -> list:
-    states = [m._get_fsdp_state() for m in model.modules() if hasattr(m, "_get_fsdp_state")]
-    return [st._fsdp_param_group for st in states if st._fsdp_param_group is not None]
-
-
-def gathered_bytes(model: nn.Module) -> int:
-    """Bytes of gathered (unsharded) parameters the FSDP2 units of `model` hold now: a unit all-gathered ahead of
-    time and not yet copied out holds its all-gather output; an unsharded unit its parameters' storage (rows
-    padded to the shard group). (Not counted: the all-gather output FSDP2 keeps after a copy-out until the next
-    one in forward, for the GPU's streams.)"""
-    held = []
-    for group in _param_groups(model):
-        if group._all_gather_result is not None:
-            held.append(group._all_gather_result.all_gather_output)
-        elif group.is_unsharded:
-            held += [t for fp in group.fsdp_params for t in fp.all_gather_outputs]
-    return storage_bytes(held)
-
-
-def _in_flight(model: nn.Module) -> int:
-    """All-gathers issued and not finished: a c10d work object not completed (None: it returned done)."""
-    works = [
-        g._all_gather_result.all_gather_work for g in _param_groups(model) if g._all_gather_result
-    ]
-    return sum(1 for w in works if w is not None and not w.is_completed())
-
-
-def prefetch_profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
-    """One forward and backward on (x, y). Returns "log": the collectives in order as (op, bytes), with
-    ("forward <name>", 0) at each Linear's forward and ("backward", 0) where backward begins; "forward_gathers":
-    the all-gathers issued before block 0 computes; "backward_gathers": those in backward before the first
-    reduce-scatter; at the Linears' forwards, the "peak" of `gathered_bytes` and the most all-gathers "in_flight".
-    """
-    seen = {"peak": 0, "in_flight": 0}
-    with count_collectives() as c:
-
-        def look(module, args, name):
-            c.mark(f"forward {name}")
-            seen["peak"] = max(seen["peak"], gathered_bytes(model))
-            seen["in_flight"] = max(seen["in_flight"], _in_flight(model))
-
-        hooks = [
-            m.register_forward_pre_hook(lambda mod, a, name=name: look(mod, a, name))
-            for name, m in model.named_modules()
-            if isinstance(m, nn.Linear)
-        ]
-        loss = F.cross_entropy(model(x), y)
-        c.mark("backward")
-        loss.backward()
-    for h in hooks:
-        h.remove()
-    log = [(op, b) for op, b in c.log]
-    start = log.index(("backward", 0))
-    first = next(i for i, e in enumerate(log) if e[0].startswith("forward blocks.0"))
-    after = [op for op, _ in log[start:]]
-    stop = after.index("reduce_scatter_single") if "reduce_scatter_single" in after else len(after)
-    ags = [op == "all_gather_single" for op, _ in log]
-    return {
-        "log": log,
-        "forward_gathers": sum(ags[:first]),
-        "backward_gathers": sum(ags[start : start + stop]),
-        "backward_log": log[start:],
-        **seen,
-    }
-
-
-def prefetch_runs(build, x: torch.Tensor, y: torch.Tensor) -> dict[str, dict]:
-    """`prefetch_profile` of `set_prefetch(build(), how)` (`build()`: a model from `shard_blocks_then_root`) for
-    how in implicit, none, explicit; each with "unlike_implicit": the entries of its backward log unlike
-    implicit's (the order of the same collectives, or other ones)."""
-    ways = ("implicit", "none", "explicit")
-    runs = {how: prefetch_profile(set_prefetch(build(), how), x, y) for how in ways}
-    for r in runs.values():
-        pairs = zip_longest(r["backward_log"], runs["implicit"]["backward_log"])
-        r["unlike_implicit"] = sum(a != b for a, b in pairs)
-    return runs
+def train_sharded(
+    model: nn.Module, batches: list, mine, lr: float, micro: int = 1, sync_each: bool = False
+) -> None:
+    """SGD, a step per global batch (x, y) of `batches`, each on this rank's slice `mine(x, micro)` cut into
+    `micro` micro-batches (loss / micro); with micro > 1 gradient sync only on the last one (or `sync_each`)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)  # on DTensors: updates the local shards
+    for x, y in batches:
+        for i, (xm, ym) in enumerate(zip(mine(x, micro), mine(y, micro))):
+            if micro > 1:  # reduce-scatter only after the last micro-step's backward
+                model.set_requires_gradient_sync(sync_each or i == micro - 1)
+            (F.cross_entropy(model(xm), ym) / micro).backward()
+        opt.step()
+        opt.zero_grad()
 
 
 def one_process(model: nn.Module, batches: list, lr: float) -> list[torch.Tensor]:
