@@ -12,13 +12,15 @@
 - `predicted_step_bytes(...)`: the bytes one training step hands to each collective, from those shapes.
 - `gradient_bytes(model)`: the gradient bytes a rank holds: the sharded ones (`p.grad`) and the unsharded ones
   FSDP2 keeps on its own objects while gradient sync is off (no public API reports those).
-- `one_step_profile(model, x, y, mine)`: one step's all-gathers and the parameter bytes held after forward.
+- `one_step_profile(model, x, y, mine)`: one step's all-gathers, the parameter bytes held after forward (the
+  most over ranks).
 - `param_groups(model)`: FSDP2's FSDPParamGroup of each unit; `exact_mean_gradients(model, x, y)`: the local
   gradients the reduce-scatter would be handed, averaged over ranks in float64 (a reduction's error is
   measured against it). Prefetching: common/sharding/prefetch.py.
 - `meta_sharded(width, depth, mesh, device)`: built on the meta device, sharded, `to_empty`;
   `reset_sharded(model, seed)`: `reset_parameters()` on its DTensors (each rank draws its own shard).
-- `backward_outcome(model, x, y)`: one backward tried (CPUOffloadPolicy): where the gradients are, or the error.
+- `backward_outcome(build, x, y)`: `build()` and one backward, tried (CPUOffloadPolicy): the gradients' device,
+  or the error.
 - `one_backward(model, x, y)`: one backward: the full gradients, the bytes per collective, the gradients' dtype.
 - `full_values(model)`: every parameter in full, then every buffer: what "equal to eager" compares.
 - `train_sharded(model, batches, mine, lr, micro, sync_each)`: SGD on this rank's slices, accumulating;
