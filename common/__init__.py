@@ -47,7 +47,7 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     sharding.zero                    ZeRO-1/2/3 by hand on flat padded buffers (13)
     sharding.accounting              what a sharded rank holds and sends, ZeRO and FSDP2 (13)
     sharding.fsdp                   FSDP2 in practice: wrapping, predicted bytes, init equal to eager (14)
-    sharding.prefetch                FSDP2's prefetching set three ways, one step's collectives in order (14)
+    sharding.prefetch               FSDP2's prefetching: the all-gathers' order, the gathered bytes held (14)
     checkpoint.sharded               DCP checkpoints any world size loads, one completion marker (15)
     checkpoint.train_state           the whole training state in one checkpoint (16)
     fault_tolerance.faults           injected faults and the timeline of a run that survives them (16)

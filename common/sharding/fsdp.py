@@ -12,11 +12,19 @@
 - `predicted_step_bytes(...)`: the bytes one training step hands to each collective, from those shapes.
 - `gradient_bytes(model)`: the gradient bytes a rank holds: the sharded ones (`p.grad`) and the unsharded ones
   FSDP2 keeps on its own objects while gradient sync is off (no public API reports those).
-- `one_step_profile(model, x, y, mine)`: one step's all-gathers and the parameter bytes held after forward.
-- Prefetching, set three ways and profiled: `common.sharding.prefetch`.
+- `one_step_profile(model, x, y, mine)`: one step's all-gathers, the parameter bytes held after forward (the
+  most over ranks).
+- `param_groups(model)`: FSDP2's FSDPParamGroup of each unit; `exact_mean_gradients(model, x, y)`: the local
+  gradients the reduce-scatter would be handed, averaged over ranks in float64 (a reduction's error is
+  measured against it). Prefetching: common/sharding/prefetch.py.
+- `meta_sharded(width, depth, mesh, device)`: built on the meta device, sharded, `to_empty`;
+  `reset_sharded(model, seed)`: `reset_parameters()` on its DTensors (each rank draws its own shard).
+- `backward_outcome(build, x, y)`: `build()` and one backward, tried (CPUOffloadPolicy): the gradients' device,
+  or the error.
 - `one_backward(model, x, y)`: one backward: the full gradients, the bytes per collective, the gradients' dtype.
 - `full_values(model)`: every parameter in full, then every buffer: what "equal to eager" compares.
-- `one_process(model, batches, lr)`: the reference, SGD on each whole global batch; `world_of_one()`: the
+- `train_sharded(model, batches, mine, lr, micro, sync_each)`: SGD on this rank's slices, accumulating;
+  `one_process(model, batches, lr)`: the reference, SGD on each whole global batch; `world_of_one()`: the
   environment torchrun would set for one process (FSDP2 needs a process group).
 - `init_like_eager(model, seed)`: the sharded model's values equal to `NormalisedMLP(...)` built eagerly after
   `torch.manual_seed(seed)`, holding one full layer at a time; buffers included.
@@ -27,6 +35,7 @@ Source: pytorch.org/docs/stable/distributed.fsdp.fully_shard.html; torchtitan's 
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -36,6 +45,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from common.measure.counters import count_collectives, local_shard
+from common.measure.differences import max_over_ranks
 from common.measure.memory import ResidualMLP, storage_bytes
 from common.sharding.accounting import full_params
 
@@ -50,8 +60,14 @@ __all__ = [
     "full_values",
     "one_step_profile",
     "one_backward",
+    "train_sharded",
     "one_process",
     "world_of_one",
+    "param_groups",
+    "exact_mean_gradients",
+    "meta_sharded",
+    "reset_sharded",
+    "backward_outcome",
 ]
 
 
@@ -121,20 +137,24 @@ def predicted_step_bytes(
     ag = sum(gathers[0] * padded_bytes(u, shard, param_size) for u in block_units)
     ag += gathers[1] * padded_bytes(root, shard, param_size)
     rs = sum(padded_bytes(u, shard, reduce_size) for u in fsdp_units(model))
+    ar = (
+        rs // shard
+    )  # the reduced shard, all-reduced across replicas: computed before a shard of 1 zeroes rs
     if shard == 1:  # a shard group of one rank: nothing to gather or scatter
         ag = rs = 0
     out = {"all_gather_single": ag, "reduce_scatter_single": rs}
     if replicate > 1:
-        out["all_reduce"] = rs // shard
+        out["all_reduce"] = ar
     return out
 
 
 def init_like_eager(model: ResidualMLP, seed: int) -> int:
     """Give a sharded (or plain) model the values `NormalisedMLP` has when built after manual_seed(seed).
 
-    Eager construction draws each Linear's weight, then bias, in module order. Here each rank draws the same
-    numbers, one full Linear at a time, and keeps its shard (`distribute_tensor(..., src_data_rank=None)`: no
-    communication, each rank slices its own copy): one layer in full at most, never the model. Then the
+    Eager construction draws each Linear's weight, then bias, in module order, on the CPU (the lessons build
+    the eager model there and move it). Here each rank draws the same numbers on the CPU's generator, one full
+    Linear at a time, and keeps its shard (`distribute_tensor(..., src_data_rank=None)` moves it to the mesh's
+    device type; no communication, each rank slices its own copy): one layer in full at most. Then the
     buffers. (`reset_parameters()` on DTensor parameters draws each shard from the rank's own generator on a
     CPU: other values; lesson 14 measures how far.) Returns the largest full layer's bytes held.
     """
@@ -144,7 +164,9 @@ def init_like_eager(model: ResidualMLP, seed: int) -> int:
         for m in model.modules():
             if not isinstance(m, nn.Linear):
                 continue
-            full = nn.Linear(m.in_features, m.out_features, device=m.weight.device)  # eager's draw
+            full = nn.Linear(
+                m.in_features, m.out_features, device="cpu"
+            )  # eager's draw, on the CPU
             largest = max(largest, 4 * sum(p.numel() for p in full.parameters()))
             for mine, theirs in ((m.weight, full.weight), (m.bias, full.bias)):
                 if isinstance(mine, DTensor):
@@ -153,9 +175,67 @@ def init_like_eager(model: ResidualMLP, seed: int) -> int:
                     )
                     mine.to_local().copy_(part.to_local())
                 else:
-                    mine.copy_(theirs)
+                    mine.copy_(theirs.to(mine.device))
     model.init_buffers()
     return largest
+
+
+def param_groups(model: nn.Module) -> list:
+    """The FSDPParamGroup of each fully_shard unit in `model` (FSDP2's internal objects: no public API)."""
+    states = [m._get_fsdp_state() for m in model.modules() if hasattr(m, "_get_fsdp_state")]
+    return [st._fsdp_param_group for st in states if st._fsdp_param_group is not None]
+
+
+def exact_mean_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    """What a reduction without rounding gives: one forward and backward of `model` on this rank's (x, y) with
+    gradient sync off, then each parameter's local gradient (unsharded, not reduced: what the reduce-scatter
+    would be handed, in the reduce dtype) averaged over the ranks in float64, in `model.parameters()` order.
+    A collective: every rank calls it."""
+    model.set_requires_gradient_sync(False)
+    F.cross_entropy(model(x), y).backward()
+    held = {}
+    for group in param_groups(model):
+        for fp in group.fsdp_params:
+            acc = fp.unsharded_accumulated_grad
+            grad = acc if acc is not None else fp._unsharded_param.grad
+            held[id(fp.sharded_param)] = grad.double()
+    for t in held.values():
+        dist.all_reduce(t)  # float64: the sum of the same numbers, exact to ~1e-16
+    return [held[id(p)] / dist.get_world_size() for p in model.parameters()]
+
+
+def meta_sharded(width: int, depth: int, mesh, device: torch.device) -> NormalisedMLP:
+    """NormalisedMLP built on the meta device (shapes only: no memory, no random numbers drawn), sharded by
+    `shard_blocks_then_root`, then `to_empty`: each rank allocates its shards and buffers, uninitialised."""
+    with torch.device("meta"):
+        model = NormalisedMLP(width, depth)
+    shard_blocks_then_root(model, mesh)
+    return model.to_empty(device=device)
+
+
+def reset_sharded(model: NormalisedMLP, seed: int) -> NormalisedMLP:
+    """The obvious initialisation of a meta-built model: `reset_parameters()` of each Linear after
+    manual_seed(seed), then the buffers. On DTensor parameters each rank's generator draws its own shard."""
+    torch.manual_seed(seed)
+    with (
+        warnings.catch_warnings()
+    ):  # "DTensor random operators may not have complete support on cpu"
+        warnings.simplefilter("ignore", UserWarning)
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                m.reset_parameters()
+    model.init_buffers()
+    return model
+
+
+def backward_outcome(build, x: torch.Tensor, y: torch.Tensor) -> str:
+    """`build()` a model, one forward and backward: "ran, gradients on <device type>", or the error raised."""
+    try:
+        model = build()
+        F.cross_entropy(model(x), y).backward()
+        return f"ran, gradients on {next(model.parameters()).grad.device.type}"
+    except Exception as e:  # the behaviour of this build is the value
+        return f"{type(e).__name__}: {e}"
 
 
 def gradient_bytes(model: nn.Module) -> int:
@@ -164,9 +244,8 @@ def gradient_bytes(model: nn.Module) -> int:
     `set_requires_gradient_sync(False)` (on its FSDPParam objects: `unsharded_param.grad`, or
     `unsharded_accumulated_grad` when reduce_dtype differs from param_dtype)."""
     grads = [local_shard(p.grad) for p in model.parameters() if p.grad is not None]
-    for m in model.modules():
-        group = m._get_fsdp_state()._fsdp_param_group if hasattr(m, "_get_fsdp_state") else None
-        for fp in group.fsdp_params if group is not None else []:
+    for group in param_groups(model):
+        for fp in group.fsdp_params:
             unsharded = getattr(fp, "_unsharded_param", None)
             grads += [
                 unsharded.grad if unsharded is not None else None,
@@ -192,7 +271,7 @@ def one_step_profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mine) -
         loss = F.cross_entropy(model(mine(x)[0]), mine(y)[0])
         params = storage_bytes(local_shard(p) for p in model.parameters())
         loss.backward()
-    world = dist.get_world_size()
+    world, params = dist.get_world_size(), max_over_ranks(params)  # the most any rank holds
     small = sum(
         v
         for (op, ranks), v in c.groups.items()
@@ -201,7 +280,7 @@ def one_step_profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mine) -
     return {
         "all_gathers": c.calls.get("all_gather_single", 0),
         "in_smaller_groups": small,
-        "params": params,
+        "params": int(params),
     }
 
 
@@ -218,6 +297,21 @@ def one_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[li
         str(p.grad.dtype).removeprefix("torch.") for p in model.parameters() if p.grad is not None
     }
     return grads, {**c.bytes, "grad_dtype": ",".join(sorted(dtype))}
+
+
+def train_sharded(
+    model: nn.Module, batches: list, mine, lr: float, micro: int = 1, sync_each: bool = False
+) -> None:
+    """SGD, a step per global batch (x, y) of `batches`, each on this rank's slice `mine(x, micro)` cut into
+    `micro` micro-batches (loss / micro); with micro > 1 gradient sync only on the last one (or `sync_each`)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)  # on DTensors: updates the local shards
+    for x, y in batches:
+        for i, (xm, ym) in enumerate(zip(mine(x, micro), mine(y, micro))):
+            if micro > 1:  # reduce-scatter only after the last micro-step's backward
+                model.set_requires_gradient_sync(sync_each or i == micro - 1)
+            (F.cross_entropy(model(xm), ym) / micro).backward()
+        opt.step()
+        opt.zero_grad()
 
 
 def one_process(model: nn.Module, batches: list, lr: float) -> list[torch.Tensor]:

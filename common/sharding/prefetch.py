@@ -1,12 +1,13 @@
-"""FSDP2's prefetching: set three ways, and one step's collectives in order with what they gathered (14).
+"""FSDP2's prefetching made visible: the order of its all-gathers and the gathered parameter bytes held (14).
 
 - `set_prefetch(model, how)`: FSDP2's implicit prefetching, explicit (`set_modules_to_forward_prefetch`,
-  `set_modules_to_backward_prefetch`: the next block), or none; `prefetch_profile(model, x, y)`: one step's
-  collectives in order, with markers of what computed between them, and the peak of gathered parameter bytes;
-  `prefetch_runs(build, x, y)`: that profile for each of the three ways.
+  `set_modules_to_backward_prefetch`: the next block), or none;
+- `prefetch_profile(model, x, y)`: one step's collectives in order, with markers of what computed between them,
+  and the peak of gathered parameter bytes (`gathered_bytes`);
+- `prefetch_runs(build, x, y)`: that profile for each of the three ways.
 
-`gathered_bytes` and the count of all-gathers in flight read FSDP2's private state
-(`_get_fsdp_state()._fsdp_param_group`): no public API says what a unit holds gathered (torch 2.13).
+Models come from `common.sharding.fsdp.shard_blocks_then_root`. Source: torch/distributed/fsdp/_fully_shard/
+(_fsdp_state.py, _fsdp_param_group.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 
 from common.measure.counters import count_collectives
 from common.measure.memory import ResidualMLP, storage_bytes
+from common.sharding.fsdp import param_groups
 
 __all__ = ["set_prefetch", "gathered_bytes", "prefetch_profile", "prefetch_runs"]
 
@@ -27,10 +29,14 @@ def set_prefetch(model: ResidualMLP, how: str) -> ResidualMLP:
     """Prefetching of a model from `shard_blocks_then_root`, `how` one of:
 
     - "implicit", FSDP2's default: in backward each unit, at its pre-backward, all-gathers the unit before it
-      in forward order (the root block -1, block i block i-1); in forward nothing ahead of time on a CPU.
+      in forward order (the root block -1, block i block i-1). In forward, on a GPU, the next unit's
+      all-gather is issued when that unit's forward begins, and overlaps the current one's compute through
+      FSDP2's streams (the note on implicit forward prefetching, _fsdp_param_group.py); on a CPU with gloo
+      nothing runs ahead, so each unit is gathered only when its forward begins.
     - "explicit": `set_modules_to_forward_prefetch`, each unit the next block (the root block 0, block i
-      block i+1: issued before block i computes), and `set_modules_to_backward_prefetch`, each unit the
-      block before it (the order implicit prefetching gives, now explicit).
+      block i+1: issued from the CPU before block i computes; torch's docstring: a one-item list gives the
+      default overlap, issued earlier, at the price of one block more held), and
+      `set_modules_to_backward_prefetch`, each unit the block before it (the implicit order, made explicit).
     - "none": every unit's backward prefetch list is itself, already gathered then: a no-op that replaces the
       implicit prefetch (an explicit list, even one doing nothing, turns the implicit one off).
     """
@@ -48,18 +54,13 @@ def set_prefetch(model: ResidualMLP, how: str) -> ResidualMLP:
     return model
 
 
-def _param_groups(model: nn.Module) -> list:
-    states = [m._get_fsdp_state() for m in model.modules() if hasattr(m, "_get_fsdp_state")]
-    return [st._fsdp_param_group for st in states if st._fsdp_param_group is not None]
-
-
 def gathered_bytes(model: nn.Module) -> int:
     """Bytes of gathered (unsharded) parameters the FSDP2 units of `model` hold now: a unit all-gathered ahead of
     time and not yet copied out holds its all-gather output; an unsharded unit its parameters' storage (rows
     padded to the shard group). (Not counted: the all-gather output FSDP2 keeps after a copy-out until the next
     one in forward, for the GPU's streams.)"""
     held = []
-    for group in _param_groups(model):
+    for group in param_groups(model):
         if group._all_gather_result is not None:
             held.append(group._all_gather_result.all_gather_output)
         elif group.is_unsharded:
@@ -70,7 +71,7 @@ def gathered_bytes(model: nn.Module) -> int:
 def _in_flight(model: nn.Module) -> int:
     """All-gathers issued and not finished: a c10d work object not completed (None: it returned done)."""
     works = [
-        g._all_gather_result.all_gather_work for g in _param_groups(model) if g._all_gather_result
+        g._all_gather_result.all_gather_work for g in param_groups(model) if g._all_gather_result
     ]
     return sum(1 for w in works if w is not None and not w.is_completed())
 

@@ -1,5 +1,6 @@
 """Grader of exercises/hsdp_wrapping.py: 4 gloo ranks, HSDP 2 x 2 on lesson 13's ResidualMLP, one SGD step
-against one process on the global batch; the units, and the group every collective ran in."""
+against one process on the global batch; the units, and the group every collective ran in; then the mesh the
+parameters live on, for replicate = 2 and 4 (a 2 x 2 mesh is symmetric: 4 x 1 tells the dims apart)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from exercises.graders._common import answer_diff, rank_failures
 WORLD_SIZE = 4
 FUNCTIONS = ["shard_hsdp"]
 REPLICATE = 2
+# replicate values whose mesh is checked: dims named and sized (replicate, world / replicate)
+MESHES = (2, 4)
+DIM_NAMES = ("dp_replicate", "dp_shard")
 SHARD_GROUPS, REPLICA_GROUPS = ([0, 1], [2, 3]), ([0, 2], [1, 3])
 
 
@@ -55,7 +59,17 @@ def on_rank(module: str) -> dict:
         ]
     ops = ("reduce_scatter_single", "all_reduce")
     groups = {op: sorted({tuple(r) for (o, r) in c.groups if o == op}) for op in ops}
-    return {"units": units, "params": [t.tolist() for t in full], "groups": groups}
+    params = [t.tolist() for t in full]  # before any other collective
+    meshes = {}
+    for replicate in MESHES:  # the mesh a parameter's DTensor lives on (no step taken)
+        mesh = next(shard_hsdp(make_model(), WORLD_SIZE, replicate).parameters()).device_mesh
+        meshes[replicate] = [list(mesh.mesh_dim_names or ()), list(mesh.shape)]
+    return {
+        "units": units,
+        "params": params,
+        "groups": groups,
+        "meshes": meshes,
+    }
 
 
 def one_process() -> list[torch.Tensor]:
@@ -91,4 +105,13 @@ def judge(answers: list) -> list[str]:
                 f"{list(SHARD_GROUPS)} and, across replicas, the columns {list(REPLICA_GROUPS)}: a 1-D "
                 "mesh of 4 is FSDP; HSDP needs a 2-D mesh (replicate, shard), outer dim first"
             ]
+        for replicate, (names, shape) in a["meshes"].items():
+            dims = [int(replicate), WORLD_SIZE // int(replicate)]
+            if names != list(DIM_NAMES) or shape != dims:
+                return [
+                    f"rank {rank}: shard_hsdp(model, {WORLD_SIZE}, {replicate}) put the parameters on a "
+                    f"mesh named {names} of shape {shape}; expected {list(DIM_NAMES)} of shape {dims}: "
+                    "the replicate dim first, of size `replicate`, and the shard dim of world_size // "
+                    "replicate (not a fixed 2 x 2)"
+                ]
     return []

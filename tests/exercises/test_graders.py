@@ -55,6 +55,8 @@ MORE_WRONG_SAYS = {
     "hsdp_wrapping": {
         "root_only": "fully_shard each block",
         "sync_off": "leave gradient sync on",
+        "swapped_dims": "the replicate dim first",
+        "fixed_2x2": "not a fixed 2 x 2",
     },
     "ring_allreduce": {
         "alias": "dist.all_reduce called",
