@@ -21,7 +21,8 @@ What to look for:
   (common.run.launch.run_command).
 - Every count follows the world size: rank 0 (or the last rank) plays the odd one out, the others alike.
 - The symptom index (docs/symptoms.md, docs/zh/symptoms.md) maps each error text to its cause, its fix (the
-  exhibit's own fix step), its exhibit and the lesson that teaches the right way, and lists NCCL's own error texts (GPU only, not reproduced here).
+  exhibit's own fix step), its exhibit and the lesson that teaches the right way, and lists the texts
+  it cannot reproduce on CPU (NCCL's own, CUDA_VISIBLE_DEVICES, Windows), each with its source.
   Notebook 12 adds how to diagnose a hang: a stack of every rank (py-spy dump, faulthandler) from a real,
   bounded hang, the flight recorder (on by default, gloo's collectives too) and the GPU-only NCCL_DEBUG.
 
