@@ -61,7 +61,7 @@ def sampler_with_shuffle(ctx: Ctx) -> None:
         len({i for shard in shards for i in shard}),
         "==",
         n,
-        "distinct samples over the {world} ranks' shuffled shards: {value} of {n}",
+        "distinct samples over the shuffled shards of {world} rank(s): {value} of {n}",
         world=world,
         n=n,
     )
