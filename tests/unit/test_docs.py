@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import json
 import re
 import shlex
@@ -114,6 +115,28 @@ def test_gpu_only_block_quotes_nccl_texts_and_says_it_is_not_reproduced():
         assert not re.search(
             r"`[a-z0-9_]+`", "".join(c[2] for c in table_rows(block)[1:] if len(c) > 3)
         ), name
+
+
+WINDOWS_PAGES = (
+    ("docs/symptoms.md", "## Windows and builds without NCCL: not reproduced here"),
+    ("docs/zh/symptoms.md", "## Windows 与不带 NCCL 的构建：本机未复现"),
+)
+
+
+def test_windows_block_quotes_torchs_own_text_and_default():
+    """The Windows rows quote torch's own message, and what they say of USE_LIBUV is torch's default."""
+    torch_dir = Path(importlib.util.find_spec("torch").origin).parent / "distributed"
+    c10d = (torch_dir / "distributed_c10d.py").read_text(encoding="utf-8")
+    agent_store = (torch_dir / "elastic" / "utils" / "distributed.py").read_text(encoding="utf-8")
+    assert (
+        'os.environ.get("USE_LIBUV", "1") == "1"' in agent_store
+    )  # torchrun's store asks for libuv
+    for name, heading in WINDOWS_PAGES:
+        block = section(read(name), heading)
+        quoted = re.findall(r"^\| `([^`]+)` \|", block, re.M)
+        assert "RuntimeError: Distributed package doesn't have NCCL built in" in quoted, name
+        assert quoted[0].split(": ", 1)[1] in c10d, f"{name}: not torch's text: {quoted[0]!r}"
+        assert any("USE_LIBUV=0" in q for q in quoted) and "WSL2" in block, name
 
 
 def test_chinese_lesson_map_matches_the_english_one():
