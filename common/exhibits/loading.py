@@ -1,15 +1,18 @@
-"""Lesson 12's exhibits of loading mistakes: a DataLoader given a sampler and shuffle=True, and torch.load of
-a checkpoint written on GPU 0 without map_location (every rank's copy lands on GPU 0).
+"""Lesson 12's exhibits of loading mistakes: a DataLoader given a sampler and shuffle=True, torch.load of a
+checkpoint written on GPU 0 without map_location (every rank's copy lands on GPU 0), and a backend the build
+of torch lacks (NCCL on Windows or a CPU-only build).
 
-Both run in one process or on any number of ranks, in milliseconds. See `common.exhibits.frame` for the frame.
+Each runs in milliseconds (the last on 2 ranks or more, the others in one process too). See `common.exhibits.frame` for the frame.
 """
 
 from __future__ import annotations
 
 import io
 import zipfile
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 from common.exhibits.frame import Ctx, exhibit
@@ -138,4 +141,52 @@ def torch_load_without_map_location(ctx: Ctx) -> None:
         1,
         "with map_location the weight is on this rank's device ({device}): {value}",
         device=str(device),
+    )
+
+
+@exhibit(
+    "nccl_not_built_in",
+    "training",
+    min_world=2,
+    lesson="03",
+    symptom="RuntimeError: Distributed package doesn't have NCCL built in",
+    when='from init_process_group("nccl") on Windows or with a CPU-only build of torch',
+    cause="NCCL exists for Linux with CUDA only: the Windows builds and the CPU-only builds of torch "
+    "have none",
+    fix='backend="gloo" (the lessons pick it on CPU; --backend gloo), or WSL2 with a Linux CUDA build',
+)
+def nccl_not_built_in(ctx: Ctx) -> None:
+    built = dist.is_nccl_available()
+    ctx.step("symptom", f"dist.new_group(backend='nccl') here (dist.is_nccl_available(): {built}):")
+    if built:  # a Linux CUDA build: the error shows on Windows and on CPU-only builds
+        ctx.say("    this build has NCCL: nothing to show")
+    else:
+        timeout = timedelta(seconds=ctx.timeout_s)
+        o = ctx.attempt(dist.new_group, backend="nccl", timeout=timeout)
+        ctx.say(f"    {o.error}")
+        ctx.record("symptom", o.error)
+        ctx.claim(
+            "broken_raises",
+            int("doesn't have NCCL built in" in (o.error or "")),
+            "==",
+            1,
+            "a build without NCCL refuses backend='nccl': {value}",
+        )
+    ctx.step(
+        "diagnosis",
+        "dist.is_nccl_available() and dist.is_gloo_available() say which backends this build has",
+    )
+    ones = torch.ones(1)
+    dist.all_reduce(ones, group=ctx.group())
+    ctx.step(
+        "fix",
+        'backend="gloo" (the lessons pick it on CPU; --backend gloo), or WSL2 with a Linux CUDA build: '
+        f"all_reduce of ones over gloo gives {ones.item():g}",
+    )
+    ctx.claim(
+        "fixed_gloo_sums",
+        ones.item(),
+        "==",
+        ctx.info.world_size,
+        "all_reduce of ones over gloo: {value:g} (world_size)",
     )

@@ -23,7 +23,7 @@ EXHIBITS = importlib.import_module("common.exhibits.frame").load_exhibits()
 def shown():
     """Every exhibit, 2 processes, each broken collective bounded by --timeout-s 2: the documented
     `--show all`, one launch, so that a broken exhibit is seen not to poison the next one across groups."""
-    # about 100 s on the shared 2-core machine: 25 exhibits, a dozen launches of torchrun agents among them
+    # about 100 s on the shared 2-core machine: 26 exhibits, a dozen launches of torchrun agents among them
     run = run_lesson("12_troubleshooting", nproc=2, args=["--show", "all"], timeout_s=840).check()
     assert_lines_fit(run)
     return run
@@ -194,6 +194,8 @@ def test_loading_mistakes(shown):
         "Attempting to deserialize object on a CUDA device"
         in (exhibit(shown, "torch_load_without_map_location")["symptom"])
     )
+    claims_of(shown, "nccl_not_built_in", {"broken_raises", "fixed_gloo_sums"})
+    assert "doesn't have NCCL built in" in exhibit(shown, "nccl_not_built_in")["symptom"]
 
 
 @pytest.mark.timeout(960)
