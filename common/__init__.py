@@ -83,6 +83,7 @@ exhibits: lesson 12's reproduced failures
     exhibits.collectives     collectives that ranks do not all join
     exhibits.uneven          ranks with different amounts of work (and lesson 05's failure demos)
     exhibits.training        training-loop mistakes that need no hang to show
+    exhibits.loading         loading mistakes: a sampler beside shuffle=True, torch.load without map_location, no NCCL
     exhibits.gradients       gradient mistakes: accumulation under DDP, GradScaler, a NaN on one rank
     exhibits.nan             one rank's NaN reaches every rank
     exhibits.launchers       launch mistakes, with real launchers as bounded subprocesses

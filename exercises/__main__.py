@@ -10,6 +10,7 @@ from pathlib import Path
 
 from exercises import EXERCISES
 from exercises._grading import grade, module_for
+from exercises.graders._common import zh_line
 
 
 def _file_of(module: str) -> str:
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for p in problems:
             print(f"      - {p}", flush=True)
+            print(f"        {zh_line(name, EXERCISES[name][0], p)}", flush=True)
         if problems:
             failed.append(name)
     total = len(args.names or EXERCISES)

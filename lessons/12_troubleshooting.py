@@ -20,8 +20,9 @@ What to look for:
   size-mismatch abort), launcher mistakes and a second job run as separate launches with a timeout
   (common.run.launch.run_command).
 - Every count follows the world size: rank 0 (or the last rank) plays the odd one out, the others alike.
-- The symptom index (docs/symptoms.md, docs/zh/symptoms.md) maps each error text to its exhibit and to the
-  lesson that teaches the right way, and lists NCCL's own error texts (GPU only, not reproduced here).
+- The symptom index (docs/symptoms.md, docs/zh/symptoms.md) maps each error text to its cause, its fix (the
+  exhibit's own fix step), its exhibit and the lesson that teaches the right way, and lists the texts
+  it cannot reproduce on CPU (NCCL's own, CUDA_VISIBLE_DEVICES, Windows), each with its source.
   Notebook 12 adds how to diagnose a hang: a stack of every rank (py-spy dump, faulthandler) from a real,
   bounded hang, the flight recorder (on by default, gloo's collectives too) and the GPU-only NCCL_DEBUG.
 
@@ -109,16 +110,20 @@ def lesson_topics(folder: Path = LESSONS_DIR) -> dict[str, str]:
 
 
 def symptom_index() -> str:
-    """docs/symptoms.md's table: what you see -> cause -> exhibit -> the lesson that teaches the right way."""
+    """docs/symptoms.md's table: what you see (the error text, and when it shows) -> cause -> fix -> exhibit
+    -> the lesson that teaches the right way."""
     topics = lesson_topics()
-    rows = ["| what you see | cause | exhibit | the right way |", "|---|---|---|---|"]
+    rows = ["| what you see | cause | fix | exhibit | the right way |", "|---|---|---|---|---|"]
     for ex in load_exhibits().values():
         if ex.lesson not in topics:
             raise LessonError(f"exhibit {ex.name}: no lesson {ex.lesson} in {LESSONS_DIR}")
         # a pipe ends a cell
-        symptom, cause = (text.replace("|", "\\|") for text in (ex.symptom, ex.cause))
+        symptom, when, cause, fix = (
+            text.replace("|", "\\|") for text in (ex.symptom, ex.when, ex.cause, ex.fix)
+        )
+        seen = " ".join(filter(None, (f"`{symptom}`" if symptom else "", when)))
         lesson = f"lesson {ex.lesson}: {topics[ex.lesson]}"
-        rows.append(f"| `{symptom}` | {cause} | `{ex.name}` | {lesson} |")
+        rows.append(f"| {seen} | {cause} | {fix} | `{ex.name}` | {lesson} |")
     return "\n".join(rows)
 
 

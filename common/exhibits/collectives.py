@@ -62,6 +62,7 @@ def _steps(model: DDP, n: int, skip: set[int] = frozenset(), seed: int = 1) -> i
     "'gloo::EnforceNotMet' ... Received data size doesn't match expected "
     "size. Is there a distributed collective mismatch in your code?",
     cause="ranks call all_reduce with different shapes (or a different collective)",
+    fix=("agree on the shape first (all_reduce of the length with MAX), pad, then all_reduce"),
 )
 def mismatched_collectives(ctx: Ctx) -> None:
     with ctx.rank0("launch the mismatch") as mine:  # gloo aborts the process: a launch of its own
@@ -199,10 +200,11 @@ def _fixed_by_agreeing_on_the_shape(ctx: Ctx) -> None:
     "collectives",
     min_world=2,
     lesson="05",
-    symptom="Timed out waiting ...ms for recv operation to complete "
-    "(one rank), while another rank finishes without error",
+    symptom="Timed out waiting ...ms for recv operation to complete",
     cause="one rank `continue`s past a bad batch alone; its "
     "next backward pairs with the others' current one",
+    when="on one rank, while another rank finishes without error",
+    fix="all_reduce a skip flag with MAX before the step",
 )
 def rank_skips_step(ctx: Ctx) -> None:
     bad = {1} if ctx.info.rank == 1 else set()  # rank 1 finds step 1's batch unusable
@@ -290,6 +292,7 @@ def _named_in_error(full: str) -> str:
     "iteration before starting a new one. This error indicates that "
     "your module has parameters that were not used in producing loss.",
     cause="a parameter gets no gradient, so DDP's reducer never finishes its bucket",
+    fix="find_unused_parameters=True (walks the graph every step) or static_graph=True",
 )
 def unused_parameter(ctx: Ctx) -> None:
     o = ctx.attempt(_unused_run, ctx.group())

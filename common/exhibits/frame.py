@@ -48,7 +48,16 @@ __all__ = [
 
 GROUPS = ("collectives", "training", "launch")
 # common.exhibits.<module>, in --list order
-MODULES = ("collectives", "uneven", "training", "gradients", "nan", "launchers", "jobs")
+MODULES = (
+    "collectives",
+    "uneven",
+    "training",
+    "loading",
+    "gradients",
+    "nan",
+    "launchers",
+    "jobs",
+)
 
 
 @dataclass(frozen=True)
@@ -59,11 +68,13 @@ class Exhibit:
         name: snake_case, used by `--show NAME` and in the README's symptom index.
         group: "collectives" (2 ranks, bounded hangs), "training" (wrong numbers and errors) or "launch"
             (launchers as subprocesses on rank 0).
-        symptom: what the user sees, as they would search for it (the exact error text or the behaviour).
+        symptom: the exact error text, as a search for it types it ("" when nothing raises: a wrong number).
         cause: one line.
         lesson: the lesson that teaches the right way ("03").
         fn: `fn(ctx)`, run on every rank.
         min_world: ranks the exhibit needs (it is skipped with a note on fewer).
+        when: where and how it shows (which rank, which call; the behaviour when nothing raises).
+        fix: the fix in one line, a part of the text of the exhibit's own `fix:` step (a test holds it so).
     """
 
     name: str
@@ -73,18 +84,31 @@ class Exhibit:
     lesson: str
     fn: Callable
     min_world: int = 1
+    when: str = ""
+    fix: str = ""
 
 
 EXHIBITS: dict[str, Exhibit] = {}
 
 
-def exhibit(name: str, group: str, symptom: str, cause: str, lesson: str, min_world: int = 1):
+def exhibit(
+    name: str,
+    group: str,
+    symptom: str,
+    cause: str,
+    lesson: str,
+    fix: str,
+    when: str = "",
+    min_world: int = 1,
+):
     """Decorator: register `fn(ctx)` as the exhibit `name`."""
 
     def register(fn: Callable) -> Callable:
         if name in EXHIBITS:
             raise ValueError(f"exhibit {name!r} registered twice")
-        EXHIBITS[name] = Exhibit(name, group, symptom, cause, lesson, fn, min_world)
+        if not symptom and not when:
+            raise ValueError(f"exhibit {name!r}: give the error text, or say when it shows")
+        EXHIBITS[name] = Exhibit(name, group, symptom, cause, lesson, fn, min_world, when, fix)
         return fn
 
     return register

@@ -46,8 +46,13 @@ def _accum_grad(group, k: int, no_sync_forward: bool, divide: bool) -> tuple[int
     "training",
     min_world=2,
     lesson="07",
-    symptom="gradient accumulation is as slow as no accumulation: one all-reduce per micro-step",
+    symptom="",
     cause="no_sync() wraps loss.backward() only; the forward outside it already armed the all-reduce",
+    when=(
+        "no error: gradient accumulation is as slow as no accumulation, one all-reduce "
+        "per micro-step"
+    ),
+    fix=("with ddp_model.no_sync(): around forward AND backward of the first k-1 micro-steps"),
 )
 def no_sync_around_backward_only(ctx: Ctx) -> None:
     k = 4
@@ -87,10 +92,13 @@ def _global_batch_grad(k: int, world: int) -> torch.Tensor:
     "training",
     min_world=2,
     lesson="07",
-    symptom="with accumulation the training diverges or "
-    "needs a k times smaller learning rate (no error)",
+    symptom="",
     cause="the loss of each micro-step is not divided by "
     "k: the accumulated gradient is a sum, not a mean",
+    when=(
+        "no error: with accumulation the training diverges or needs a k times smaller learning rate"
+    ),
+    fix="loss = loss / k on every micro-step",
 )
 def loss_not_divided_by_k(ctx: Ctx) -> None:
     k = 4
@@ -131,6 +139,7 @@ def loss_not_divided_by_k(ctx: Ctx) -> None:
     "on this optimizer since the last update().",
     cause="GradScaler.unscale_ is called once per micro-step "
     "(e.g. to clip inside the accumulation loop)",
+    fix="accumulate k micro-steps, then unscale_ once, clip, scaler.step, scaler.update",
 )
 def unscale_twice(ctx: Ctx) -> None:
     torch.manual_seed(0)

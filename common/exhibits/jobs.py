@@ -102,11 +102,12 @@ def _two_jobs(
     "second_job_joins_first",
     "launch",
     lesson="03",
-    symptom="a running job's worker gets SIGTERM (torchrun: Sending "
-    "process PID closing signal SIGTERM) when another job starts",
+    symptom="Sending process PID closing signal SIGTERM",
     cause="two jobs with the same --rdzv-endpoint and --rdzv-id form "
     "one rendezvous: with --nnodes=MIN:MAX the second one joins, "
     "and the first one's agent stops its workers to admit it",
+    when="in torchrun's log of a running job when another job starts (its worker is stopped)",
+    fix="a unique --rdzv-id per job ($SLURM_JOB_ID)",
 )
 def second_job_joins_first(ctx: Ctx) -> None:
     with ctx.rank0("two jobs with one rendezvous") as mine:
@@ -164,10 +165,14 @@ def second_job_joins_first(ctx: Ctx) -> None:
     "second_job_loses_store",
     "launch",
     lesson="03",
-    symptom="torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to "
-    "the C10d store has failed. See inner exception for details. (job B, when job A ends)",
+    symptom=(
+        "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The "
+        "connection to the C10d store has failed. See inner exception for details."
+    ),
     cause="two jobs with the same --rdzv-endpoint (own --rdzv-ids): the first job's agent "
     "hosts the store both use, and takes it along when it exits (pytorch/pytorch#126510)",
+    when="in job B, when job A ends",
+    fix=("each job its own --rdzv-endpoint port (and --rdzv-id), or --standalone on one machine"),
 )
 def second_job_loses_store(ctx: Ctx) -> None:
     with ctx.rank0("two jobs on one endpoint") as mine:

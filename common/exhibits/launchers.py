@@ -31,8 +31,10 @@ def _free_port() -> int:
     "legacy_launcher_local_rank",
     "launch",
     lesson="03",
-    symptom="error: unrecognized arguments: --local-rank=0 (python -m torch.distributed.launch)",
+    symptom="error: unrecognized arguments: --local-rank=0",
     cause="the deprecated launcher appends --local-rank=N to the script's arguments; torchrun does not",
+    when="under python -m torch.distributed.launch",
+    fix="torchrun (no --local-rank; LOCAL_RANK in the environment)",
 )
 def legacy_launcher_local_rank(ctx: Ctx) -> None:
     with ctx.rank0("the legacy launcher") as mine:
@@ -83,8 +85,10 @@ def legacy_launcher_local_rank(ctx: Ctx) -> None:
     "local_rank_from_global_rank",
     "launch",
     lesson="03",
-    symptom="RuntimeError: CUDA error: invalid device ordinal (GPU only), on the second node only",
+    symptom="RuntimeError: CUDA error: invalid device ordinal",
     cause="local_rank = dist.get_rank(): the global rank (2, 3 on node 1) used as this node's GPU index",
+    when="on the second node only (GPU only: here the device indices are shown)",
+    fix="device = cuda:LOCAL_RANK",
 )
 def local_rank_from_global_rank(ctx: Ctx) -> None:
     with ctx.rank0("two nodes on loopback") as mine:
@@ -156,10 +160,11 @@ if __name__ == "__main__":
     "mp_spawn_inline_function",
     "launch",
     lesson="03",
-    symptom="AttributeError: Can't get attribute 'worker' on <module "
-    "'__main__' (built-in)> (mp.spawn from a notebook)",
+    symptom="AttributeError: Can't get attribute 'worker' on <module '__main__' (built-in)>",
     cause="spawn starts fresh interpreters that unpickle the "
     "function by name; a notebook's __main__ has none",
+    when="from mp.spawn of a function defined in a notebook",
+    fix="define the worker in a module and import it",
 )
 def mp_spawn_inline_function(ctx: Ctx) -> None:
     with ctx.rank0("mp.spawn") as mine:
@@ -198,6 +203,7 @@ def mp_spawn_inline_function(ctx: Ctx) -> None:
     "local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE",
     cause="another job already listens on the port given by --master-port (static rendezvous; "
     "torchrun on one node without it takes a free port: c10d at localhost:0)",
+    fix="on one machine drop --master-port or pass --standalone",
 )
 def rendezvous_port_taken(ctx: Ctx) -> None:
     with ctx.rank0("a launch on a taken port") as mine:

@@ -21,8 +21,10 @@ from common.harness.ranks import max_param_diff_across_ranks
     "training",
     min_world=2,
     lesson="03",
-    symptom="loss is nan on every rank, though only one rank's data is bad",
+    symptom="",
     cause="one rank's NaN gradient enters the all-reduce, which averages it into every rank's gradient",
+    when="no error: loss is nan on every rank, though only one rank's data is bad",
+    fix=("all_reduce an isfinite(loss) flag with MIN; skip the step on every rank when it is 0"),
 )
 def nan_spreads_to_all_ranks(ctx: Ctx) -> None:
     def step(guard: bool) -> tuple[DDP, int]:
@@ -141,10 +143,14 @@ def _anomaly(ctx: Ctx) -> str:
     "nan_gradient_with_finite_loss",
     "training",
     lesson="03",
-    symptom="parameters turn nan after optimizer.step() though "
-    "every loss was finite (a check of the loss passes)",
+    symptom="",
     cause="a masked op (torch.where around sqrt, or log at 0) hides "
     "a NaN from the loss, not from the gradient: 0 * NaN = NaN",
+    when=(
+        "no error: parameters turn nan after optimizer.step() though every loss was "
+        "finite (a check of the loss passes)"
+    ),
+    fix="skip the step when not torch.isfinite(norm)",
 )
 def nan_gradient_with_finite_loss(ctx: Ctx) -> None:
     world = ctx.info.world_size

@@ -28,9 +28,11 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
     "set_epoch_forgotten",
     "training",
     lesson="03",
-    symptom="every epoch visits the samples in the same order (loss curve repeats; no error)",
+    symptom="",
     cause="DistributedSampler shuffles with seed + epoch; "
     "without sampler.set_epoch(epoch) epoch stays 0",
+    when=("no error: every epoch visits the samples in the same order (the loss curve repeats)"),
+    fix="sampler.set_epoch(epoch) before each epoch",
 )
 def set_epoch_forgotten(ctx: Ctx) -> None:
     def orders(call_set_epoch: bool) -> list[list[int]]:
@@ -72,6 +74,10 @@ def set_epoch_forgotten(ctx: Ctx) -> None:
     '"weight", "bias". Unexpected key(s) in state_dict: "module.weight", "module.bias".',
     cause="the checkpoint was saved from the DDP wrapper "
     "(ddp_model.state_dict()), whose keys start with module.",
+    fix=(
+        "strip the prefix: "
+        "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, 'module.')"
+    ),
 )
 def checkpoint_module_prefix(ctx: Ctx) -> None:
     torch.manual_seed(0)
@@ -130,6 +136,7 @@ def checkpoint_module_prefix(ctx: Ctx) -> None:
     "global: GLOBAL argparse.Namespace was not an allowed global by default",
     cause="torch.load defaults to weights_only=True since "
     "2.6; the checkpoint pickled an arbitrary object",
+    fix="save plain types (vars(args), a dict) and keep weights_only=True",
 )
 def checkpoint_weights_only(ctx: Ctx) -> None:
     buf = io.BytesIO()
@@ -178,6 +185,7 @@ def checkpoint_weights_only(ctx: Ctx) -> None:
     "when training, got input size torch.Size([1, 4])",
     cause="the last batch of a rank holds one sample (ceil(len(dataset) "
     "/ world_size) % batch_size == 1: the sampler pads)",
+    fix="DataLoader(drop_last=True) for training",
 )
 def batchnorm_batch_of_one(ctx: Ctx) -> None:
     bn = nn.BatchNorm1d(4).train()
@@ -226,9 +234,12 @@ def batchnorm_batch_of_one(ctx: Ctx) -> None:
     "training",
     min_world=2,
     lesson="06",
-    symptom="ValueError: SyncBatchNorm expected input tensor to be on GPU or XPU "
-    "or privateuseone (or: SyncBatchNorm layers only work with GPU modules)",
+    symptom=(
+        "ValueError: SyncBatchNorm expected input tensor to be on GPU or XPU or privateuseone"
+    ),
     cause="torch.nn.SyncBatchNorm runs on CUDA (and a few accelerators) only",
+    when=("on CPU; wrapped by DDP: `ValueError: SyncBatchNorm layers only work with GPU modules`"),
+    fix=("common.data_parallel.sync_batchnorm.SyncBatchNorm (lesson 06, all-reduces, any device)"),
 )
 def syncbatchnorm_on_cpu(ctx: Ctx) -> None:
     from common.data_parallel.sync_batchnorm import SyncBatchNorm
@@ -283,11 +294,18 @@ def _thread_counts(out: str) -> list[tuple[int, int]]:
     "too_many_threads",
     "training",
     lesson="03",
-    symptom="more processes make training slower; top shows 100% on every "
-    "core (mp.spawn, or a launcher that does not set OMP_NUM_THREADS)",
+    symptom="",
     cause="each process starts the torch threads it would start alone (one "
     "per core); torchrun sets OMP_NUM_THREADS=1 when nproc_per_node "
     "> 1, mp.spawn does not (DataLoader workers run one thread each)",
+    when=(
+        "no error: more processes make training slower, top shows 100% on every core "
+        "(mp.spawn, or a launcher that does not set OMP_NUM_THREADS)"
+    ),
+    fix=(
+        "torchrun (it sets OMP_NUM_THREADS=1 for nproc_per_node > 1 and says so), or set "
+        "OMP_NUM_THREADS = cores // processes before mp.spawn"
+    ),
 )
 def too_many_threads(ctx: Ctx) -> None:
     cores = len(os.sched_getaffinity(0))

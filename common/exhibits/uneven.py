@@ -35,9 +35,13 @@ from common.run.launch import run_command, torchrun_command
     "collectives",
     min_world=2,
     lesson="03",
-    symptom="Timed out waiting ...ms for recv operation to complete, "
-    "on every rank but 0, while rank 0 evaluates or saves",
+    symptom="Timed out waiting ...ms for recv operation to complete",
     cause="rank-0-only work longer than the collective timeout while the others wait in dist.barrier()",
+    when="on every rank but 0, while rank 0 evaluates or saves",
+    fix=(
+        "common.harness.session.rank0_only: the others wait in a barrier of a group with "
+        "a long timeout"
+    ),
 )
 def rank0_work_past_timeout(ctx: Ctx) -> None:
     from common.harness.session import rank0_only
@@ -108,9 +112,12 @@ def rank0_work_past_timeout(ctx: Ctx) -> None:
     "collectives",
     min_world=2,
     lesson="05",
-    symptom="Timed out waiting ...ms for recv operation to complete "
-    "on the rank with more batches (or a hang without timeout)",
+    symptom="Timed out waiting ...ms for recv operation to complete",
     cause="ranks have different numbers of batches; the last all-reduce has no partner",
+    when="on the rank with more batches (without a timeout: a hang)",
+    fix=(
+        "with Join([ddp_model]): (lesson 05), or pad so every rank has the same number of batches"
+    ),
 )
 def uneven_batches_without_join(ctx: Ctx) -> None:
     n = 3 if ctx.info.rank == 0 else 2  # an unpadded sampler: 3 batches on rank 0, 2 on the others
@@ -148,9 +155,10 @@ def uneven_batches_without_join(ctx: Ctx) -> None:
     "collectives",
     min_world=2,
     lesson="05",
-    symptom="evaluation hangs until the timeout (Timed out waiting ...ms for "
-    "send operation to complete) when a rank's evaluation shard is empty",
+    symptom="Timed out waiting ...ms for send operation to complete",
     cause="the DDP forward broadcasts buffers; the rank with no batch never joins it",
+    when="in evaluation, when a rank's evaluation shard is empty",
+    fix="evaluate ddp_model.module and all_reduce (sum, count) once",
 )
 def eval_through_ddp_on_empty_rank(ctx: Ctx) -> None:
     torch.manual_seed(0)

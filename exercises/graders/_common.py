@@ -6,7 +6,9 @@ import contextlib
 import functools
 import inspect
 import math
+import re
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -184,3 +186,42 @@ def unwaited(log: list) -> list[str]:
     """The names of the async works in `log` (from `works_watched`) that were never waited on."""
     waited = {e[1] for e in log if e[0] == "waited"}
     return [e[2] for e in log if e[0] == "launched" and e[1] not in waited]
+
+
+# A grader's message is English (the wrong-answer tests match it); below each one `python -m exercises` prints
+# one Chinese line: what kind of mistake the message names (the first pattern that matches) and where the
+# exercise's contract and hint are in Chinese.
+ZH_KINDS = (
+    (
+        r"skipped a collective",
+        "有的 rank 少调用了一次集合通信，其他 rank 一直在里面等：每个 rank 必须按同样的顺序调用同样的"
+        "集合通信，检查有没有放在依赖 rank 或数据的 if 里的集合通信",
+    ),
+    (
+        r"NotImplementedError|not solved yet",
+        "还没有实现：把函数里的 raise NotImplementedError 换成你的代码",
+    ),
+    (
+        r"\bhung\b|did not (return|finish)|[Tt]imed out",
+        "有 rank 没有在超时内返回（卡住了）：多半是各 rank 的集合通信没有一一配对",
+    ),
+    (r"dist\.\w+ called", "这里不许调用集合通信：英文说明了原因，要用点对点消息或本地计算自己实现"),
+    (r"\braised\b", "你的代码抛出了异常：英文是异常的第一行和抛出它的那一行代码"),
+    (
+        r"expected|yours|differs|instead of|should|bit for bit|not equal",
+        "结果与参考实现不同：英文先给出条件，再给出你的结果和期望的结果，冒号后面是提示",
+    ),
+)
+
+
+def zh_line(exercise: str, lesson: str, problem: str) -> str:
+    """One Chinese line for a grader's English `problem`: the kind of mistake, and the guide to read."""
+    kind = next(
+        (zh for pattern, zh in ZH_KINDS if re.search(pattern, problem)),
+        "未通过：英文说明了哪里不对",
+    )
+    guides = sorted(
+        (Path(__file__).resolve().parents[2] / "docs" / "zh" / "lessons").glob(f"{lesson}_*.md")
+    )
+    where = f"docs/zh/lessons/{guides[0].name}" if guides else f"第 {lesson} 课的中文导读"
+    return f"（中文）{kind}。练习 {exercise} 的要求和提示见 {where}「练习与最小脚本」一节。"

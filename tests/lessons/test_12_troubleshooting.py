@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 
 import pytest
 
@@ -22,7 +23,7 @@ EXHIBITS = importlib.import_module("common.exhibits.frame").load_exhibits()
 def shown():
     """Every exhibit, 2 processes, each broken collective bounded by --timeout-s 2: the documented
     `--show all`, one launch, so that a broken exhibit is seen not to poison the next one across groups."""
-    # about 100 s on the shared 2-core machine: 23 exhibits, a dozen launches of torchrun agents among them
+    # about 100 s on the shared 2-core machine: 26 exhibits, a dozen launches of torchrun agents among them
     run = run_lesson("12_troubleshooting", nproc=2, args=["--show", "all"], timeout_s=840).check()
     assert_lines_fit(run)
     return run
@@ -179,6 +180,41 @@ def test_checkpoints(shown):
         "Unsupported global: GLOBAL argparse.Namespace"
         in exhibit(shown, "checkpoint_weights_only")["symptom"]
     )
+
+
+@pytest.mark.timeout(960)
+def test_loading_mistakes(shown):
+    claims_of(shown, "sampler_with_shuffle", {"broken_raises", "fixed_each_sample_once"})
+    assert "mutually exclusive with shuffle" in exhibit(shown, "sampler_with_shuffle")["symptom"]
+    c = claims_of(
+        shown, "torch_load_without_map_location", {"broken_lands_on_gpu0", "fixed_on_own_device"}
+    )
+    assert c["broken_lands_on_gpu0"] == 2
+    assert (
+        "Attempting to deserialize object on a CUDA device"
+        in (exhibit(shown, "torch_load_without_map_location")["symptom"])
+    )
+    claims_of(shown, "nccl_not_built_in", {"broken_raises", "fixed_gloo_sums"})
+    assert "doesn't have NCCL built in" in exhibit(shown, "nccl_not_built_in")["symptom"]
+
+
+@pytest.mark.timeout(960)
+def test_each_exhibit_prints_the_fix_and_the_error_its_index_row_names(shown):
+    """The symptom index's fix column is each exhibit's own `fix:` step, as the run prints it; and the run
+    prints the error text the row quotes (its first 40 characters after the exception's class, numbers aside;
+    `...` stands for what varies)."""
+    words = " ".join(shown.stdout.split())  # a long line goes on over indented lines
+
+    def key(text: str) -> str:
+        return re.sub(r"\d+|PORT", "N", text)
+
+    for name, ex in EXHIBITS.items():
+        after = words.split(f"== {name} (lesson {ex.lesson}) ==")[1]
+        part = re.split(r"== \w+ \(lesson \d\d\) ==", after)[0]
+        assert ex.fix in part.split("fix: ", 1)[-1], f"{name}: the run's fix step lacks {ex.fix!r}"
+        for piece in ex.symptom.split("..."):
+            core = re.sub(r"^[\w.]*(Error|Exception): ", "", piece.strip())[:40]
+            assert key(core) in key(part), f"{name}: the run never prints {core!r}"
 
 
 @pytest.mark.timeout(960)

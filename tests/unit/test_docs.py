@@ -5,15 +5,18 @@ What the tests read (plain markdown, no markers):
 - a *lesson-map table*: any table whose rows start with a two-digit lesson number (`| 03 | ... |`) and name a
   lesson file; the commands are the backticked spans in that row that mention `lessons/NN_x.py`;
 - the *symptom index*: docs/symptoms.md and docs/zh/symptoms.md; the table under `## Reproduced here`
-  (`## 本机复现`) has the exhibit's name in backticks in its third column, and a section `## GPU only (NCCL)`
+  (`## 本机复现`) has the exhibit's name in backticks in its `exhibit` (`复现案例`) column, and a section `## GPU only (NCCL)`
   (`## 仅限 GPU（NCCL）`) quotes NCCL's own texts, marked as not reproduced.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import json
 import re
+import shlex
 import shutil
 import sys
 from collections import Counter
@@ -65,8 +68,9 @@ def section(text: str, heading: str) -> str:
 
 def index_exhibits(text: str, heading: str) -> list[str]:
     rows = [c for c in table_rows(section(text, heading)) if len(c) >= 3]
-    names = [re.findall(r"`([a-z0-9_]+)`", c[2]) for c in rows[1:]]  # rows[0] is the header
-    assert all(len(n) == 1 for n in names), f"each row's third column names one exhibit: {names}"
+    column = next(i for i, h in enumerate(rows[0]) if h in ("exhibit", "复现案例"))
+    names = [re.findall(r"`([a-z0-9_]+)`", c[column]) for c in rows[1:]]
+    assert all(len(n) == 1 for n in names), f"each row's exhibit column names one exhibit: {names}"
     return [n[0] for n in names]
 
 
@@ -111,6 +115,26 @@ def test_gpu_only_block_quotes_nccl_texts_and_says_it_is_not_reproduced():
         assert not re.search(
             r"`[a-z0-9_]+`", "".join(c[2] for c in table_rows(block)[1:] if len(c) > 3)
         ), name
+
+
+WINDOWS_PAGES = (
+    ("docs/symptoms.md", "## Windows and builds without NCCL: not reproduced here"),
+    ("docs/zh/symptoms.md", "## Windows 与不带 NCCL 的构建：本机未复现"),
+)
+
+
+def test_windows_block_quotes_torchs_own_text_and_default():
+    """The Windows rows say what torch's USE_LIBUV default is; the NCCL text they point at is an exhibit's."""
+    torch_dir = Path(importlib.util.find_spec("torch").origin).parent / "distributed"
+    agent_store = (torch_dir / "elastic" / "utils" / "distributed.py").read_text(encoding="utf-8")
+    assert (
+        'os.environ.get("USE_LIBUV", "1") == "1"' in agent_store
+    )  # torchrun's store asks for libuv
+    for name, heading in WINDOWS_PAGES:
+        block = section(read(name), heading)
+        quoted = re.findall(r"^\| `([^`]+)` \|", block, re.M)
+        assert any("USE_LIBUV=0" in q for q in quoted) and "WSL2" in block, name
+        assert "`nccl_not_built_in`" in block and "nccl_not_built_in" in load_exhibits(), name
 
 
 def test_chinese_lesson_map_matches_the_english_one():
@@ -293,9 +317,21 @@ def test_lesson_table_reads_the_minimal_script_and_studies_the_notebook():
         assert any(re.fullmatch(rf"(minimal|lessons)/{number}_\w+\.py", t) for t in links), (
             f"{number}: read"
         )
-    assert row_links(read("README.zh-CN.md")) == row_links(read("README.md")), (
-        "same links in Chinese"
-    )
+
+
+def test_chinese_lesson_table_links_the_chinese_guides_and_the_same_files():
+    """Each row of README.zh-CN's table links this lesson's Chinese guide, beside the English row's links."""
+    en, zh = row_links(read("README.md")), row_links(read("README.zh-CN.md"))
+    assert sorted(zh) == sorted(en), "one row per lesson in both tables"
+    for number, links in zh.items():
+        guides = [t for t in links if re.fullmatch(rf"docs/zh/lessons/{number}_\w+\.md", t)]
+        assert len(guides) == 1, f"README.zh-CN.md, row {number}: link its guide docs/zh/lessons/"
+        assert (ROOT / guides[0]).is_file(), (
+            f"README.zh-CN.md, row {number}: {guides[0]} is missing"
+        )
+        assert [t for t in links if t not in guides] == en[number], (
+            f"README.zh-CN.md, row {number}: the English row's links, in order"
+        )
 
 
 def test_stated_minimal_script_lengths_match_the_files():
@@ -470,24 +506,70 @@ def flat(text: str) -> str:
     return re.sub(r"\s+", " ", text.replace("\\\n", " "))
 
 
-def notebook_output(stem: str) -> str:
-    path = NOTEBOOKS / f"{stem}.ipynb"
-    if not path.is_file():
-        return ""
-    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    outputs = [o for c in cells if c["cell_type"] == "code" for o in c.get("outputs", [])]
+def cell_text(cell: dict) -> str:
+    """A code cell's printed output, flattened."""
     return flat(
         "\n".join(
             "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
-            for o in outputs
+            for o in cell.get("outputs", [])
         )
     )
 
 
-def quoted_output_lines(guide: str) -> list[str]:
-    """The output lines a guide quotes: the backticked first column of the table under its output heading."""
-    rows = table_rows(section(guide, "## 输出里看什么"))[1:]
-    return [m.replace("\\|", "|") for c in rows for m in re.findall(r"^`(.+)`$", c[0])]
+def notebook_runs(stem: str) -> list[tuple[list[tuple[str | None, list[str]]], str]]:
+    """Each code cell of notebooks/<stem>.ipynb as (the launches of the lesson it makes, each as (nproc,
+    args) with `--device cpu` left out; its output). nproc is None for one process (`python lessons/...`)."""
+    path = NOTEBOOKS / f"{stem}.ipynb"
+    if not path.is_file():
+        return []
+    out = []
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"])
+        launches = []
+        for call in re.findall(rf'run_lesson\(\s*"{stem}"(.*?)\)\s*\.', source, re.S):
+            nproc = re.search(r"nproc=(\w+)", call)
+            listed = re.search(r"args=(\[[^\]]*\])", call, re.S)
+            elements = ast.parse(listed.group(1), mode="eval").body.elts if listed else []
+            # an argument computed in the cell (a temporary folder) matches any word of the command
+            args = [e.value if isinstance(e, ast.Constant) else "*" for e in elements]
+            for i in range(len(args) - 1):
+                if args[i : i + 2] == ["--device", "cpu"]:
+                    args = args[:i] + args[i + 2 :]
+                    break
+            launches.append(
+                (None if not nproc or nproc.group(1) == "None" else nproc.group(1), args)
+            )
+        out.append((launches, cell_text(cell)))
+    return out
+
+
+def named_runs(guide: str, stem: str) -> list[tuple[str | None, list[str]]]:
+    """The runs the output section names before its table: each backticked command of lessons/<stem>.py,
+    as (nproc, args): `torchrun ... --nproc_per_node=2 lessons/03_ddp.py --check-equivalence`."""
+    intro = section(guide, "## 输出里看什么").split("\n|", 1)[0]
+    runs = []
+    for command in re.findall(r"`([^`]*lessons/\d\d_\w+\.py[^`]*)`", intro):
+        words = shlex.split(command)
+        script = next(i for i, w in enumerate(words) if w.endswith(".py"))
+        if words[script] != f"lessons/{stem}.py":
+            continue
+        nproc = next((w.split("=")[1] for w in words if w.startswith("--nproc_per_node=")), None)
+        runs.append((nproc, words[script + 1 :]))
+    return runs
+
+
+def same_run(launch: tuple[str | None, list[str]], named: tuple[str | None, list[str]]) -> bool:
+    (nproc, args), (named_nproc, named_args) = launch, named
+    return (
+        nproc == named_nproc
+        and len(args) == len(named_args)
+        and all(a in ("*", b) for a, b in zip(args, named_args))
+    )
+
+
+DEMO = "（notebook 内演示）"  # a row quoting a cell that runs in the notebook's kernel, launching nothing
 
 
 def test_every_lesson_has_a_chinese_guide_linked_from_the_chinese_index():
@@ -528,20 +610,43 @@ def test_each_chinese_guide_has_its_sections_commands_exercise_and_minimal_scrip
                 assert f"python -m exercises {exercise}" in guide, (
                     f"{name}: lacks its exercise {exercise}"
                 )
+                part = section(guide, "## 练习与最小脚本")
+                assert "  - 要求：" in part and "  - 提示：" in part, (
+                    f"{name}: the exercise's contract (要求) and hint (提示) in Chinese"
+                )
         if (ROOT / "minimal" / f"{stem}.py").is_file():
             assert f"minimal/{stem}.py" in guide, f"{name}: lacks its minimal script"
 
 
 def test_each_chinese_guide_quotes_output_lines_the_lessons_notebook_printed():
-    """A guide's output lines are the committed notebook's, numbers included: a lesson whose output changes
-    (its notebook re-executed) makes its guide fail until the lines are updated."""
+    """A guide's output lines are the committed notebook's, numbers included, and come from the run the
+    section names (its command's process count and arguments): a lesson whose output changes (its notebook
+    re-executed) makes its guide fail until the lines are updated, and a line from a run with other
+    arguments than the named one fails too. A row marked DEMO quotes a cell that launches nothing."""
     for path in sorted((ROOT / "docs" / "zh" / "lessons").glob("*.md")):
-        quoted, printed = quoted_output_lines(path.read_text("utf-8")), notebook_output(path.stem)
-        assert len(quoted) >= 3, f"{rel(path)}: quote at least 3 lines of the lesson's output"
-        missing = [line for line in quoted if flat(line) not in printed]
-        assert missing == [], (
-            f"{rel(path)}: lines that notebooks/{path.stem}.ipynb never printed: {missing}"
-        )
+        guide, stem = path.read_text("utf-8"), path.stem
+        rows = [
+            (m.replace("\\|", "|"), c[1] if len(c) > 1 else "")
+            for c in table_rows(section(guide, "## 输出里看什么"))[1:]
+            for m in re.findall(r"^`(.+)`$", c[0])
+        ]
+        assert len(rows) >= 3, f"{rel(path)}: quote at least 3 lines of the lesson's output"
+        runs, cells = named_runs(guide, stem), notebook_runs(stem)
+        assert runs, f"{rel(path)}: name the run quoted, `torchrun ... lessons/{stem}.py ARGS`"
+        for line, meaning in rows:
+            if meaning.startswith(DEMO):
+                printed = [text for launches, text in cells if not launches]
+            else:
+                printed = [
+                    text
+                    for launches, text in cells
+                    if any(same_run(launch, run) for launch in launches for run in runs)
+                ]
+            assert any(flat(line) in text for text in printed), (
+                f"{rel(path)}: notebooks/{stem}.ipynb's "
+                f"{'cells without a launch' if meaning.startswith(DEMO) else f'runs {runs}'} "
+                f"never printed {line!r}"
+            )
 
 
 PARITY = test_chinese_pages_keep_every_section_command_and_number_of_the_english_ones
@@ -600,6 +705,12 @@ DRIFTS = {
         "--spawn 3",
         GUIDE_CONTENT,
     ),
+    "a guide's exercise hint dropped": (
+        "docs/zh/lessons/04_custom_sampler.md",
+        "  - 提示：",
+        "  - ",
+        GUIDE_CONTENT,
+    ),
     "a guide's section deleted": (
         "docs/zh/lessons/09_model_parallel.md",
         "## 纠正的误区",
@@ -616,6 +727,18 @@ DRIFTS = {
         "docs/zh/lessons/01_single_gpu.md",
         "final test accuracy 0.9916",
         "final test accuracy 0.9961",
+        GUIDE_OUTPUT,
+    ),
+    "a zh table row linking the English page": (
+        "README.zh-CN.md",
+        "[单设备](docs/zh/lessons/01_single_gpu.md)",
+        "[单设备](docs/lessons.md)",
+        test_chinese_lesson_table_links_the_chinese_guides_and_the_same_files,
+    ),
+    "a guide quoting a run with other arguments": (
+        "docs/zh/lessons/03_ddp.md",
+        "lessons/03_ddp.py --check-equivalence`",
+        "lessons/03_ddp.py`",
         GUIDE_OUTPUT,
     ),
     "a guide no index links": (

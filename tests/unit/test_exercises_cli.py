@@ -8,6 +8,7 @@ import sys
 
 from common.run.launch import REPO_ROOT
 from exercises import EXERCISES
+from exercises.graders._common import zh_line
 
 
 def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -26,6 +27,7 @@ def test_untouched_stubs_fail_and_each_is_named():
     for name in EXERCISES:
         assert f"FAIL  {name} (lesson {EXERCISES[name][0]})" in r.stdout, r.stdout
     assert r.stdout.count("not solved yet") == len(EXERCISES)
+    assert r.stdout.count("（中文）还没有实现") == len(EXERCISES), "a Chinese line under each"
     assert f"0 of {len(EXERCISES)} exercises pass" in r.stdout
 
 
@@ -45,3 +47,19 @@ def test_a_reference_solution_passes_from_the_command_line():
 def test_list_names_every_exercise_with_its_lesson():
     r = run("--list")
     assert r.returncode == 0 and all(name in r.stdout for name in EXERCISES)
+
+
+def test_each_kind_of_grader_message_gets_its_chinese_line_and_the_guide():
+    """The Chinese line under a grader's English message names the kind of mistake and the guide to read."""
+    kinds = {
+        "rank 1 called 2 collective(s) and returned, while rank 0 waited ...: rank 1 skipped a "
+        "collective": "少调用了一次集合通信",
+        "rank 0: hung (no answer within 20 s)": "卡住了",
+        "rank 0: RuntimeError: dist.all_reduce called: build it from isend/irecv": "不许调用集合通信",
+        "rank 2: the grader's run of your code raised: KeyError: 3": "抛出了异常",
+        "rank 1 holds [3, 5], expected [4, 4]: ...": "与参考实现不同",
+        "something else": "未通过",
+    }
+    for problem, words in kinds.items():
+        line = zh_line("ring_allreduce", "02", problem)
+        assert words in line and "docs/zh/lessons/02_collectives.md" in line, (problem, line)

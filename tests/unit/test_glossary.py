@@ -110,3 +110,15 @@ def test_the_chinese_pages_use_one_word_per_concept(word):
             if word in prose and not alias_row and not negated:
                 hits.append(f"{page.relative_to(ROOT)}: {prose.strip()[:60]}")
     assert hits == [], f"{word!r} (write {RETIRED[word]!r}): {hits}"
+
+
+SEARCH_WORDS = ("分布式训练", "单机多卡", "多机多卡")
+
+
+@pytest.mark.parametrize("page", chinese_pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_chinese_page_has_the_search_words_in_its_title_or_intro(page):
+    """The words Chinese readers search for (distributed training, one node / several nodes with several
+    GPUs) stand in the title or the intro, the text before the page's first section."""
+    top = page.read_text(encoding="utf-8").split("\n## ", 1)[0]
+    missing = [w for w in SEARCH_WORDS if w not in top]
+    assert missing == [], f"{page.relative_to(ROOT)}: the title and intro lack {missing}"
