@@ -26,7 +26,13 @@ myst_heading_anchors = 4
 suppress_warnings = [
     "myst.header"
 ]  # a guide may step from # to ###; links and references stay errors
-exclude_patterns = ["_extra", "_*.json", "jupyter_execute"]
+exclude_patterns = ["_extra", "_locale", "_*.json", "jupyter_execute"]
+# The Chinese notebook pages' prose (lessons/SLUG/notebook): one catalog per page, made by the gettext builder
+# and kept by sphinx-intl (website/i18n.py); copied into the staging tree, where Sphinx compiles it
+locale_dirs = [str(STAGE / "_locale")]
+gettext_compact = False
+gettext_location = False  # no line numbers in the catalogs: a moved cell is no change
+gettext_uuid = False
 
 html_theme = "pydata_sphinx_theme"
 templates_path = [str(HERE / "templates")]
@@ -58,11 +64,14 @@ copyright = {"en": "the course's authors", "zh": "本课程的作者"}[LANG]
 FOOTER = {"en": "© Copyright the course's authors.", "zh": "© 版权归本课程的作者所有。"}[LANG]
 
 _other = STAGE / "_other_docnames.json"
+_counterparts = STAGE / "_counterparts.json"
 html_context = {
     "website_lang": LANG,
     "site_copyright": FOOTER,
     "default_mode": "auto",  # the theme logs an error on a first visit without it
     "other_docnames": set(json.loads(_other.read_text())) if _other.exists() else set(),
+    # a page whose other-language page has another docname (a Chinese notebook page -> the English lesson)
+    "counterparts": json.loads(_counterparts.read_text()) if _counterparts.exists() else {},
 }
 html_favicon = str(
     HERE / "static" / "favicon.svg"
