@@ -523,6 +523,8 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
 
     readme = "README.md" if lang == "en" else "README.zh-CN.md"
     home = linker.rewrite(home_source((ROOT / readme).read_text(), lang), readme, "index")
+    if lang == "zh":
+        home = with_chinese_notebooks(home, lessons)
     pages["index"] = link_route_goals(home, lang)
     docs = ROOT / "docs" if lang == "en" else ROOT / "docs" / "zh"
     doc_pages = []
@@ -736,6 +738,21 @@ def study_cells_zh(text: str) -> str:
         return f"| {guide}[notebook（英文）](notebooks/{stem}.ipynb)"
 
     return re.sub(r"\| \[(\d\d_\w+)\]\(notebooks/(\1)\.ipynb\)", sub, text)
+
+
+def with_chinese_notebooks(home: str, lessons: list[Lesson]) -> str:
+    """The Chinese home page's lesson table (its links rewritten): beside each English notebook, the
+    notebook's Chinese page where its catalog is translated."""
+    for lesson in lessons:
+        if lesson.translated:
+            english = (
+                f'<a href="{cross_href("index", "en", lesson.page)}">{WORDS["zh"]["notebook"]}</a>'
+            )
+            chinese = (
+                f"[{WORDS['zh']['notebook_zh']}]({md_link('zh', 'index', lesson.notebook_page)})"
+            )
+            home = home.replace(english, f"{english} · {chinese}")
+    return home
 
 
 NBVAL_MARKER = re.compile(r"^[ \t]*#[ \t]*NBVAL_[A-Z_]+[ \t]*(?:\n|$)", re.MULTILINE)

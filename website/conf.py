@@ -15,9 +15,8 @@ project = {
 }[LANG]
 html_title = "Distributed PyTorch lessons" if LANG == "en" else "分布式 PyTorch 课程"
 language = "en" if LANG == "en" else "zh_CN"
-extensions = ["myst_nb", "sphinx_design"]
-if LANG == "en":  # the notebooks' math (06): MathJax vendored from its package, never from a CDN
-    extensions.append("sphinx-mathjax-offline")
+# the notebooks' math (06, in both languages): MathJax vendored from its package, never from a CDN
+extensions = ["myst_nb", "sphinx_design", "sphinx-mathjax-offline"]
 
 nb_execution_mode = "off"  # the notebooks as committed: nbval validates those outputs
 nb_merge_streams = False
@@ -95,5 +94,17 @@ def _fix_chinese_stemmer(app, exc):
             path.write_text(text)
 
 
+def _prose_only_in_search(app, doctree):
+    """A Chinese notebook page's code cells (code and outputs, as on its English page) stay out of the
+    Chinese search index: its prose is what is Chinese there, and jieba need not split the outputs."""
+    if LANG == "zh" and app.env.docname.endswith("/notebook"):
+        from docutils import nodes
+
+        for node in doctree.findall(nodes.container):
+            if node.get("nb_element") == "cell_code":
+                node["classes"].append("no-search")
+
+
 def setup(app):
     app.connect("build-finished", _fix_chinese_stemmer)
+    app.connect("doctree-read", _prose_only_in_search)

@@ -41,6 +41,7 @@ def extract(work: Path = WORK) -> Path:
         target = src / f"{lesson.notebook_page}.ipynb"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(notebook_zh(lesson, lessons, prose_only=True)))
+    (src / "_extra").mkdir()  # conf.py's html_extra_path, empty here
     (src / "index.md").write_text(
         "# i18n\n" + toctree([le.notebook_page for le in lessons], "index")
     )

@@ -18,13 +18,8 @@ from website import build as site_build
 from website import i18n
 
 # Notebooks whose Chinese page is not done yet (their stems): the lead shrinks this as they are translated.
-NOT_YET_TRANSLATED = {
-    "12_troubleshooting",
-    "18_gradient_compression",
-    "19_context_parallel",
-    "20_expert_parallel",
-    "21_planning",
-}
+# A new notebook fails the test above until its catalog is translated or its stem is named here.
+NOT_YET_TRANSLATED: set[str] = set()
 
 
 @pytest.fixture(scope="module")
