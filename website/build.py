@@ -9,6 +9,10 @@ Each build first lays a fresh staging tree under build/site-src/LANG/ from the s
 notebooks and docs with their links rewritten to the site's addresses, plus generated lesson, route and index
 pages), then runs Sphinx on it with warnings as errors, so a link that does not resolve fails the build.
 
+The Chinese site also shows each notebook with its prose in Chinese (lessons/SLUG/notebook.html): the
+English notebook's markdown cells translated by Sphinx's own i18n from the catalogs in website/locale/
+(kept with Sphinx's gettext builder and sphinx-intl: website/i18n.py), its code and outputs as committed.
+
 Addresses are by topic slug (lessons/ddp/), taken from the lesson file names (lessons/03_ddp.py -> "ddp"), so
 a renumbering keeps them; the numbered names (notebooks/03_ddp.html, lessons/03_ddp.html) redirect.
 """
@@ -37,6 +41,9 @@ BUILD = ROOT / "build"
 STAGE = BUILD / "site-src"
 OUT = BUILD / "site"
 LANGS = ("en", "zh")
+# The Chinese catalogs of the notebooks' prose, one per notebook, named by its Chinese page's docname
+# (website/i18n.py keeps them; gettext_compact = False in conf.py)
+CATALOGS = CONF_DIR / "locale" / "zh_CN" / "LC_MESSAGES"
 
 # Numbered names used by an earlier numbering of the curriculum, "NN_name" -> slug, so that their old
 # addresses keep redirecting after a renumbering (the current numbered names redirect without an entry).
@@ -86,6 +93,25 @@ class Lesson:
     @property
     def page(self) -> str:
         return f"lessons/{self.slug}/index"
+
+    @property
+    def notebook_page(self) -> str:
+        """The Chinese site's page of the notebook, its prose translated from its catalog."""
+        return f"lessons/{self.slug}/notebook"
+
+    @property
+    def catalog(self) -> Path:
+        return CATALOGS / f"{self.notebook_page}.po"
+
+    @property
+    def translated(self) -> bool:
+        """Whether the notebook's catalog has a message translated: only then has it a Chinese page."""
+        if not self.catalog.exists():
+            return False
+        from babel.messages.pofile import read_po
+
+        with self.catalog.open("rb") as f:
+            return any(m.id and m.string and not m.fuzzy for m in read_po(f))
 
 
 def curriculum() -> list[Lesson]:
@@ -173,8 +199,11 @@ LINK_RE = re.compile(r"(?<!!)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^()\s]+)\)")
 class Linker:
     """Rewrites a Markdown file's links (relative to its place in the repository) to the site's pages."""
 
-    def __init__(self, lang: str, lessons: list[Lesson]):
+    def __init__(self, lang: str, lessons: list[Lesson], notebooks_lang: str = "en"):
         self.lang = lang
+        self.notebooks_lang = (
+            notebooks_lang  # a notebook's link goes to its lesson page of this language
+        )
         self.by_stem = {lesson.stem: lesson for lesson in lessons}
         self.by_exercise = {name: lesson for lesson in lessons for name in lesson.exercises}
         self.pages: set[str] = set()
@@ -195,7 +224,7 @@ class Linker:
         if len(parts) == 4 and parts[:3] == ("docs", "zh", "lessons") and stem in self.by_stem:
             return "zh", self.by_stem[stem].page + anchor
         if len(parts) == 2 and parts[0] == "notebooks" and stem in self.by_stem:
-            return "en", self.by_stem[stem].page + anchor
+            return self.notebooks_lang, self.by_stem[stem].page + anchor
         if len(parts) == 2 and parts[0] in ("minimal", "lessons") and stem in self.by_stem:
             lesson = self.by_stem[stem]
             if parts[0] == "minimal" and lesson.minimal is None:
@@ -241,9 +270,11 @@ class Linker:
 
 
 def suffix(lang: str, doc: str) -> str:
-    """The staged file's suffix of docname `doc`: an English lesson page is its notebook."""
+    """The staged file's suffix of docname `doc`: an English lesson page is its notebook, and so is a
+    Chinese notebook page."""
     lesson_page = re.fullmatch(r"lessons/[^/]+/index", doc) and doc != "lessons/index"
-    return ".ipynb" if lang == "en" and lesson_page else ".md"
+    notebook_page = re.fullmatch(r"lessons/[^/]+/notebook", doc)
+    return ".ipynb" if (lang == "en" and lesson_page) or notebook_page else ".md"
 
 
 def md_link(lang: str, page: str, doc: str) -> str:
@@ -377,6 +408,8 @@ WORDS = {
         "no_ex": "这一课没有练习。",
         "guide": None,
         "notebook": "notebook（英文）",
+        "notebook_zh": "notebook（中文）",
+        "guide_zh": "导读",
         "start": "课程开始",
         "end": "课程结束",
         "colon": "：",
@@ -466,6 +499,10 @@ def nav_line(lesson: Lesson, lessons: list[Lesson], lang: str, page: str) -> str
         bits.append(f"[{lessons[i + 1].number} →]({md_link(lang, page, lessons[i + 1].page)})")
     parts = ("minimal", "lesson", "exercise") if lesson.exercises else ("minimal", "lesson")
     bits += [f"[{w[part]}](#{lang}-{lesson.slug}-{part})" for part in parts]
+    if page == lesson.notebook_page:  # the Chinese notebook page: back to the lesson's guide
+        bits.append(f"[{w['guide_zh']}]({md_link(lang, page, lesson.page)})")
+    elif lang == "zh" and lesson.translated:
+        bits.append(f"[{w['notebook_zh']}]({md_link(lang, page, lesson.notebook_page)})")
     if w["notebook"]:
         bits.append(f'<a href="{cross_href(page, "en", lesson.page)}">{w["notebook"]}</a>')
     return " · ".join(bits) + "\n"
@@ -480,9 +517,14 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
     src.mkdir(parents=True)
     linker = Linker(lang, lessons)
     pages: dict[str, str] = {}  # docname -> its text (Markdown), for what is not a notebook
+    counterparts: dict[
+        str, str
+    ] = {}  # docname -> the other language's page, where not the same docname
 
     readme = "README.md" if lang == "en" else "README.zh-CN.md"
     home = linker.rewrite(home_source((ROOT / readme).read_text(), lang), readme, "index")
+    if lang == "zh":
+        home = with_chinese_notebooks(home, lessons)
     pages["index"] = link_route_goals(home, lang)
     docs = ROOT / "docs" if lang == "en" else ROOT / "docs" / "zh"
     doc_pages = []
@@ -521,7 +563,14 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
                     cell["source"] = without_nbval_markers("".join(cell["source"]))
             first = next(i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown")
             guide = cross_href(page, "zh", page)
-            nav = nav_line(lesson, lessons, lang, page) + f' · <a href="{guide}">中文导读</a>\n'
+            nav = (
+                nav_line(lesson, lessons, lang, page).rstrip("\n")
+                + f' · <a href="{guide}">中文导读</a>'
+            )
+            if lesson.translated:
+                zh_notebook = cross_href(page, "zh", lesson.notebook_page)
+                nav += f' · <a href="{zh_notebook}">中文 notebook</a>'
+            nav += "\n"
             nav_cell = {"cell_type": "markdown", "id": "site-nav", "metadata": {}, "source": nav}
             nb["cells"].insert(first + 1, nav_cell)
             nb["cells"].append(
@@ -550,6 +599,24 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
             pages[page] = (
                 title + "\n\n" + nav + "\n\n" + rest + lesson_sections(lesson, lessons, lang, page)
             )
+            if lesson.translated:
+                pages[page] += toctree([lesson.notebook_page], page)
+                notebook = notebook_zh(lesson, lessons)
+                nav = nav_line(lesson, lessons, lang, lesson.notebook_page)
+                nav_cell = {
+                    "cell_type": "markdown",
+                    "id": "site-nav",
+                    "metadata": {},
+                    "source": nav,
+                }
+                first = next(
+                    i for i, c in enumerate(notebook["cells"]) if c["cell_type"] == "markdown"
+                )
+                notebook["cells"].insert(first + 1, nav_cell)
+                target = src / f"{lesson.notebook_page}.ipynb"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(json.dumps(notebook, ensure_ascii=False))
+                counterparts[lesson.notebook_page] = lesson.page
     lines = [f"# {word[0]}\n\n| # | {word[4]} | {word[6]} |\n|---|---|---|\n"]
     for lesson in lessons:
         topic = lesson.topic_zh if lang == "zh" else lesson.topic_en
@@ -602,7 +669,33 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
     (src / "_docnames.json").write_text(
         json.dumps(sorted([p for p in pages] + [lesson.page for lesson in lessons]))
     )
+    (src / "_counterparts.json").write_text(json.dumps(counterparts))
+    if (
+        lang == "zh" and CATALOGS.exists()
+    ):  # the catalogs, where Sphinx compiles them (not in the tree)
+        shutil.copytree(CATALOGS.parent.parent, src / "_locale")
     return src
+
+
+def notebook_zh(lesson: Lesson, lessons: list[Lesson], prose_only: bool = False) -> dict:
+    """The lesson's notebook as the Chinese site stages it at lesson.notebook_page (its markdown to be
+    translated by Sphinx from the catalog): links rewritten for that page, a notebook's link to its Chinese
+    lesson page, no nbval markers. `prose_only`: the markdown cells alone, what the catalogs are made from
+    (website/i18n.py); the messages are the same, as the code cells and outputs hold none."""
+    nb = json.loads((ROOT / "notebooks" / f"{lesson.stem}.ipynb").read_text())
+    linker = Linker("zh", lessons, notebooks_lang="zh")
+    cells = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            repo = f"notebooks/{lesson.stem}.ipynb"
+            cell["source"] = linker.rewrite("".join(cell["source"]), repo, lesson.notebook_page)
+        elif prose_only:
+            continue
+        elif cell["cell_type"] == "code":
+            cell["source"] = without_nbval_markers("".join(cell["source"]))
+        cells.append(cell)
+    nb["cells"] = cells
+    return nb
 
 
 def summary(lesson: Lesson, lang: str) -> str:
@@ -645,6 +738,21 @@ def study_cells_zh(text: str) -> str:
         return f"| {guide}[notebook（英文）](notebooks/{stem}.ipynb)"
 
     return re.sub(r"\| \[(\d\d_\w+)\]\(notebooks/(\1)\.ipynb\)", sub, text)
+
+
+def with_chinese_notebooks(home: str, lessons: list[Lesson]) -> str:
+    """The Chinese home page's lesson table (its links rewritten): beside each English notebook, the
+    notebook's Chinese page where its catalog is translated."""
+    for lesson in lessons:
+        if lesson.translated:
+            english = (
+                f'<a href="{cross_href("index", "en", lesson.page)}">{WORDS["zh"]["notebook"]}</a>'
+            )
+            chinese = (
+                f"[{WORDS['zh']['notebook_zh']}]({md_link('zh', 'index', lesson.notebook_page)})"
+            )
+            home = home.replace(english, f"{english} · {chinese}")
+    return home
 
 
 NBVAL_MARKER = re.compile(r"^[ \t]*#[ \t]*NBVAL_[A-Z_]+[ \t]*(?:\n|$)", re.MULTILINE)

@@ -15,9 +15,8 @@ project = {
 }[LANG]
 html_title = "Distributed PyTorch lessons" if LANG == "en" else "分布式 PyTorch 课程"
 language = "en" if LANG == "en" else "zh_CN"
-extensions = ["myst_nb", "sphinx_design"]
-if LANG == "en":  # the notebooks' math (06): MathJax vendored from its package, never from a CDN
-    extensions.append("sphinx-mathjax-offline")
+# the notebooks' math (06, in both languages): MathJax vendored from its package, never from a CDN
+extensions = ["myst_nb", "sphinx_design", "sphinx-mathjax-offline"]
 
 nb_execution_mode = "off"  # the notebooks as committed: nbval validates those outputs
 nb_merge_streams = False
@@ -26,7 +25,13 @@ myst_heading_anchors = 4
 suppress_warnings = [
     "myst.header"
 ]  # a guide may step from # to ###; links and references stay errors
-exclude_patterns = ["_extra", "_*.json", "jupyter_execute"]
+exclude_patterns = ["_extra", "_locale", "_*.json", "jupyter_execute"]
+# The Chinese notebook pages' prose (lessons/SLUG/notebook): one catalog per page, made by the gettext builder
+# and kept by sphinx-intl (website/i18n.py); copied into the staging tree, where Sphinx compiles it
+locale_dirs = [str(STAGE / "_locale")]
+gettext_compact = False
+gettext_location = False  # no line numbers in the catalogs: a moved cell is no change
+gettext_uuid = False
 
 html_theme = "pydata_sphinx_theme"
 templates_path = [str(HERE / "templates")]
@@ -58,11 +63,14 @@ copyright = {"en": "the course's authors", "zh": "本课程的作者"}[LANG]
 FOOTER = {"en": "© Copyright the course's authors.", "zh": "© 版权归本课程的作者所有。"}[LANG]
 
 _other = STAGE / "_other_docnames.json"
+_counterparts = STAGE / "_counterparts.json"
 html_context = {
     "website_lang": LANG,
     "site_copyright": FOOTER,
     "default_mode": "auto",  # the theme logs an error on a first visit without it
     "other_docnames": set(json.loads(_other.read_text())) if _other.exists() else set(),
+    # a page whose other-language page has another docname (a Chinese notebook page -> the English lesson)
+    "counterparts": json.loads(_counterparts.read_text()) if _counterparts.exists() else {},
 }
 html_favicon = str(
     HERE / "static" / "favicon.svg"
@@ -86,5 +94,17 @@ def _fix_chinese_stemmer(app, exc):
             path.write_text(text)
 
 
+def _prose_only_in_search(app, doctree):
+    """A Chinese notebook page's code cells (code and outputs, as on its English page) stay out of the
+    Chinese search index: its prose is what is Chinese there, and jieba need not split the outputs."""
+    if LANG == "zh" and app.env.docname.endswith("/notebook"):
+        from docutils import nodes
+
+        for node in doctree.findall(nodes.container):
+            if node.get("nb_element") == "cell_code":
+                node["classes"].append("no-search")
+
+
 def setup(app):
     app.connect("build-finished", _fix_chinese_stemmer)
+    app.connect("doctree-read", _prose_only_in_search)

@@ -135,8 +135,12 @@ def test_every_page_loads_with_no_error_and_nothing_from_outside(visits, server)
     assert not problems, "\n".join(problems[:40])
 
 
-def test_math_is_typeset_from_the_site(visits, server, browser):
-    page = "en/lessons/sync-batchnorm/index.html"
+@pytest.mark.parametrize(
+    "page", ["en/lessons/sync-batchnorm/index.html", "zh/lessons/sync-batchnorm/notebook.html"]
+)
+def test_math_is_typeset_from_the_site(visits, server, browser, page):
+    if page not in visits:  # the Chinese notebook page exists once its catalog is translated
+        pytest.skip(f"{page} not built")
     assert any("/_static/mathjax/" in u for u in visits[page]["requests"]), visits[page]["requests"]
     browser.get(f"{server}/{page}")
     settle(browser)
@@ -146,7 +150,7 @@ def test_math_is_typeset_from_the_site(visits, server, browser):
     ):
         time.sleep(0.2)
     assert browser.find_elements("css selector", "mjx-container"), (
-        "MathJax typeset nothing on notebook 06"
+        f"MathJax typeset nothing on notebook 06 ({page})"
     )
 
 
@@ -241,11 +245,12 @@ def test_no_page_scrolls_sideways_on_a_phone(visits):
 
 
 def test_screenshots(browser, server, visits):
-    """Written for a person to open: an English lesson, a Chinese guide, the home page."""
+    """Written for a person to open: an English lesson, a Chinese guide and notebook, the home page."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for rel, name in (
         ("en/lessons/ddp/index.html", "en-lesson-ddp.png"),
         ("zh/lessons/gradient-accumulation/index.html", "zh-guide-gradient-accumulation.png"),
+        ("zh/lessons/collectives/notebook.html", "zh-notebook-collectives.png"),
         ("en/index.html", "en-home.png"),
     ):
         browser.get(f"{server}/{rel}")
@@ -301,6 +306,37 @@ def test_each_lesson_page_shows_exactly_its_notebooks_outputs(site):
         assert [k for k, _ in shown] == [k for k, _ in expected], lesson.stem
         for i, (a, b) in enumerate(zip(shown, expected)):
             assert a == b, f"{lesson.stem}: output {i} on the page differs from the notebook's"
+
+
+def test_each_chinese_notebook_page_shows_its_notebooks_outputs_and_chinese_prose(site):
+    """A translated notebook's Chinese page (website/i18n.py): the committed outputs, exactly; its prose
+    from the catalog; linked from its Chinese guide and its English page, and back."""
+    from bs4 import BeautifulSoup
+
+    translated = [lesson for lesson in site_build.curriculum() if lesson.translated]
+    assert translated
+    for lesson in translated:
+        expected = notebook_outputs(ROOT / "notebooks" / f"{lesson.stem}.ipynb")
+        page = site / "zh" / f"{lesson.notebook_page}.html"
+        shown = page_outputs(page)
+        assert [k for k, _ in shown] == [k for k, _ in expected], lesson.stem
+        for i, (a, b) in enumerate(zip(shown, expected)):
+            assert a == b, (
+                f"{lesson.stem}: output {i} on the Chinese page differs from the notebook's"
+            )
+        soup = BeautifulSoup(page.read_text(), "html.parser")
+        title = soup.select_one("article h1").get_text()
+        assert re.search(r"[\u4e00-\u9fff]", title) and f"第 {lesson.number} 课" in title, title
+        assert soup.find("a", href="index.html", string="导读")
+        guide = (site / "zh" / f"{lesson.page}.html").read_text()
+        assert 'href="notebook.html"' in guide, lesson.stem
+        english = (site / "en" / f"{lesson.page}.html").read_text()
+        assert f'href="../../../zh/{lesson.notebook_page}.html"' in english, lesson.stem
+        switch = soup.select_one("#lang-switch")
+        assert switch["href"] == f"../../../en/{lesson.page}.html", lesson.stem
+    home = BeautifulSoup((site / "zh" / "index.html").read_text(), "html.parser")
+    linked = {a["href"] for a in home.select("article a") if a.get_text() == "notebook（中文）"}
+    assert linked == {f"{lesson.notebook_page}.html" for lesson in translated}
 
 
 def test_lesson_pages_hold_script_lesson_exercise_and_neighbours(site):
