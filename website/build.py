@@ -136,8 +136,8 @@ def curriculum() -> list[Lesson]:
         for row in table_rows((ROOT / readme).read_text()):
             if len(row) == 5 and re.fullmatch(r"\d\d", row[0]):
                 for lesson in lessons:
-                    if lesson.number == row[0]:
-                        setattr(lesson, attr, row[1])
+                    if lesson.number == row[0]:  # "[集合通信](docs/zh/lessons/...)": its text
+                        setattr(lesson, attr, re.sub(r"^\[(.*)\]\([^)]*\)$", r"\1", row[1]))
     return lessons
 
 
