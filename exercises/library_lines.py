@@ -26,8 +26,11 @@ def train_epoch(
     """One epoch: an optimizer step every k micro-batches, each step equal to one SGD step on the mean
     cross-entropy over the global batch (every rank's k micro-batches). Fabric's loop would read:
 
-        with fabric.no_backward_sync(ddp_model, enabled=not last):
-            fabric.backward(loss)
+        for i, (x, y) in enumerate(loader):
+            last = (i + 1) % k == 0  # the k-th micro-batch of a step all-reduces
+            with fabric.no_backward_sync(ddp_model, enabled=not last):  # forward AND backward inside
+                loss = F.cross_entropy(ddp_model(x), y)
+                fabric.backward(loss)
 
     Contract: the loader yields (x, y); len(loader) is a multiple of k; one all-reduce round per optimizer
     step; zero_grad after each step.

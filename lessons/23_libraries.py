@@ -4,8 +4,10 @@ Run it:
 
     torchrun --standalone --nproc_per_node=2 lessons/23_libraries.py            # 2 CPU processes (gloo)
     torchrun --standalone --nproc_per_node=2 lessons/23_libraries.py --seed 1   # another init and order
-    accelerate launch --num_processes 2 --cpu lessons/23_libraries.py           # Accelerate's launcher
     python lessons/23_libraries.py                                              # one process: no wrapping
+
+(`accelerate launch --cpu --num_processes 2` starts one process on a CPU machine, so use torchrun here;
+`fabric run --accelerator cpu --devices 2 lessons/23_libraries.py` starts two, as torchrun does.)
 
 What to look for:
 1. Lesson 03's epoch three ways: by hand (DistributedSampler + set_epoch + DDP), through
@@ -13,7 +15,8 @@ What to look for:
    03's DistributedDataParallel and send the same bucket all-reduces. Fabric inserts lesson 03's
    DistributedSampler (seed from `fabric.seed_everything`, else 0) and calls set_epoch for you: parameters
    equal lesson 03's. Accelerate keeps your sampler and deals whole batches to ranks (BatchSamplerShard:
-   rank r takes batches r, r + W, ...), broadcasting rank 0's RNG state once per epoch: another data
+   rank r takes batches r, r + W, ...), broadcasting rank 0's RNG state once per epoch (the new order each
+   pass that the set_epoch column measures: nothing calls set_epoch on your sampler): another data
    order, so other parameters; fed the same batches, DDP ends equal to it.
 2. Accumulation (lesson 07): `accelerator.accumulate` is `no_sync` on all micro-steps but the last, and
    `accelerator.backward` divides the loss by gradient_accumulation_steps FOR you; Fabric's
@@ -21,8 +24,10 @@ What to look for:
    the global batch under each library.
 3. Sharding (lesson 13): Fabric's ModelParallelStrategy builds a mesh (data_parallel, tensor_parallel) and
    calls your fully_shard; the same parameters and collectives as fully_shard by hand. Its default puts
-   every rank on tensor_parallel. Accelerate's FSDP2 plugin needs a GPU: on CPU the error is recorded;
-   its ParallelismConfig names (dp_replicate, dp_shard, tp, cp) are the mesh dims it builds.
+   every rank on tensor_parallel. Accelerate's FSDP2 plugin takes its FSDP path on GPUs only: on CPU the
+   state is MULTI_CPU and prepare returns DistributedDataParallel without an error (an error, where one
+   comes, is recorded as text); its ParallelismConfig names (dp_replicate, dp_shard, tp, cp) are the mesh
+   dims it builds.
 Sources: huggingface.co/docs/accelerate (accelerator, gradient accumulation, FSDP), lightning.ai/docs/fabric.
 """
 
