@@ -292,19 +292,22 @@ def phases(report: Report, grid: Grid, args, model, dec: TPDecoder, prompt) -> N
 
 def timing(report: Report, grid: Grid, args, model, dec: TPDecoder, prompt) -> None:
     """Time per generated token at this tp and at tp 1, as [perf] lines (this CPU, gloo)."""
+    tp = grid.size("tp")
+    decoders = {"tp1": TPDecoder(model, args.heads)}
+    if tp > 1:
+        decoders["tp"] = dec
     per_token = {}
-    for tag, decoder in (("tp1", TPDecoder(model, args.heads)), ("tp", dec)):
+    for tag, decoder in decoders.items():
         start = time.perf_counter()
         greedy_decode(decoder, prompt, args.new_tokens)
         per_token[tag] = (time.perf_counter() - start) / args.new_tokens * 1e3
-    report.perf(
-        "ms_per_token",
-        per_token,
-        "ms per token: tp=1 {a:.2f}, tp={tp} {b:.2f} (CPU, gloo: all-reduce latency dominates)",
-        a=per_token["tp1"],
-        b=per_token["tp"],
-        tp=grid.size("tp"),
-    )
+    if tp == 1:
+        text = "ms per token: tp=1 {a:.2f} (CPU)"
+    else:
+        text = (
+            "ms per token: tp=1 {a:.2f}, tp={tp} {b:.2f} (CPU, gloo: all-reduce latency dominates)"
+        )
+    report.perf("ms_per_token", per_token, text, a=per_token["tp1"], b=per_token.get("tp"), tp=tp)
     report.value(
         "on_a_gpu",
         None,
