@@ -16,18 +16,20 @@ What to look for:
    DistributedSampler (seed from `fabric.seed_everything`, else 0) and calls set_epoch for you: parameters
    equal lesson 03's. Accelerate keeps your sampler and deals whole batches to ranks (BatchSamplerShard:
    rank r takes batches r, r + W, ...), broadcasting rank 0's RNG state once per epoch (the new order each
-   pass that the set_epoch column measures: nothing calls set_epoch on your sampler): another data
-   order, so other parameters; fed the same batches, DDP ends equal to it.
+   pass that the set_epoch column measures; Accelerate calls set_epoch on a sampler that has one, and a
+   RandomSampler has none): another data order, so other parameters; fed the same batches, DDP ends
+   equal to it.
 2. Accumulation (lesson 07): `accelerator.accumulate` is `no_sync` on all micro-steps but the last, and
    `accelerator.backward` divides the loss by gradient_accumulation_steps FOR you; Fabric's
    `no_backward_sync` is `no_sync` alone: you divide by k. Measured: which normalisation equals one step on
    the global batch under each library.
 3. Sharding (lesson 13): Fabric's ModelParallelStrategy builds a mesh (data_parallel, tensor_parallel) and
    calls your fully_shard; the same parameters and collectives as fully_shard by hand. Its default puts
-   every rank on tensor_parallel. Accelerate's FSDP2 plugin takes its FSDP path on GPUs only: on CPU the
-   state is MULTI_CPU and prepare returns DistributedDataParallel without an error (an error, where one
-   comes, is recorded as text); its ParallelismConfig names (dp_replicate, dp_shard, tp, cp) are the mesh
-   dims it builds.
+   every rank on tensor_parallel. Accelerate's FSDP2 plugin takes its FSDP path on GPUs only: in a fresh
+   CPU process Accelerator(fsdp_plugin=..., parallelism_config=...) raises ValueError (... but got
+   DistributedType.MULTI_CPU); here an earlier Accelerator has fixed the shared state, its arguments are
+   ignored, and prepare returns DistributedDataParallel (recorded as it is). Its ParallelismConfig names
+   (dp_replicate, dp_shard, tp, cp, sp) are the mesh dims it builds.
 Sources: huggingface.co/docs/accelerate (accelerator, gradient accumulation, FSDP), lightning.ai/docs/fabric.
 """
 
