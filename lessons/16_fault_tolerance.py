@@ -254,9 +254,9 @@ def train(T: Run, step: int, until: int, fault=None, log=None, save=None) -> dic
             T.sched.step()
             T.sampler.advance(args.global_batch)
             losses[step] = loss.item()
-            if log:  # the sleep stands for a bigger model's step (the notebook's timeline)
-                time.sleep(args.step_sleep_s)
+            if log:  # logged, then a bigger model's step (the sleep): a peer's crash comes after it
                 log.write("step", step=step, loss=losses[step])
+                time.sleep(args.step_sleep_s)
             if save:
                 save(step)
     return losses
