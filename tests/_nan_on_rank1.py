@@ -36,6 +36,9 @@ def launch_with_nan_on_rank1(lesson: str, args: Sequence[str] = (), timeout_s: f
 
 def failing_claims(run) -> dict:
     """{name: value} of the claims in the run's results that do not hold."""
+    assert run.results is not None, (
+        "no results written:\n" + run.stdout[-3000:] + run.stderr[-3000:]
+    )
     return {name: c["value"] for name, c in run.results["claims"].items() if not c["holds"]}
 
 

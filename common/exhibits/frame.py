@@ -31,7 +31,7 @@ import torch.distributed as dist
 from common.harness.env import DistInfo
 from common.harness.ranks import gather_to_rank0
 from common.harness.results import Report
-from common.harness.session import rank0_only
+from common.harness.session import gloo_group, rank0_only
 from common.run.launch import LessonTimeout, run_command
 
 __all__ = [
@@ -189,15 +189,16 @@ class Ctx:
         detail=True wraps it as TORCH_DISTRIBUTED_DEBUG=DETAIL would: before each collective the ranks compare
         its fingerprint (op, shapes, dtypes) and raise "Detected mismatch between collectives on ranks".
         """
-        if detail:
-            dist.set_debug_level(dist.DebugLevel.DETAIL)
+        timeout_s = timeout_s or self.timeout_s
+        if (
+            not detail
+        ):  # created under a long timeout, then shortened (the DETAIL wrapper cannot be)
+            return gloo_group(timeout_s)
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
         try:
-            return dist.new_group(
-                backend="gloo", timeout=timedelta(seconds=timeout_s or self.timeout_s)
-            )
+            return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         finally:
-            if detail:
-                dist.set_debug_level(dist.DebugLevel.OFF)
+            dist.set_debug_level(dist.DebugLevel.OFF)
 
     def attempt(self, fn: Callable, *args, **kwargs) -> Outcome:
         """Run `fn(*args, **kwargs)` on this rank; an exception becomes `Outcome.error` ("Class: line")."""

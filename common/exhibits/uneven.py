@@ -10,7 +10,6 @@ with a short timeout, so that the wait ends; the one that aborts its process run
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -25,7 +24,7 @@ from common.exhibits.collectives import TIMEOUT_TEXT, _ddp, _steps
 from common.exhibits.frame import Ctx, exhibit
 from common.harness.env import DistInfo
 from common.harness.ranks import max_param_diff_across_ranks
-from common.harness.session import barrier
+from common.harness.session import barrier, gloo_group
 from common.models import DigitsCNN
 from common.run.launch import run_command, torchrun_command
 
@@ -225,7 +224,7 @@ def ddp_eval_with_empty_shard(dataset, info: DistInfo, timeout_s: float) -> dict
 
     DDP's first forward (and the first after any training step) broadcasts rank 0's buffers; a rank with no
     batch never calls forward. On CPU in a gloo group of its own, so the wait ends after `timeout_s`."""
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    group = gloo_group(timeout_s)
     # BatchNorm: its running statistics are the buffers DDP broadcasts
     model = DDP(DigitsCNN(), process_group=group).eval()
     sampler = UnpaddedDistributedSampler(dataset, info.world_size, info.rank)
@@ -238,7 +237,7 @@ def ddp_eval_with_empty_shard(dataset, info: DistInfo, timeout_s: float) -> dict
 def train_without_join(loader, info: DistInfo, timeout_s: float) -> dict:
     """The mistake: lesson 05's loop without Join (CPU, gloo group with `timeout_s`): the rank with more
     batches waits in its extra step's all-reduce for a partner that never comes."""
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    group = gloo_group(timeout_s)
     model = DDP(DigitsCNN(norm="none"), process_group=group)
     # one backward (one gradient all-reduce) per batch
     out = run_until_timeout(F.cross_entropy(model(x), y).backward() for x, y in loader)

@@ -39,6 +39,7 @@ __all__ = [
     "exit_process",
     "set_exit_status",
     "rank0_only",
+    "gloo_group",
     "barrier",
     "set_seed",
     "deterministic_cuda",
@@ -201,6 +202,21 @@ def rank0_only(info: DistInfo, phase: str) -> Iterator[bool]:
     finally:
         dist.barrier(group=waiting_room)
         dist.destroy_process_group(waiting_room)
+
+
+def gloo_group(timeout_s: float, setup_timeout_s: float = 300.0) -> dist.ProcessGroup:
+    """A gloo group of every rank whose collectives time out after `timeout_s` (a failure demo's short wait).
+
+    Created under `setup_timeout_s`, then shortened: `new_group` meets every rank in a store barrier and gloo
+    connects its pairs, both under the group's own timeout, so with a 1 s timeout a rank that arrives a second
+    late (a loaded machine) fails the creation itself. torchtitan's `set_pg_timeouts` does the same thing.
+    """
+    group = dist.new_group(
+        backend="gloo", timeout=timedelta(seconds=max(timeout_s, setup_timeout_s))
+    )
+    dist.barrier(group=group)  # every rank is past its setup before the short timeout applies
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s), group)
+    return group
 
 
 def set_exit_status(code: int) -> None:
