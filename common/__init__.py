@@ -4,6 +4,7 @@ implementation per concept, one import path per name. The map below lists exactl
 harness: how a lesson runs, reports and ends (imports no topic, no plot, no run tool)
     harness.env              who this process is (torchrun's variables), backend and device
     harness.session          options every lesson shares, the process group's life, errors, rank0_only, the exit
+    harness.spawn            mp.spawn instead of torchrun: the parent picks the port, each child its rank
     harness.rendezvous       the restart attempt every node agrees on, for jobs torchrun may restart
     harness.ranks            rank-0 printing, exact (sum, count) reductions, gathering, replica checks
     harness.results          Report: values, [perf] lines and claims, recorded once in the --results JSON

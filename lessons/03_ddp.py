@@ -53,22 +53,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import time
-from datetime import timedelta
+from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from common.data import digits_split, synthetic_split
 from common.data_parallel.references import dataparallel_difference, replay_on_one_process
 from common.harness.atomic import load_checkpoint, save_checkpoint
-from common.harness.env import DistInfo, LessonError, choose_backend_and_device
+from common.harness.env import DistInfo, LessonError
 from common.harness.metrics import evaluate
 from common.harness.ranks import (
     gather_to_rank0,
@@ -81,12 +78,12 @@ from common.harness.ranks import (
 from common.harness.results import Report
 from common.harness.session import (
     add_distributed_args,
-    deterministic_cuda,
     distributed_session,
     rank0_only,
     run_main,
     set_seed,
 )
+from common.harness.spawn import spawn_world
 from common.measure.differences import max_abs_diff_all
 from common.models import DigitsCNN
 
@@ -154,9 +151,27 @@ def lr_at(step: int, args: argparse.Namespace, world_size: int) -> float:
     return args.lr + (args.lr * scale - args.lr) * warm  # from --lr up to --lr x scale
 
 
-def build(args: argparse.Namespace, info: DistInfo):
-    """Data, sampler, model (wrapped in DDP), optimizer, and the state a resume restores: (train_set,
-    test_set, sampler, loader, raw_model, model, optimizer, start_epoch)."""
+@dataclass
+class Run:
+    """What train and its checks share: the options, this rank, the report, the data and its
+    sampler, the model (`raw_model` is what is saved, loaded and evaluated; `model` wraps it in
+    DDP), and the epoch to start from."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    train_set: TensorDataset  # (1438, 1, 8, 8) images, their labels, on every rank
+    test_set: TensorDataset  # (359, 1, 8, 8)
+    sampler: DistributedSampler
+    loader: DataLoader
+    raw_model: nn.Module
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    start_epoch: int
+
+
+def build(args: argparse.Namespace, info: DistInfo) -> Run:
+    """Data, sampler, model (wrapped in DDP), optimizer, and the epoch a resume restores."""
     # Same seed on every rank -> same initial weights (DDP also copies rank 0's once, when it wraps it).
     set_seed(args.seed)
     if args.dataset == "digits":
@@ -189,7 +204,19 @@ def build(args: argparse.Namespace, info: DistInfo):
         optimizer.load_state_dict(ckpt["optimizer"])
         start_epoch = int(ckpt["epoch"])
         print0(f"resumed from {args.checkpoint} at epoch {start_epoch}")
-    return train_set, test_set, sampler, loader, raw_model, model, optimizer, start_epoch
+    return Run(
+        args,
+        info,
+        Report(info),
+        train_set,
+        test_set,
+        sampler,
+        loader,
+        raw_model,
+        model,
+        optimizer,
+        start_epoch,
+    )
 
 
 def save(raw_model: nn.Module, optimizer, epoch: int, path: str, info: DistInfo) -> bool:
@@ -199,8 +226,9 @@ def save(raw_model: nn.Module, optimizer, epoch: int, path: str, info: DistInfo)
     return save_checkpoint(state, path, info)
 
 
-def report_setup(report: Report, args, info: DistInfo) -> None:
+def report_setup(run: Run) -> None:
     """Who runs, on what, with which global batch and learning rate."""
+    report, args, info = run.report, run.args, run.info
     W, B = info.world_size, args.batch_size
     report.record("world_size", W)
     report.record("backend", info.backend)
@@ -231,24 +259,23 @@ def report_setup(report: Report, args, info: DistInfo) -> None:
 
 def train(args: argparse.Namespace, info: DistInfo) -> None:
     """The lesson: every rank runs this inside a process group (or alone, without one)."""
-    report = Report(info)
-    train_set, test_set, sampler, loader, raw_model, model, optimizer, start_epoch = build(
-        args, info
-    )
-    report_setup(report, args, info)
-    before = evaluate(raw_model, test_set, info)  # the untrained model: about ln(10) = 2.30
+    run = build(args, info)
+    report_setup(run)
+    before = evaluate(run.raw_model, run.test_set, info)  # the untrained model: about ln(10) = 2.30
     history, steps, wrote_checkpoint, samples_per_s, test = [], 0, False, [], before
     # optimizer steps before this run: a resumed warm-up continues where it stopped
-    step0 = start_epoch * len(loader)
+    step0 = run.start_epoch * len(run.loader)
     sync = torch.cuda.synchronize if info.device.type == "cuda" else (lambda: None)
-    for epoch in range(start_epoch, args.epochs):
-        sampler.set_epoch(epoch)  # without it every epoch repeats epoch 0's order
-        first_indices = list(sampler)[:8]  # recorded: a new order each epoch, the same on a rerun
+    model, optimizer = run.model, run.optimizer  # DDP's wrapper; SGD on the raw model's parameters
+    for epoch in range(run.start_epoch, args.epochs):
+        run.sampler.set_epoch(epoch)  # without it every epoch repeats epoch 0's order
+        # recorded: a new order each epoch, the same on a rerun
+        first_indices = list(run.sampler)[:8]
         model.train()
         loss_sum, seen = 0.0, 0
         sync()
         t0 = time.perf_counter()
-        for x, y in rank0_progress(loader, info, desc=f"epoch {epoch + 1}"):
+        for x, y in rank0_progress(run.loader, info, desc=f"epoch {epoch + 1}"):
             x, y = x.to(info.device), y.to(info.device)  # x (B, 1, 8, 8) for digits, y (B,); B = 32
             for g in optimizer.param_groups:
                 g["lr"] = lr_at(step0 + steps, args, info.world_size)
@@ -263,7 +290,7 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
         # every rank saw the same count (DistributedSampler pads)
         samples_per_s.append(seen * info.world_size / (time.perf_counter() - t0))
         train_loss = global_mean(loss_sum, seen, info)  # (sum, count) over ranks, divided once
-        test = evaluate(raw_model, test_set, info)  # the unwrapped model, sharded over ranks
+        test = evaluate(run.raw_model, run.test_set, info)  # the unwrapped model, over ranks
         row = {"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test["loss"]}
         history.append(
             {**row, "test_accuracy": test["accuracy"], "rank0_first_indices": first_indices}
@@ -273,16 +300,15 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
             f"test_acc {test['accuracy']:.4f}"
         )
         if args.checkpoint:
-            wrote_checkpoint |= save(raw_model, optimizer, epoch + 1, args.checkpoint, info)
-    report.record("history", history)
+            wrote_checkpoint |= save(run.raw_model, optimizer, epoch + 1, args.checkpoint, info)
+    run.report.record("history", history)
     # per epoch, over all ranks (benchmarks/ddp_scaling.py)
-    report.record("samples_per_s", samples_per_s)
-    mine = {"steps": steps, "wrote_checkpoint": wrote_checkpoint}
-    report_claims(report, args, info, raw_model, mine, test, before, len(test_set))
-    compare_with_dataparallel(report, info, raw_model, test_set)
+    run.report.record("samples_per_s", samples_per_s)
+    report_claims(run, {"steps": steps, "wrote_checkpoint": wrote_checkpoint}, test, before)
+    compare_with_dataparallel(run)
     if args.check_equivalence:
-        check_equivalence(report, args, info, raw_model, train_set)
-    report.finish(args.results)
+        check_equivalence(run)
+    run.report.finish(args.results)
 
 
 def print_ranks(args, facts: list[dict]) -> None:
@@ -298,10 +324,10 @@ def print_ranks(args, facts: list[dict]) -> None:
         )
 
 
-def report_claims(report: Report, args, info, raw_model, mine, test, before, n_test) -> None:
+def report_claims(run: Run, mine: dict, test: dict, before: dict) -> None:
     """Every rank's facts (printed by rank 0 in rank order), then the run's claims: `mine` holds this rank's
-    steps and whether it wrote the checkpoint, `test` and `before` the last and the first evaluation, `n_test`
-    the number of test images."""
+    steps and whether it wrote the checkpoint, `test` and `before` the last and the first evaluation."""
+    report, args, info = run.report, run.args, run.info
     here = {"rank": info.rank, "local_rank": info.local_rank, "device": str(info.device)}
     facts = gather_to_rank0({**here, **mine, "peak_rss_mb": peak_rss_mb()}, info) or []
     print_ranks(args, facts)
@@ -310,7 +336,7 @@ def report_claims(report: Report, args, info, raw_model, mine, test, before, n_t
     if info.distributed:
         report.claim(
             "replicas_identical",
-            max_param_diff_across_ranks(raw_model, info),
+            max_param_diff_across_ranks(run.raw_model, info),
             "==",
             0.0,
             "max parameter difference across ranks: {value:.1e} (no parameter server)",
@@ -332,7 +358,7 @@ def report_claims(report: Report, args, info, raw_model, mine, test, before, n_t
         "each_test_image_counted_once",
         test["count"],
         "==",
-        n_test,
+        len(run.test_set),
         "test images counted over all ranks: {value} (the padded repeats dropped)",
     )
     report.perf(
@@ -343,18 +369,18 @@ def report_claims(report: Report, args, info, raw_model, mine, test, before, n_t
     )
 
 
-def compare_with_dataparallel(report: Report, info: DistInfo, raw_model, test_set) -> None:
+def compare_with_dataparallel(run: Run) -> None:
     """nn.DataParallel (one process, threads) on rank 0: its output equals the module's."""
-    with rank0_only(info, "the DataParallel comparison") as mine:
+    with rank0_only(run.info, "the DataParallel comparison") as mine:
         if mine:
             print0(
                 "nn.DataParallel, the older API DDP replaces: ONE process drives every GPU with threads "
                 "(docs/launchers.md)"
             )
-            x = test_set.tensors[0].to(info.device)  # (359, 1, 8, 8)
-            device_ids, diff = dataparallel_difference(raw_model, x)
-            report.record("dataparallel_device_ids", device_ids)
-            report.claim(
+            x = run.test_set.tensors[0].to(run.info.device)  # (359, 1, 8, 8)
+            device_ids, diff = dataparallel_difference(run.raw_model, x)
+            run.report.record("dataparallel_device_ids", device_ids)
+            run.report.claim(
                 "dataparallel_output_equals_module",
                 diff,
                 "<=",
@@ -374,17 +400,18 @@ def compare_with_dataparallel(report: Report, info: DistInfo, raw_model, test_se
 ORDER_NOTE = " (3+ ranks: float32 sums in another order, no claim; see ORDER_NOTE in the code)"
 
 
-def check_equivalence(report: Report, args, info: DistInfo, raw_model, train_set) -> None:
+def check_equivalence(run: Run) -> None:
     """--check-equivalence: rank 0 replays the run in one process; the parameters match."""
+    report, args, info = run.report, run.args, run.info
     # the other ranks wait for this rank-0-only phase without the --timeout-s bound
     with rank0_only(info, "the one-process replay") as mine:
         if mine:
             t0 = time.perf_counter()
             reference, _ = replay_on_one_process(
-                train_set, info.world_size, args, info.device, lr_at
+                run.train_set, info.world_size, args, info.device, lr_at
             )
             report.perf("replay_s", time.perf_counter() - t0, "one-process replay: {value:.2f} s")
-            ddp, replay = list(raw_model.parameters()), list(reference.parameters())
+            ddp, replay = list(run.raw_model.parameters()), list(reference.parameters())
             diff = max_abs_diff_all(ddp, replay)  # NaN-safe: a diverged run fails the claim
             sentence = (
                 "DDP on {ranks} ranks vs one process on the global batch: "
@@ -400,37 +427,12 @@ def check_equivalence(report: Report, args, info: DistInfo, raw_model, train_set
                 )
 
 
-def spawn_worker(rank: int, world_size: int, args: argparse.Namespace) -> None:
-    """mp.spawn calls this in each child, rank first; rank and world size go to init_process_group by hand."""
-
-    def work() -> None:
-        backend, device = choose_backend_and_device(args.backend, args.device, rank, world_size)
-        if device.type == "cuda":
-            deterministic_cuda()  # as setup() does: the equivalence is checked bit for bit
-            torch.cuda.set_device(device)
-        dist.init_process_group(
-            backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=args.timeout_s)
-        )
-        try:
-            train(args, DistInfo(rank, rank, world_size, world_size, backend, device))
-        finally:
-            dist.destroy_process_group()
-
-    run_main(work)  # ends the child with os._exit: 0, or 2 after a one-line error
-
-
 def main() -> None:
     args = parse_args()
-    if args.spawn:  # mp.spawn instead of torchrun: we do the launcher's work ourselves
-        with socket.socket() as s:  # a free port for rank 0's TCPStore
-            s.bind(("127.0.0.1", 0))
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
-        try:  # start method "spawn": fresh interpreters that import this file and unpickle spawn_worker
-            mp.spawn(spawn_worker, args=(args.spawn, args), nprocs=args.spawn, join=True)
-        except mp.ProcessExitedException as e:
-            raise LessonError(
-                f"--spawn: process {e.error_index} exited with status {e.exit_code}"
-            ) from None
+    if (
+        args.spawn
+    ):  # mp.spawn instead of torchrun: we do the launcher's work (common/harness/spawn.py)
+        spawn_world(train, args.spawn, args)
         return
     with distributed_session(args) as info:
         train(args, info)

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from common.exhibits.frame import Ctx, exhibit, first_line
-from common.exhibits.launchers import TORCHRUN, WORKER, _free_port
+from common.exhibits.launchers import TORCHRUN, WORKER
+from common.harness.spawn import free_port
 from common.run.launch import REPO_ROOT
 
 
@@ -113,7 +114,7 @@ def second_job_joins_first(ctx: Ctx) -> None:
     with ctx.rank0("two jobs with one rendezvous") as mine:
         if not mine:
             return
-        port = _free_port()
+        port = free_port()
         same = _same_endpoint(port, "myjob", "1:2")
         text_a, text_b = _two_jobs(same, same, 60, wait_for="closing signal SIGTERM", then_s=0.5)
         killed = first_line(
@@ -141,7 +142,7 @@ def second_job_joins_first(ctx: Ctx) -> None:
             "TORCHELASTIC_RUN_ID is the same in both jobs; LOGLEVEL=INFO shows A's agent "
             "detecting the new node",
         )
-        port = _free_port()
+        port = free_port()
         args_a, args_b = _same_endpoint(port, "jobA", "1:2"), _same_endpoint(port, "jobB", "1:2")
         text_a, text_b = _two_jobs(args_a, args_b, 0, then_s=10)
         alone = [
@@ -178,7 +179,7 @@ def second_job_loses_store(ctx: Ctx) -> None:
     with ctx.rank0("two jobs on one endpoint") as mine:
         if not mine:
             return
-        port = _free_port()
+        port = free_port()
         text_a, text_b = _two_jobs(
             _same_endpoint(port, "jobA"), _same_endpoint(port, "jobB"), 60, then_s=20
         )
@@ -204,7 +205,7 @@ def second_job_loses_store(ctx: Ctx) -> None:
             "c10d store at A's --rdzv-endpoint",
         )
         text_a, text_b = _two_jobs(
-            _same_endpoint(port, "jobA"), _same_endpoint(_free_port(), "jobB"), 3, then_s=30
+            _same_endpoint(port, "jobA"), _same_endpoint(free_port(), "jobB"), 3, then_s=30
         )
         ctx.step(
             "fix",

@@ -16,15 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from common.exhibits.frame import Ctx, exhibit, first_line, normalise
 from common.harness.session import add_legacy_launcher_args
+from common.harness.spawn import free_port
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 WORKER = ["-m", "common.exhibits.worker"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @exhibit(
@@ -100,7 +95,7 @@ def local_rank_from_global_rank(ctx: Ctx) -> None:
             "--nnodes=2",
             f"--nproc_per_node={gpus_per_node}",
             "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
             f"--rdzv-id=job-{uuid.uuid4().hex[:8]}",
             *WORKER,
             "env",
@@ -151,8 +146,8 @@ if __name__ == "__main__":
         mp.spawn(worker, nprocs=1)
     except Exception as e:
         print("parent:", type(e).__name__ + ":", str(e).splitlines()[0], flush=True)
-    from common.exhibits.worker import spawn_worker   # importable: the fix
-    mp.spawn(spawn_worker, args=(2, {port}), nprocs=2)
+    from common.exhibits.worker import exhibit_spawn_worker   # importable: the fix
+    mp.spawn(exhibit_spawn_worker, args=(2, {port}), nprocs=2)
 """
 
 
@@ -170,7 +165,7 @@ def mp_spawn_inline_function(ctx: Ctx) -> None:
     with ctx.rank0("mp.spawn") as mine:
         if not mine:
             return
-        port = _free_port()
+        port = free_port()
         code, out = ctx.launch([sys.executable, "-c", SPAWN_SCRIPT.format(port=port)], 90)
         child = first_line(out, "Can't get attribute")
         ctx.step(

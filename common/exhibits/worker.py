@@ -52,7 +52,7 @@ def env(argv: list[str]) -> None:
         time.sleep(float(wait))
 
 
-def spawn_worker(rank: int, world_size: int, port: int) -> None:
+def exhibit_spawn_worker(rank: int, world_size: int, port: int) -> None:
     """An importable mp.spawn target: rank comes first; MASTER_ADDR/PORT come from the environment."""
     from datetime import timedelta
 

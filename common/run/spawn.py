@@ -4,14 +4,14 @@ importable (lesson 03).
 `mp.spawn(fn, args=(...), nprocs=N)` starts N fresh interpreters (start method "spawn") and calls
 `fn(rank, *args)` in each; it sets no environment variable. The parent sets MASTER_ADDR and MASTER_PORT (the
 children inherit them) and each child passes its rank and the world size to `init_process_group`:
-`lessons/03_ddp.py` (`--spawn N`, `spawn_worker`) is the code to copy. This module holds what notebook 03 and the
+`common/harness/spawn.py` (lesson 03's `--spawn N`) is the code to copy. This module holds what notebook 03 and the
 tests need to show it from inside a notebook: a bounded spawn that keeps the children's output out of the cells.
 
 Why importable: `fn` travels to the children pickled by reference, as (module name, function name); each
 child imports the module and looks the name up. A function defined in a notebook cell (or in `python -c`)
 lives in the parent's `__main__`, which has no file a child could import, so every child dies with
 "AttributeError: Can't get attribute 'fn' on <module '__main__' ...>" and mp.spawn raises
-`ProcessExitedException`. A function imported from a module (here: `lessons.03_ddp.spawn_worker`) works.
+`ProcessExitedException`. A function imported from a module (here: `common.harness.spawn.spawn_worker`) works.
 See https://pytorch.org/docs/stable/multiprocessing.html#spawning-subprocesses and the "programming
 guidelines" of Python's multiprocessing (https://docs.python.org/3/library/multiprocessing.html).
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
+import re
 import sys
 import tempfile
 import time
@@ -30,14 +30,9 @@ from dataclasses import dataclass
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
-__all__ = ["free_port", "SpawnOutcome", "spawn_and_wait"]
+from common.harness.spawn import free_port
 
-
-def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 now (the OS picks it): a MASTER_PORT for one world."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["SpawnOutcome", "spawn_and_wait"]
 
 
 @dataclass
@@ -54,9 +49,11 @@ class SpawnOutcome:
     error: str = ""
     output: str = ""
 
-    def lines_with(self, text: str) -> list[str]:
-        """The distinct lines of `output` that contain `text`, sorted (children may print the same line)."""
-        return sorted({line.strip() for line in self.output.splitlines() if text in line})
+    def matches(self, pattern: str) -> list[str]:
+        """The distinct matches of the regular expression `pattern` in `output`, sorted. The children
+        write to one file, so two tracebacks can interleave part by part ("AttributeErrorAttributeError:
+        : ..."); one message is one write, so it survives whole."""
+        return sorted(set(re.findall(pattern, self.output)))
 
 
 def spawn_and_wait(
