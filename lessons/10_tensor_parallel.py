@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -327,9 +328,21 @@ def norm_gradients(report: Report, sp_block: Block, full: Block) -> None:
     )
 
 
-def train_both(grid: Grid, args: argparse.Namespace):
-    """SGD on the digits for --steps, the unsplit model and its split copy on the same batches; returns both
-    models, their losses per step, the held-out images (x (359, 8, 8), y (359,)) and their loss before."""
+@dataclass
+class TrainedBoth:
+    """The unsplit model and its split copy after training on the same batches, their losses per
+    step ("unsplit", "split"), the held-out images (x (359, 8, 8), y (359,)) and the split model's
+    loss on them before training."""
+
+    full: torch.nn.Module
+    split: torch.nn.Module
+    losses: dict
+    test: tuple
+    before: float
+
+
+def train_both(grid: Grid, args: argparse.Namespace) -> TrainedBoth:
+    """SGD on the digits for --steps, the unsplit model and its split copy on the same batches."""
     device = grid.info.device
     set_seed(args.seed)
     full = digits_transformer(args.hidden, args.heads, layers=1).to(device)
@@ -337,9 +350,8 @@ def train_both(grid: Grid, args: argparse.Namespace):
     split = tensor_parallelize(full, grid.coords["tp"], grid.size("tp"), grid.group("tp"))
     train_set, test_set = digits_split()
     images, labels = train_set.tensors
-    g = torch.Generator().manual_seed(
-        args.seed
-    )  # the same batches on every rank: tp ranks share them
+    # the same batches on every rank: tp ranks share them
+    g = torch.Generator().manual_seed(args.seed)
     tx, ty = (t.to(device) for t in test_set.tensors)  # (359, 1, 8, 8), (359,)
     test = (tx.squeeze(1), ty)  # held out: less noisy than a few training batches
     before = test_loss(split, test)
@@ -355,7 +367,7 @@ def train_both(grid: Grid, args: argparse.Namespace):
             loss.backward()
             opt.step()
             losses[name].append(loss.item())
-    return full, split, losses, test, before
+    return TrainedBoth(full, split, losses, test, before)
 
 
 def test_loss(model, test) -> float:
@@ -365,15 +377,17 @@ def test_loss(model, test) -> float:
 
 def train(report: Report, grid: Grid, args: argparse.Namespace) -> None:
     """Section 4: the split model trains on the digits exactly like the unsplit one."""
-    full, split, losses, test, before = train_both(grid, args)
-    report.record("losses", losses)
-    bad = [i for i, loss in enumerate(losses["unsplit"]) if not math.isfinite(loss)]
+    run = train_both(grid, args)
+    report.record("losses", run.losses)
+    bad = [i for i, loss in enumerate(run.losses["unsplit"]) if not math.isfinite(loss)]
     if bad:  # the equality claims below then fail on NaN, as they must; say why once
         print0(
             f"training: the unsplit run itself diverged at step {bad[0]} "
-            f"(loss {losses['unsplit'][bad[0]]}): --lr {args.lr:g} is too large for this model and batch"
+            f"(loss {run.losses['unsplit'][bad[0]]}): --lr {args.lr:g} is too large for this model and batch"
         )
-    gap = max_over_ranks(nan_max(abs(a - b) for a, b in zip(losses["unsplit"], losses["split"])))
+    gap = max_over_ranks(
+        nan_max(abs(a - b) for a, b in zip(run.losses["unsplit"], run.losses["split"]))
+    )
     report.claim(
         "training_follows_unsplit",
         gap,
@@ -383,10 +397,12 @@ def train(report: Report, grid: Grid, args: argparse.Namespace) -> None:
         steps=args.steps,
         tp=grid.size("tp"),
     )
-    params_diff = max_over_ranks(max_shard_diff(full, split, grid.coords["tp"]))
+    params_diff = max_over_ranks(max_shard_diff(run.full, run.split, grid.coords["tp"]))
     text = "  max |parameter shard - unsplit slice| after training = {value:.1e}"
     report.claim("training_params_equal_unsplit", params_diff, "<=", TOL, text)
-    after = {name: test_loss(m, test) for name, m in (("unsplit", full), ("split", split))}
+    after = {
+        name: test_loss(m, run.test) for name, m in (("unsplit", run.full), ("split", run.split))
+    }
     report.claim(
         "training_test_loss_equals_unsplit",
         max_over_ranks(abs(after["split"] - after["unsplit"])),
@@ -396,14 +412,14 @@ def train(report: Report, grid: Grid, args: argparse.Namespace) -> None:
     )
     report.value(
         "test_loss_ratio",
-        after["split"] / before,
+        after["split"] / run.before,
         "  test loss of the split model {before:.3f} before training, {after:.3f} after: "
         "ratio {value:.2f}",
-        before=before,
+        before=run.before,
         after=after["split"],
     )
     with torch.no_grad():
-        accuracy = (split(test[0]).argmax(1) == test[1]).float().mean().item()
+        accuracy = (run.split(run.test[0]).argmax(1) == run.test[1]).float().mean().item()
     report.value("test_accuracy", accuracy, "  test accuracy of the split model: {value:.3f}")
 
 

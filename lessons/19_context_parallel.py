@@ -51,7 +51,13 @@ from common.context_parallel.ring_attention import (
     time_forward,
 )
 from common.context_parallel.torch_cp import try_context_parallel
-from common.context_parallel.training import held_out_loss, one_process_step, sum_grads, token_loss
+from common.context_parallel.training import (
+    TrainedPair,
+    held_out_loss,
+    one_process_step,
+    sum_grads,
+    token_loss,
+)
 from common.context_parallel.ulysses import ulysses_attention
 from common.data import PIXEL_VOCAB, digit_sequences, next_token_targets
 from common.harness.env import LessonError, read_torchrun_env
@@ -88,9 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace, cp: int) -> None:
     """Refuse, with one line, what would make a claim fail or the splits impossible (cp = the world size)."""
-    if (
-        not 1 <= args.seq_len <= 1024
-    ):  # the bound 1e-5 is absolute: q, k, v gradients sum over S terms
+    # the bound 1e-5 is absolute: q, k, v gradients sum over S terms
+    if not 1 <= args.seq_len <= 1024:
         raise LessonError(f"--seq-len must be in 1..1024 (got {args.seq_len}): 1e-5 is absolute")
     if args.steps < 20 or args.batch_size < 1:
         raise LessonError("--steps must be >= 20 (time for the loss to fall), --batch-size >= 1")
@@ -256,10 +261,8 @@ def load_balance(report: Report, grid: Grid, args, runs: dict) -> None:
             S=S,
         )
         ratio = max(pairs[kind]) / min(pairs[kind])
-        if (
-            kind == "contiguous"
-        ):  # c = S/cp tokens a rank; rank r sees r whole chunks and its diagonal
-            c = S // cp
+        if kind == "contiguous":
+            c = S // cp  # tokens a rank; rank r sees r whole chunks and its diagonal
             want = ((cp - 1) * c * c + causal_pairs(c)) / causal_pairs(c)
             text = "  max/min = {value:.2f} = ((cp-1) c^2 + c(c+1)/2) / (c(c+1)/2), c = S/cp\n"
             text += "  (the last rank works most)"
@@ -342,8 +345,8 @@ def ulysses(report: Report, grid: Grid, args, runs: dict) -> None:
     )
 
 
-def train(report: Report, grid: Grid, args) -> None:
-    """Section 4: the causal transformer trained with cp = world size, against the one-process model."""
+def train(report: Report, grid: Grid, args) -> TrainedPair:
+    """Section 4: the causal transformer trained with cp = world size, and the one-process model."""
     cp, cp_rank, group, dev = grid.size("cp"), grid.coords["cp"], grid.group("cp"), grid.info.device
     set_seed(args.seed)
     full = CausalTransformer(PIXEL_VOCAB, D_MODEL, args.heads, LAYERS, max_len=SEQ).to(dev)
@@ -380,14 +383,13 @@ def train(report: Report, grid: Grid, args) -> None:
         abs(wrong - losses["cp"][-1]),
         "  last step: the mean of per-rank mean losses is off the token mean by {value:.1e}",
     )
-    trained(report, grid, args, losses, (full, model, positions, test_tokens, test_before))
+    return TrainedPair(full, model, positions, test_tokens, test_before, losses)
 
 
-def trained(report: Report, grid: Grid, args, losses: dict, run: tuple) -> None:
+def trained(report: Report, grid: Grid, args, run: TrainedPair) -> None:
     """Section 4's claims: the cp model followed the one-process model, and its test loss fell."""
-    full, model, positions, test_tokens, test_before = run
     group = grid.group("cp")
-    gaps = (abs(a - b) for a, b in zip(losses["cp"], losses["one_process"]))
+    gaps = (abs(a - b) for a, b in zip(run.losses["cp"], run.losses["one_process"]))
     report.claim(
         "training_follows_one_process",
         max_over_ranks(nan_max(gaps), group),
@@ -396,7 +398,7 @@ def trained(report: Report, grid: Grid, args, losses: dict, run: tuple) -> None:
         "  {steps} SGD steps: max |loss cp - loss one process| = {value:.1e}",
         steps=args.steps,
     )
-    diff = max_over_ranks(max_abs_diff_all(model.parameters(), full.parameters()), group)
+    diff = max_over_ranks(max_abs_diff_all(run.model.parameters(), run.full.parameters()), group)
     report.claim(
         "training_params_equal_one_process",
         diff,
@@ -404,14 +406,14 @@ def trained(report: Report, grid: Grid, args, losses: dict, run: tuple) -> None:
         TOL,
         "  max |parameter cp - parameter one process| after training = {value:.1e}",
     )
-    after = held_out_loss(model, test_tokens, positions, group)
+    after = held_out_loss(run.model, run.test_tokens, run.positions, group)
     report.claim(
         "training_loss_falls",
-        after / test_before,
+        after / run.test_before,
         "<=",
         0.8,
         "  test loss per pixel {before:.3f} before training, {after:.3f} after: ratio {value:.2f}",
-        before=test_before,
+        before=run.test_before,
         after=after,
     )
 
@@ -438,7 +440,7 @@ def main(argv=None) -> None:
         activation_memory(report, grid, args)  # 1. why the sequence is the problem
         runs = ring_equals_full(report, grid, args)  # 2. ring attention = SDPA; its bytes
         load_balance(report, grid, args, runs)  # 3. contiguous vs zig-zag work
-        train(report, grid, args)  # 4. training with cp
+        trained(report, grid, args, train(report, grid, args))  # 4. training with cp
         ulysses(report, grid, args, runs)  # 5. the heads split
         pytorch_context_parallel(report, grid, args)  # 6. what PyTorch ships
         report.finish(args.results)

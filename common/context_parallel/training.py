@@ -11,13 +11,29 @@ gave part of every parameter's gradient, so the gradients are summed (not averag
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from common.data import next_token_targets
 
-__all__ = ["token_loss", "held_out_loss", "sum_grads", "one_process_step"]
+__all__ = ["TrainedPair", "token_loss", "held_out_loss", "sum_grads", "one_process_step"]
+
+
+@dataclass
+class TrainedPair:
+    """Two models trained on the same batches, one in one process and its copy with context
+    parallelism, with what their checks need: this rank's token positions, the held-out sequences,
+    the cp model's held-out loss before training and the losses per step ("one_process", "cp")."""
+
+    full: torch.nn.Module
+    model: torch.nn.Module
+    positions: torch.Tensor
+    test_tokens: torch.Tensor
+    test_before: float
+    losses: dict
 
 
 def token_loss(
