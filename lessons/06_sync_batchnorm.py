@@ -38,9 +38,11 @@ source.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
 
 from common.data import digits_split
 from common.data_parallel.bn_stats import (
@@ -58,7 +60,7 @@ from common.data_parallel.bn_stats import (
 from common.data_parallel.ddp_buffers import broadcasts_after_eval, count_buffer_broadcasts
 from common.data_parallel.sync_batchnorm import choose_sync_impl, convert_sync_batchnorm
 from common.harness.compat import ddp_buffer_sync  # forward_sync_buffers= on torch >= 2.13
-from common.harness.env import LessonError, choose_backend_and_device, read_torchrun_env
+from common.harness.env import DistInfo, LessonError, choose_backend_and_device, read_torchrun_env
 from common.harness.grid import Grid
 from common.harness.ranks import gather_to_rank0, max_param_diff_across_ranks
 from common.harness.results import Report
@@ -132,48 +134,62 @@ def build(variant: str, args, info, bn_group) -> tuple[nn.Module, nn.Module]:
     return raw_model, DDP(raw_model, device_ids=device_ids, **sync_buffers)
 
 
+@dataclass
+class Run:
+    """What every variant shares: the options, this rank, the report, the grid (its dimension bn:
+    the ranks that share statistics) with those groups as rank lists, the data and its loader, the
+    steps a variant trains, and the channels of the model's BatchNorm layers."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    grid: Grid
+    groups: list
+    train_set: TensorDataset
+    test_set: TensorDataset
+    loader: DataLoader
+    steps: int
+    channels: list
+
+
 def main() -> None:
     args = parse_args()
     with distributed_session(args) as info:
-        report = Report(info)
         g = args.group_size or info.world_size
         grid = Grid(info, replica=info.world_size // g, bn=g)  # bn: ranks that share statistics
         groups = sorted({tuple(m) for m in gather_to_rank0(grid.ranks_in("bn"), info) or [[0]]})
         train_set, test_set = digits_split(path=args.data)  # (1438, 1, 8, 8), (359, 1, 8, 8)
         loader = loader_for(train_set, args.batch_size, info.world_size, info.rank, args.seed)
-        steps = args.max_steps or len(loader)
-        report_setup(report, args, info, grid, groups, steps)
         channels = [m.num_features for _, m in batchnorm_modules(DigitsCNN())]  # [16, 32]
-        variants, rank0 = report.record("variants", {}), {}
-        # what every variant shares
-        run = dict(info=info, groups=groups, loader=loader, steps=steps, test_set=test_set)
-        run.update(channels=channels, report=report)
+        steps = args.max_steps or len(loader)
+        run = Run(
+            args, info, Report(info), grid, groups, train_set, test_set, loader, steps, channels
+        )
+        report_setup(run)
+        variants, rank0 = run.report.record("variants", {}), {}
 
         # ---- 1. SyncBatchNorm (the code to copy), then 2. plain BatchNorm, each rank its own buffers -------
         for variant in ("syncbn", "batchnorm"):
-            variants[variant], rank0[variant] = measure(variant, args, grid.group("bn"), **run)
+            variants[variant], rank0[variant] = measure(run, variant)
         ratio = variants["syncbn"]["mean_step_s"] / variants["batchnorm"]["mean_step_s"]
-        report.perf(
-            "step_time_ratio", ratio, "mean step time SyncBatchNorm / BatchNorm: {value:.2f}"
-        )
+        text = "mean step time SyncBatchNorm / BatchNorm: {value:.2f}"
+        run.report.perf("step_time_ratio", ratio, text)
         with rank0_only(info, "the one-process replay") as mine:
             if mine and g == info.world_size:
-                check_replay(report, args, info, train_set, steps, rank0)
+                check_replay(run, rank0)
 
         # ---- 3. DDP's default, forward_sync_buffers=True: when it broadcasts, and what it hides ------------
         if info.distributed:
-            no_sync_model = rank0["batchnorm"]
-            default_buffer_sync(
-                args, no_sync_model, info, loader, steps, test_set, channels, report
-            )
-        report.finish(args.results)
+            default_buffer_sync(run, no_sync_model=rank0["batchnorm"])
+        run.report.finish(args.results)
 
 
-def report_setup(report: Report, args, info, grid: Grid, groups: list, steps: int) -> None:
+def report_setup(run: Run) -> None:
     """The run's shape, the SyncBatchNorm implementation and the groups that share statistics."""
+    report, args, info = run.report, run.args, run.info
     report.value(
         "setup",
-        [info.world_size, args.batch_size, steps],
+        [info.world_size, args.batch_size, run.steps],
         "world_size {value[0]}, {value[2]} steps of {value[0]} x {value[1]} samples ({backend}, {device})",
         backend=info.backend,
         device=info.device.type,
@@ -182,24 +198,25 @@ def report_setup(report: Report, args, info, grid: Grid, groups: list, steps: in
     report.value("sync_impl", args.sync_impl, "SyncBatchNorm implementation: {impl}", impl=impl)
     report.value(
         "bn_groups",
-        [list(m) for m in groups],
+        [list(m) for m in run.groups],
         "SyncBatchNorm process groups (Grid dimension bn): {groups}",
-        groups=" ".join(str(list(m)) for m in groups),
+        groups=" ".join(str(list(m)) for m in run.groups),
     )
-    report.record("group_of_rank", gather_to_rank0(grid.coords["replica"], info))
+    report.record("group_of_rank", gather_to_rank0(run.grid.coords["replica"], info))
 
 
-def check_replay(report: Report, args, info, train_set, steps: int, rank0: dict) -> None:
+def check_replay(run: Run, rank0: dict) -> None:
     """Rank 0: `replay` of each variant in one process equals rank 0's DDP run (parameters and statistics)."""
-    run = (args.batch_size, info.world_size, steps, args.lr, args.seed, args.momentum)
+    args, info = run.args, run.info
+    shape = (args.batch_size, info.world_size, run.steps, args.lr, args.seed, args.momentum)
     for variant in ("syncbn", "batchnorm"):
-        twin = replay(variant, train_set, *run, device=info.device)
+        twin = replay(variant, run.train_set, *shape, device=info.device)
         # parameters, then running statistics; a NaN anywhere is the largest
         gap = max_abs_diff_all(
             [*rank0[variant].parameters(), running_stats(rank0[variant])],
             [*twin.parameters(), running_stats(twin)],
         )
-        report.claim(
+        run.report.claim(
             f"replay_equals_ddp_{variant}",
             gap,
             "<=",
@@ -209,30 +226,26 @@ def check_replay(report: Report, args, info, train_set, steps: int, rank0: dict)
         )
 
 
-def measure(variant, args, bn_group, info, groups, loader, steps, test_set, channels, report):
+def measure(run: Run, variant: str):
     """Train one variant on every rank; report its collectives, its buffers' spread and broadcasts, its
     accuracy. Returns (what was measured, raw_model)."""
+    report, info, groups, channels = run.report, run.info, run.groups, run.channels
     with count_buffer_broadcasts() as built:
-        raw_model, model = build(variant, args, info, bn_group)
+        raw_model, model = build(variant, run.args, info, run.grid.group("bn"))
     # raw_model is the DigitsCNN object passed in: were its 2 BatchNorm2d layers swapped?
     if variant == "syncbn":
         swapped = sum(type(m).__name__ == "SyncBatchNorm" for _, m in batchnorm_modules(raw_model))
-        report.claim(
-            "convert_swaps_in_place",
-            swapped,
-            "==",
-            len(channels),
-            "convert_sync_batchnorm swapped {value} BatchNorm2d for SyncBatchNorm",
-        )
+        text = "convert_sync_batchnorm swapped {value} BatchNorm2d for SyncBatchNorm"
+        report.claim("convert_swaps_in_place", swapped, "==", len(channels), text)
     curve = []
 
     def log(step: int) -> None:  # the spread of the running means, every 10 steps
         curve.append([step, spread(gather_stats(raw_model, info), channels)[0]])
 
     with count_buffer_broadcasts() as sent:
-        v = train_counted(model, raw_model, batches(loader, steps), args, info, log=log)
+        v = train_counted(model, raw_model, batches(run.loader, run.steps), run.args, info, log=log)
     stats = gather_stats(raw_model, info)  # (world_size, 96) for this CNN
-    acc = gather_to_rank0(local_accuracy(raw_model, test_set), info) or []  # [] off rank 0
+    acc = gather_to_rank0(local_accuracy(raw_model, run.test_set), info) or []  # [] off rank 0
     v.update(
         spread_curve=curve,
         first_layer_running_mean=stats[:, : channels[0]].tolist(),
@@ -262,13 +275,8 @@ def variant_claims(report: Report, variant: str, v: dict, sync_layers: int, info
     """Every variant: its collectives per step, identical parameters, no buffer broadcast in training."""
     c = v["collectives_per_step"]
     layers = sync_layers if variant == "syncbn" else 0  # one collective per synchronised layer
-    report.claim(
-        f"{variant}_forward_collectives",
-        c["forward"],
-        "==",
-        layers,
-        PAD + "collectives per step of the BatchNorm layers: forward {value}",
-    )
+    text = PAD + "collectives per step of the BatchNorm layers: forward {value}"
+    report.claim(f"{variant}_forward_collectives", c["forward"], "==", layers, text)
     report.claim(
         f"{variant}_backward_collectives", c["backward"], "==", layers, PAD + "... backward {value}"
     )
@@ -280,40 +288,20 @@ def variant_claims(report: Report, variant: str, v: dict, sync_layers: int, info
         PAD + "... plus {value} DDP gradient bucket all-reduce (150 KB of gradients < the 1 MiB "
         "first bucket)",
     )
-    report.claim(
-        f"{variant}_params_identical_across_ranks",
-        v["max_param_diff"],
-        "==",
-        0.0,
-        PAD + "max |parameter difference| across ranks: {value:.1e} (DDP)",
-    )
-    report.claim(
-        f"{variant}_no_forward_broadcasts",
-        v["broadcasts_in_training"],
-        "==",
-        0,
-        PAD + "buffer broadcasts in training (forward_sync_buffers=False): {value}",
-    )
+    text = PAD + "max |parameter difference| across ranks: {value:.1e} (DDP)"
+    report.claim(f"{variant}_params_identical_across_ranks", v["max_param_diff"], "==", 0.0, text)
+    text = PAD + "buffer broadcasts in training (forward_sync_buffers=False): {value}"
+    report.claim(f"{variant}_no_forward_broadcasts", v["broadcasts_in_training"], "==", 0, text)
 
 
 def syncbn_claims(report: Report, v: dict, stats, acc: list, groups: list, channels: list) -> None:
     """SyncBatchNorm: identical statistics (and accuracy) within each group, different between groups."""
-    report.claim(
-        "syncbn_stats_identical_within_group",
-        v["spread_within_groups"],
-        "==",
-        0.0,
-        PAD + "running-statistics spread within each group: {value:.1e}",
-    )
+    text = PAD + "running-statistics spread within each group: {value:.1e}"
+    report.claim("syncbn_stats_identical_within_group", v["spread_within_groups"], "==", 0.0, text)
     if acc:
         spread_acc = max(max(acc[r] for r in m) - min(acc[r] for r in m) for m in groups)
-        report.claim(
-            "syncbn_accuracy_identical_within_group",
-            spread_acc,
-            "==",
-            0.0,
-            PAD + "test-accuracy spread within each group: {value}",
-        )
+        text = PAD + "test-accuracy spread within each group: {value}"
+        report.claim("syncbn_accuracy_identical_within_group", spread_acc, "==", 0.0, text)
     if len(groups) > 1:
         v["spread_across_groups"] = spread(stats[[m[0] for m in groups]], channels)[0]
         report.claim(
@@ -327,20 +315,10 @@ def syncbn_claims(report: Report, v: dict, stats, acc: list, groups: list, chann
 
 def batchnorm_claims(report: Report, v: dict, raw_model, built: list[int]) -> None:
     """Plain BatchNorm, 2+ ranks: each rank's statistics drift apart; DDP's construction sent the buffers."""
-    report.claim(
-        "batchnorm_running_mean_drifts",
-        v["spread_running_mean"],
-        ">=",
-        DRIFT,
-        PAD + "running-mean spread between ranks: {value:.2e} (each rank its own)",
-    )
-    report.claim(
-        "batchnorm_running_var_drifts",
-        v["spread_running_var"],
-        ">=",
-        DRIFT,
-        PAD + "running-var spread between ranks: {value:.2e}",
-    )
+    text = PAD + "running-mean spread between ranks: {value:.2e} (each rank its own)"
+    report.claim("batchnorm_running_mean_drifts", v["spread_running_mean"], ">=", DRIFT, text)
+    text = PAD + "running-var spread between ranks: {value:.2e}"
+    report.claim("batchnorm_running_var_drifts", v["spread_running_var"], ">=", DRIFT, text)
     params = sum(p.numel() * p.element_size() for p in raw_model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in raw_model.buffers())
     report.claim(
@@ -353,12 +331,13 @@ def batchnorm_claims(report: Report, v: dict, raw_model, built: list[int]) -> No
     )
 
 
-def default_buffer_sync(args, no_sync_model, info, loader, steps, test_set, channels, report):
+def default_buffer_sync(run: Run, no_sync_model: nn.Module) -> None:
     """3. Plain BatchNorm under DDP's default: the broadcasts of a training step; rank 0's statistics."""
-    raw_model, model = build("batchnorm_default", args, info, None)
+    report, info, steps = run.report, run.info, run.steps
+    raw_model, model = build("batchnorm_default", run.args, info, None)
     # tracker: the statistics of the world's batch
     with global_batch_tracker(raw_model) as tracker, count_buffer_broadcasts() as sent:
-        train_counted(model, raw_model, batches(loader, steps), args, info)
+        train_counted(model, raw_model, batches(run.loader, steps), run.args, info)
     report.claim(
         "broadcasts_per_training_step",
         len(sent) / steps,
@@ -371,9 +350,8 @@ def default_buffer_sync(args, no_sync_model, info, loader, steps, test_set, chan
         size=sent[0],
     )
     mine = running_stats(raw_model)
-    if (
-        info.master_process
-    ):  # rank 0's statistics are the source of every broadcast: never overwritten
+    # rank 0's statistics are the source of every broadcast: never overwritten
+    if info.master_process:
         report.claim(
             "default_rank0_same_as_without_sync",
             (mine - running_stats(no_sync_model)).abs().max(),
@@ -389,14 +367,15 @@ def default_buffer_sync(args, no_sync_model, info, loader, steps, test_set, chan
                 DRIFT,
                 "... and differ from the global batch's (tracked) by {value:.2e}",
             )
-    buffer_sync_in_evaluation(model, raw_model, info, loader, test_set, channels, report)
+    buffer_sync_in_evaluation(run, model, raw_model)
 
 
-def buffer_sync_in_evaluation(model, raw_model, info, loader, test_set, channels, report) -> None:
+def buffer_sync_in_evaluation(run: Run, model: nn.Module, raw_model: nn.Module) -> None:
     """3, continued: an evaluation through the wrapper sends once and hides the drift; the training step
     after it sends nothing; under no_sync, one broadcast per optimizer step."""
+    report, info = run.report, run.info
     with count_buffer_broadcasts() as sent:  # THROUGH the wrapper: 3 forwards of 128 under no_grad
-        acc = gather_to_rank0(local_accuracy(model, test_set), info)
+        acc = gather_to_rank0(local_accuracy(model, run.test_set), info)
     report.claim(
         "broadcasts_per_evaluation",
         len(sent),
@@ -406,7 +385,7 @@ def buffer_sync_in_evaluation(model, raw_model, info, loader, test_set, channels
         "it synced)",
     )
     # the larger of the running means' and variances' spread
-    after = nan_max(spread(gather_stats(raw_model, info), channels))
+    after = nan_max(spread(gather_stats(raw_model, info), run.channels))
     report.claim(
         "default_stats_equal_after_eval",
         after,
@@ -423,7 +402,7 @@ def buffer_sync_in_evaluation(model, raw_model, info, loader, test_set, channels
             "test accuracy {acc:.4f} on every rank (spread {value}): rank 0's model everywhere",
             acc=acc[0],
         )
-    first_step, accumulation = broadcasts_after_eval(model, batches(loader, 7), info.device)
+    first_step, accumulation = broadcasts_after_eval(model, batches(run.loader, 7), info.device)
     report.claim(
         "broadcasts_first_step_after_eval",
         first_step,
