@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import argparse
 import copy
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import TensorDataset
 
 from common.data import digits_split
-from common.harness.env import LessonError
+from common.harness.env import DistInfo, LessonError
 from common.harness.ranks import print0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
@@ -56,6 +58,23 @@ from common.measure.memory import (
 from common.measure.precision import autocast_context
 
 TOL = 1e-5
+
+
+@dataclass
+class Run:
+    """What every section shares: the options, this rank, the report, the model (`model` is the DDP
+    wrapper under torchrun, `raw_model` the ResidualMLP inside), its initial weights, the training
+    set, and this rank's micro-batch x (B, 1, 8, 8), y (B,)."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    model: torch.nn.Module
+    raw_model: ResidualMLP
+    init_state: dict
+    train_set: TensorDataset
+    x: torch.Tensor
+    y: torch.Tensor
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -82,8 +101,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------- 1. the bytes a rank holds, measured
-def bytes_held(model, raw_model, counter, x, y, report: Report) -> tuple[dict, int]:
+def bytes_held(run: Run, counter: CommCounter) -> tuple[dict, int]:
     """1. One DDP + Adam step, then count what this rank holds. Returns (bytes by kind, Adam's states)."""
+    model, raw_model, x, y, report = run.model, run.raw_model, run.x, run.y, run.report
     # warm-up: DDP builds its final buckets after iteration 1
     F.cross_entropy(model(x), y).backward()
     raw_model.zero_grad(set_to_none=True)
@@ -120,15 +140,16 @@ def bytes_held(model, raw_model, counter, x, y, report: Report) -> tuple[dict, i
     return held, len(optimizer.state)
 
 
-def report_bytes_held(held: dict, n_state: int, raw_model, B: int, info, report: Report) -> None:
+def report_bytes_held(run: Run, held: dict, n_state: int) -> None:
     """1, continued: each kind of bytes against its count from the parameters and the shapes."""
+    raw_model, B, report = run.raw_model, len(run.x), run.report
     w, d = raw_model.stem.out_features, len(raw_model.blocks)  # width, depth
     P = 4 * sum(q.numel() for q in raw_model.parameters())
     # parameters, gradients and (under DDP) buckets: P each. gradient_as_bucket_view=True would make .grad
     # views into the buckets: P saved
     exact = {"parameter": "parameters", "gradient": "gradients", "ddp_bucket": "ddp_buckets"}
     for name, kind in exact.items():
-        if kind != "ddp_buckets" or info.distributed:
+        if kind != "ddp_buckets" or run.info.distributed:
             report.claim(
                 f"{name}_bytes_exact", held[kind], "==", P, "  {k} = P = {value} bytes", k=kind
             )
@@ -159,8 +180,9 @@ def report_bytes_held(held: dict, n_state: int, raw_model, B: int, info, report:
     )
 
 
-def checkpointing_gradients(model, raw_model, x, y, info, report: Report) -> None:
+def checkpointing_gradients(run: Run) -> None:
     """2. Checkpointing recomputes each block's forward in backward: the same gradients."""
+    model, raw_model, x, y = run.model, run.raw_model, run.x, run.y
     grads = {}
     for ck in (False, True):  # synchronised backward under DDP, with and without checkpointing
         raw_model.checkpointing = ck
@@ -170,13 +192,8 @@ def checkpointing_gradients(model, raw_model, x, y, info, report: Report) -> Non
     raw_model.checkpointing = False
     print0("\n2. activations (saved-tensor bytes of one forward, parameters excluded)")
     gap = max_over_ranks(max_abs_diff_all(grads[True], grads[False]))
-    report.claim(
-        "checkpointing_same_gradients",
-        gap,
-        "<=",
-        TOL,
-        "  checkpointing vs plain: gradients differ by {value:.1e}",
-    )
+    text = "  checkpointing vs plain: gradients differ by {value:.1e}"
+    run.report.claim("checkpointing_same_gradients", gap, "<=", TOL, text)
 
 
 def activation_table(raw_model, x, report: Report) -> None:
@@ -206,22 +223,14 @@ def activation_table(raw_model, x, report: Report) -> None:
         or r["checkpointing_bytes"] != residual_mlp_activation_bytes(r["micro_batch"], w, d, True)
         for r in by_micro
     )
-    report.claim(
-        "activation_rows_off_formula",
-        off,
-        "==",
-        0,
-        "  rows that differ from 4 B (64 + w (3d + 2)) and 4 B (64 + w (d + 2)): {value}",
-    )
+    text = "  rows that differ from 4 B (64 + w (3d + 2)) and 4 B (64 + w (d + 2)): {value}"
+    report.claim("activation_rows_off_formula", off, "==", 0, text)
 
 
 def activation_savings(raw_model, x, report: Report) -> None:
     """2, continued: what checkpointing, accumulation and bf16 save at this micro-batch."""
-    B, w, d = (
-        len(x),
-        raw_model.stem.out_features,
-        len(raw_model.blocks),
-    )  # micro-batch, width, depth
+    # micro-batch, width, depth
+    B, w, d = len(x), raw_model.stem.out_features, len(raw_model.blocks)
     plain_b = raw_model.activation_bytes(x)
     ck_b = raw_model.activation_bytes(x, checkpointing=True)
     cut = 1 - ck_b / plain_b
@@ -237,13 +246,8 @@ def activation_savings(raw_model, x, report: Report) -> None:
         cut=1 - shapes,
     )
     if (w, d) == (256, 4):
-        report.claim(
-            "checkpointing_cut_as_stated",
-            abs(cut - 0.56),
-            "<=",
-            0.01,
-            "  ... |cut - 56%| = {value:.3f} (the docstring's number at width 256, depth 4)",
-        )
+        text = "  ... |cut - 56%| = {value:.3f} (the docstring's number at width 256, depth 4)"
+        report.claim("checkpointing_cut_as_stated", abs(cut - 0.56), "<=", 0.01, text)
     with autocast_context(x.device, "bf16"):
         bf16_b = raw_model.activation_bytes(x)
     saved = {
@@ -265,13 +269,8 @@ def activation_savings(raw_model, x, report: Report) -> None:
         0.3,
         "  accumulation, k = 4 micro-batches of B / 4: {value:.3f} x plain",
     )
-    report.claim(
-        "checkpointing_activation_share",
-        ck_b / plain_b,
-        "<=",
-        max(0.6, shapes),
-        "  checkpointing: {value:.3f} x plain",
-    )
+    text = "  checkpointing: {value:.3f} x plain"
+    report.claim("checkpointing_activation_share", ck_b / plain_b, "<=", max(0.6, shapes), text)
     bf16_activations(raw_model, saved, plain_b, report)
 
 
@@ -301,13 +300,14 @@ def bf16_activations(raw_model, saved: dict, plain_b: int, report: Report) -> No
     )
 
 
-def bf16_vs_fp32(model, raw_model, init_state, train_set, args, info, report: Report) -> None:
+def bf16_vs_fp32(run: Run) -> None:
     """3. bf16 autocast vs fp32: the same SGD run, k = 2 micro-batches of 8 per step."""
+    model, raw_model, args, info = run.model, run.raw_model, run.args, run.info
     finals = {}
     for precision in ("fp32", "bf16"):
-        raw_model.load_state_dict(init_state)
+        raw_model.load_state_dict(run.init_state)
         opt = torch.optim.SGD(raw_model.parameters(), lr=args.lr, momentum=0.9)
-        stream = micro_batch_stream(train_set, 8, info.world_size, info.rank, args.seed)
+        stream = micro_batch_stream(run.train_set, 8, info.world_size, info.rank, args.seed)
         for _step in range(args.steps):
             for micro_step in range(2):
                 xb, yb = (t.to(info.device) for t in next(stream))
@@ -321,11 +321,11 @@ def bf16_vs_fp32(model, raw_model, init_state, train_set, args, info, report: Re
             opt.zero_grad(set_to_none=True)
         finals[precision] = [p.detach().clone() for p in raw_model.parameters()]
     bf16_diff = max_over_ranks(max_abs_diff_all(finals["bf16"], finals["fp32"]))
-    change = max_over_ranks(max_abs_diff_all(finals["fp32"], init_state.values()))
+    change = max_over_ranks(max_abs_diff_all(finals["fp32"], run.init_state.values()))
     print0(f"\n3. bf16 autocast vs fp32 after {args.steps} optimizer steps")
     # bf16 keeps 8 significant bits (relative rounding up to 2^-8 = 0.4%) in matmul inputs and outputs; the
     # parameters, gradients and the update stay fp32: under 1% of the largest change here, well within 1e-3.
-    report.claim(
+    run.report.claim(
         "bf16_close_to_fp32",
         bf16_diff,
         "<=",
@@ -333,18 +333,19 @@ def bf16_vs_fp32(model, raw_model, init_state, train_set, args, info, report: Re
         "  max |parameter difference| {value:.1e} (largest fp32 parameter change {change:.1e})",
         change=change,
     )
-    report.claim(
+    run.report.claim(
         "bf16_really_ran", bf16_diff, ">=", 1e-7, "  ... and not 0 (bf16 really ran): {value:.1e}"
     )
 
 
-def fp16_with_grad_scaler(model, raw_model, init_state, x, y, args, info, report: Report):
+def fp16_with_grad_scaler(run: Run) -> torch.optim.Optimizer:
     """4. fp16 + GradScaler under accumulation: 8 micro-batches, k = 4 -> exactly 2 steps. Returns the
     optimizer (the double-unscale demo reuses it)."""
-    dev = info.device
+    model, raw_model, x, y, report = run.model, run.raw_model, run.x, run.y, run.report
+    dev = run.info.device
     scaler, k, errors = CountingScaler(dev.type), 4, 0
-    opt = torch.optim.SGD(raw_model.parameters(), lr=args.lr)
-    raw_model.load_state_dict(init_state)
+    opt = torch.optim.SGD(raw_model.parameters(), lr=run.args.lr)
+    raw_model.load_state_dict(run.init_state)
     try:
         for micro_step in range(8):
             last = (micro_step + 1) % k == 0
@@ -383,12 +384,13 @@ def fp16_with_grad_scaler(model, raw_model, init_state, x, y, args, info, report
     return opt
 
 
-def double_unscale(model, opt, x, y, info, report: Report) -> None:
+def double_unscale(run: Run, opt: torch.optim.Optimizer) -> None:
     """4, continued: the classic mistake, unscale_ on every micro-step, raises at the second."""
-    wrong, message = torch.amp.GradScaler(info.device.type), "no error"
+    model, x, y, report = run.model, run.x, run.y, run.report
+    wrong, message = torch.amp.GradScaler(run.info.device.type), "no error"
     for micro_step in range(2):
         with no_sync_unless(model, last=False):
-            with autocast_context(info.device, "fp16"):
+            with autocast_context(run.info.device, "fp16"):
                 wrong.scale(F.cross_entropy(model(x[micro_step::8]), y[micro_step::8])).backward()
         try:
             wrong.unscale_(opt)
@@ -396,13 +398,8 @@ def double_unscale(model, opt, x, y, info, report: Report) -> None:
             message = str(e).split("\n")[0]
     opt.zero_grad(set_to_none=True)
     report.value("double_unscale_error", message, "  unscale_ on every micro-step: {value}")
-    report.claim(
-        "double_unscale_raises",
-        int("already been called" in message),
-        "==",
-        1,
-        "  ... the second unscale_ before update() raises: {value}",
-    )
+    text = "  ... the second unscale_ before update() raises: {value}"
+    report.claim("double_unscale_raises", int("already been called" in message), "==", 1, text)
 
 
 def main() -> None:
@@ -433,14 +430,14 @@ def main() -> None:
             W=info.world_size,
             a=args,
         )
-        held, n_state = bytes_held(model, raw_model, counter, x, y, report)
-        report_bytes_held(held, n_state, raw_model, B, info, report)
-        checkpointing_gradients(model, raw_model, x, y, info, report)
+        run = Run(args, info, report, model, raw_model, init_state, train_set, x, y)
+        held, n_state = bytes_held(run, counter)
+        report_bytes_held(run, held, n_state)
+        checkpointing_gradients(run)
         activation_table(raw_model, x, report)
         activation_savings(raw_model, x, report)
-        bf16_vs_fp32(model, raw_model, init_state, train_set, args, info, report)
-        opt = fp16_with_grad_scaler(model, raw_model, init_state, x, y, args, info, report)
-        double_unscale(model, opt, x, y, info, report)
+        bf16_vs_fp32(run)
+        double_unscale(run, fp16_with_grad_scaler(run))
         report.finish(args.results)
 
 
