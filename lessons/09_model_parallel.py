@@ -34,12 +34,13 @@ pytorch.org/docs/stable/distributed.pipelining.html
 """
 
 import argparse
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from common.data import digits_split
-from common.harness.env import LessonError, read_torchrun_env
+from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.grid import Grid
 from common.harness.ranks import gather_to_rank0, print0
 from common.harness.results import Report
@@ -62,6 +63,19 @@ SCHEDULES = ("gpipe", "1f1b", "torch-gpipe", "torch-1f1b", "torch-interleaved-1f
 # float32 rounding: a pipelined step computes the unsplit step's numbers in another order
 TOL = 1e-5
 V = 2  # stages per rank of interleaved 1F1B: rank r holds stages r and r + p
+
+
+@dataclass
+class Run:
+    """What every section shares: the options, this rank, the report, the grid (one pp dimension
+    over the world) and the batch, the same on every rank: x (N, 64), y (N,)."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    grid: Grid
+    x: torch.Tensor
+    y: torch.Tensor
 
 
 def _ints(text: str) -> list[int]:
@@ -131,11 +145,13 @@ def make_data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return images[pick].flatten(1), labels[pick]  # (n, 64), (n,)
 
 
-def pipeline_step(schedule: str, args, info, grid: Grid, x, y, m: int, stage_ms: float) -> dict:
-    """One SGD step of this rank's stage(s) under `schedule` with m micro-batches; what this rank saw."""
+def pipeline_step(run: Run, schedule: str, m: int, stage_ms: float, batch=None) -> dict:
+    """One SGD step of this rank's stage(s): `schedule`, m micro-batches of `batch` (the run's x, y)."""
+    args, info = run.args, run.info
+    x, y = batch or (run.x, run.y)
     return recorded_pipeline_step(
         schedule,
-        grid,
+        run.grid,
         x,
         y,
         m,
@@ -198,14 +214,8 @@ def bubble_claims(report: Report, rows: dict, ms: list[int], p: int, v: int) -> 
             theory=rows[s, m]["theory_bubble"],
             ms=1e3 * b["span_s"],
         )
-    report.claim(
-        "bubble_not_below_theory",
-        min(gap.values()),
-        ">=",
-        -0.03,
-        "bubble above theory (messages only add idle time): min(measured - theory) {value:+.3f}",
-        perf=True,
-    )
+    text = "bubble above theory (messages only add idle time): min(measured - theory) {value:+.3f}"
+    report.claim("bubble_not_below_theory", min(gap.values()), ">=", -0.03, text, perf=True)
     report.claim(
         "bubble_within_0.1_of_theory",
         max(map(abs, gap.values())),
@@ -245,17 +255,15 @@ def bubble_claims(report: Report, rows: dict, ms: list[int], p: int, v: int) -> 
         )
 
 
-def report_accumulation(args, info, grid: Grid, x, y, report: Report) -> None:
+def report_accumulation(run: Run) -> None:
     """4. Gradient accumulation across schedule steps (torch.distributed.pipelining), measured on m = 2."""
+    args, info, grid, x, y, report = run.args, run.info, run.grid, run.x, run.y, run.report
     m = 2
     p = grid.size("pp")
     why = schedule_limit("torch-gpipe", len(x), m, p, V, info.distributed, args.max_stages)
     if why:
-        report.value(
-            "accumulation_across_steps_skipped",
-            why,
-            "\n4. two ScheduleGPipe steps: skipped: {value}",
-        )
+        text = "\n4. two ScheduleGPipe steps: skipped: {value}"
+        report.value("accumulation_across_steps_skipped", why, text)
         return
     # this rank's stage, of how many, and their group
     stage = (grid.coords["pp"], grid.size("pp"), grid.group("pp"))
@@ -295,8 +303,9 @@ def report_accumulation(args, info, grid: Grid, x, y, report: Report) -> None:
     )
 
 
-def naive_section(args, info, x, y, report: Report) -> None:
+def naive_section(run: Run) -> None:
     """1. The naive split, in one process: rank 0 alone, the others wait (unbounded by --timeout-s)."""
+    args, info, report, x, y = run.args, run.info, run.report, run.x, run.y
     with rank0_only(info, "the naive split") as mine:
         if not mine:
             return
@@ -316,13 +325,8 @@ def naive_section(args, info, x, y, report: Report) -> None:
             TOL,
             "naive split: loss and gradients equal the unsplit model's: max |difference| {value:.1e}",
         )
-        report.claim(
-            "naive_split_one_device_at_a_time",
-            naive["overlap_s"],
-            "<=",
-            1e-4,
-            "naive split: seconds both devices are busy at once {value:.1e}",
-        )
+        text = "naive split: seconds both devices are busy at once {value:.1e}"
+        report.claim("naive_split_one_device_at_a_time", naive["overlap_s"], "<=", 1e-4, text)
         if args.stage_ms > 0:
             report.claim(
                 "naive_split_idle_fraction",
@@ -335,9 +339,10 @@ def naive_section(args, info, x, y, report: Report) -> None:
             )
 
 
-def run_schedules(args, info, grid: Grid, x, y, ref: dict, report: Report) -> dict:
+def run_schedules(run: Run, ref: dict) -> dict:
     """2. One SGD step per schedule and m: a table row each, on rank 0. Returns {(schedule, m): row}."""
-    p, N = grid.size("pp"), args.batch_size
+    args, info, report = run.args, run.info, run.report
+    p, N = run.grid.size("pp"), args.batch_size
     print0(
         f"{'schedule':<23}{'m':>2}{'loss':>10}{'max|diff|':>11}{'theory bubble':>15}  peak live per rank"
     )
@@ -346,17 +351,10 @@ def run_schedules(args, info, grid: Grid, x, y, ref: dict, report: Report) -> di
         for m in args.microbatches:
             why = schedule_limit(schedule, N, m, p, V, info.distributed, args.max_stages)
             if why:
-                report.value(
-                    f"skipped_{schedule}_m{m}",
-                    why,
-                    "{s:<23}{m:>2}  skipped: {value}",
-                    s=schedule,
-                    m=m,
-                )
+                text = "{s:<23}{m:>2}  skipped: {value}"
+                report.value(f"skipped_{schedule}_m{m}", why, text, s=schedule, m=m)
                 continue
-            got = gather_to_rank0(
-                pipeline_step(schedule, args, info, grid, x, y, m, args.stage_ms), info
-            )
+            got = gather_to_rank0(pipeline_step(run, schedule, m, args.stage_ms), info)
             if not info.master_process:
                 continue
             rows[schedule, m] = report.value(
@@ -370,10 +368,11 @@ def run_schedules(args, info, grid: Grid, x, y, ref: dict, report: Report) -> di
     return rows
 
 
-def pipelines_section(args, info, grid: Grid, x, y, report: Report) -> None:
+def pipelines_section(run: Run) -> None:
     """2. Pipelines: every schedule and m against the unsplit model's step; what they hold; the bubble."""
-    ref = unsplit_step(args.widths, x, y, args.lr, args.seed)  # on every rank: cheap and the same
-    rows = run_schedules(args, info, grid, x, y, ref, report)
+    args, report = run.args, run.report
+    ref = unsplit_step(args.widths, run.x, run.y, args.lr, args.seed)  # every rank: cheap, the same
+    rows = run_schedules(run, ref)
     for s in dict.fromkeys(s for s, _ in rows):  # each schedule, over every m
         report.claim(
             f"{s}_equals_unsplit",
@@ -395,18 +394,19 @@ def pipelines_section(args, info, grid: Grid, x, y, report: Report) -> None:
         0,
         "micro-batches held at once as scheduled (GPipe m, 1F1B min(m, p - pp_rank)): ranks off {value}",
     )
-    p = grid.size("pp")
+    p = run.grid.size("pp")
     memory_claims(report, rows, max(args.microbatches), p)
     if args.stage_ms > 0 and p > 1:
         bubble_claims(report, rows, args.microbatches, p, V)
 
 
-def uneven_section(args, info, grid: Grid, report: Report) -> None:
+def uneven_section(run: Run) -> None:
     """3. Uneven micro-batches, hand-written GPipe: weight each micro-batch's mean loss by n_i / N."""
+    args, report = run.args, run.report
     n_u, m_u = args.uneven
     xu, yu = make_data(n_u, args.seed + 7)
-    got = gather_to_rank0(pipeline_step("gpipe", args, info, grid, xu, yu, m_u, 0.0), info)
-    if not info.master_process:
+    got = gather_to_rank0(pipeline_step(run, "gpipe", m_u, 0.0, batch=(xu, yu)), run.info)
+    if not run.info.master_process:
         return
     report.value(
         "uneven_sizes", microbatch_sizes(n_u, m_u), "uneven: {n} samples as {value}", n=n_u
@@ -438,10 +438,11 @@ def main() -> None:
             backend=info.backend or "none",
             device=info.device.type,
         )
-        naive_section(args, info, x, y, report)
-        pipelines_section(args, info, grid, x, y, report)
-        uneven_section(args, info, grid, report)
-        report_accumulation(args, info, grid, x, y, report)
+        run = Run(args, info, report, grid, x, y)
+        naive_section(run)
+        pipelines_section(run)
+        uneven_section(run)
+        report_accumulation(run)
         report.finish(args.results)
 
 
