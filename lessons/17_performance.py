@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from common.data import digits_split
-from common.harness.env import LessonError
+from common.harness.env import DistInfo, LessonError
 from common.harness.ranks import gather_to_rank0, print0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
@@ -55,6 +57,22 @@ from common.performance.compile_graphs import compiled_graphs, graphs_by_cap, re
 
 CAPS_MB = (None, 0.1, 1.0, 25.0, 100.0)  # bucket_cap_mb sweep; None is DDP's default
 ONE_BUCKET_MB = 100.0  # >= 2.2 MB of gradient: one bucket
+
+
+@dataclass
+class Run:
+    """What every section shares: the options, this rank, the report, the model (`raw`, wrapped
+    afresh by each measurement) and its initial weights, this rank's stream of micro-batches, its
+    first batch x (batch, 1, 8, 8), y (batch,), and the bytes of one step's gradient."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    raw: torch.nn.Module
+    init_state: dict
+    stream: Iterator
+    batch: tuple
+    param_bytes: int
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -129,10 +147,11 @@ def wrap(raw_model, info, **ddp_kwargs):
     )
 
 
-def profile_one(raw, init_state, stream, trace_path: Path, cap, args, info) -> tuple:
+def profile_one(run: Run, trace_path: Path, cap) -> tuple:
     """Profile 2 + args.profile_steps steps of a fresh DDP (no DDP in one process) with `cap`; rank 0
     gets every rank's {"summary", "steps"} read back from its own trace."""
-    raw.load_state_dict(init_state)
+    raw, args, info, stream = run.raw, run.args, run.info, run.stream
+    raw.load_state_dict(run.init_state)
     model = wrap(raw, info, bucket_cap_mb=cap) if info.distributed else raw
     opt = torch.optim.SGD(raw.parameters(), lr=args.lr, momentum=0.9)
     batches = [
@@ -174,13 +193,14 @@ def report_profile(cap, per_rank: list, buckets: int, report) -> None:
         )
 
 
-def profile_section(raw, init_state, stream, trace_dir: Path, args, info, report) -> None:
+def profile_section(run: Run, trace_dir: Path) -> None:
+    args, info, report = run.args, run.info, run.report
     print0(f"\n1. the profile: {args.profile_steps} steps per rank after 2 warm-up steps")
     profiles, after, buckets_of, nodes_of = {}, {}, {}, {}
     caps = dict.fromkeys((args.bucket_cap_mb, ONE_BUCKET_MB)) if info.distributed else (None,)
     for cap in caps:
         name = f"trace_rank{info.rank}" + (f"_bucket_cap_{cap:g}mb" if cap else "") + ".json"
-        per_rank, buckets = profile_one(raw, init_state, stream, trace_dir / name, cap, args, info)
+        per_rank, buckets = profile_one(run, trace_dir / name, cap)
         profiles[str(cap)] = per_rank
         if not info.master_process:
             continue
@@ -228,15 +248,16 @@ def overlap_claims(cap: float, buckets_of: dict, after: dict, nodes_of: dict, re
 
 
 # ---------------------------------------------------------------------- 2. the knobs, each counted
-def bucket_knobs(raw, init_state, batch, param_bytes: int, info, report) -> dict:
+def bucket_knobs(run: Run) -> dict:
     """bucket_cap_mb and static_graph: all-reduce calls of 4 backward passes, against DDP's rule."""
+    raw, init_state, batch, info, report = run.raw, run.init_state, run.batch, run.info, run.report
     rows_off, calls = 0, {}
     for cap in CAPS_MB:
         raw.load_state_dict(init_state)
         model = wrap(raw, info, bucket_cap_mb=cap)
         calls[cap], nbytes = allreduces_per_backward(model, batch)
         predicted = predicted_buckets(model)
-        rows_off += calls[cap][-1] != predicted or nbytes != param_bytes
+        rows_off += calls[cap][-1] != predicted or nbytes != run.param_bytes
         report.value(
             f"calls_cap_{cap}",
             calls[cap],
@@ -280,9 +301,10 @@ def bucket_knobs(raw, init_state, batch, param_bytes: int, info, report) -> dict
     return calls
 
 
-def knobs_section(raw, init_state, batch, param_bytes: int, info, report) -> None:
+def knobs_section(run: Run) -> None:
+    raw, init_state, batch, info, report = run.raw, run.init_state, run.batch, run.info, run.report
     print0("\n2. the knobs, counted (all-reduce calls of backward passes 1..4; bytes of the last)")
-    calls = bucket_knobs(raw, init_state, batch, param_bytes, info, report)
+    calls = bucket_knobs(run)
     saved = {}
     for view in (False, True):
         raw.load_state_dict(init_state)
@@ -292,7 +314,7 @@ def knobs_section(raw, init_state, batch, param_bytes: int, info, report) -> Non
         "grad_as_bucket_view_saves_one_gradient_copy",
         saved[False] - saved[True],
         "==",
-        param_bytes,
+        run.param_bytes,
         "  gradient_as_bucket_view: .grad + buckets {without:,} -> {with_view:,} bytes, {value:,} saved",
         without=saved[False],
         with_view=saved[True],
@@ -318,10 +340,11 @@ def knobs_section(raw, init_state, batch, param_bytes: int, info, report) -> Non
 
 
 # ---------------------------------------------------------------------- 3. torch.compile of DDP
-def compile_section(raw, init_state, batch, args, info, report) -> None:
+def compile_section(run: Run) -> None:
+    raw, batch, args, info, report = run.raw, run.batch, run.args, run.info, run.report
     what = "DDP model, bucket_cap_mb 1:" if info.distributed else "model (no DDP):"
     print0(f"\n3. torch.compile (backend {args.compile_backend}) of the {what}")
-    raw.load_state_dict(init_state)
+    raw.load_state_dict(run.init_state)
     model = wrap(raw, info, bucket_cap_mb=1.0) if info.distributed else raw
     graphs, compile_s, step_s = compiled_graphs(model, batch, True, args.compile_backend)
     report.claim(
@@ -336,12 +359,13 @@ def compile_section(raw, init_state, batch, args, info, report) -> None:
     report.perf("compile_s", compile_s, "  first step (tracing + compiling) {value:.1f} s")
     report.perf("compiled_step_ms", 1e3 * step_s, "  second step {value:.1f} ms")
     if info.distributed:
-        compile_rules(raw, init_state, model, batch, args, info, report)
+        compile_rules(run, model)
 
 
-def compile_rules(raw, init_state, model, batch, args, info, report) -> None:
+def compile_rules(run: Run, model: DDP) -> None:
     """Where DDPOptimizer cuts, against DDP's own buckets, and the cap it refuses."""
-    one = compiled_graphs(model, batch, False, args.compile_backend)[0]
+    batch, report = run.batch, run.report
+    one = compiled_graphs(model, batch, False, run.args.compile_backend)[0]
     report.claim(
         "compile_without_ddp_optimizer_one_graph",
         one,
@@ -351,8 +375,8 @@ def compile_rules(raw, init_state, model, batch, args, info, report) -> None:
     )
 
     def make_ddp(cap):
-        raw.load_state_dict(init_state)
-        return wrap(raw, info, bucket_cap_mb=cap)
+        run.raw.load_state_dict(run.init_state)
+        return wrap(run.raw, run.info, bucket_cap_mb=cap)
 
     # eager counting: the split does not depend on the backend
     rows = graphs_by_cap(make_ddp, batch)
@@ -401,11 +425,12 @@ def main() -> None:
         report.record("knobs", [])
         trace_dir = Path(args.trace_dir or tmp)
         trace_dir.mkdir(parents=True, exist_ok=True)
-        profile_section(raw, init_state, stream, trace_dir, args, info, report)
+        run = Run(args, info, report, raw, init_state, stream, batch, param_bytes)
+        profile_section(run, trace_dir)
         if info.distributed:
-            knobs_section(raw, init_state, batch, param_bytes, info, report)
+            knobs_section(run)
         if args.compile_backend != "none":
-            compile_section(raw, init_state, batch, args, info, report)
+            compile_section(run)
         report.finish(args.results)
 
 
