@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -79,6 +80,19 @@ from common.tensor_parallel.layers import (
 
 TOL = 1e-5
 ORDER = ("pp", "dp", "tp")  # the grid's dimensions, outermost first
+
+
+@dataclass
+class Run:
+    """What the combinations share: options, rank, report, the model all ranks start from, the global
+    batches [(x (B, 8, 8), y (B,))] and `ref`, trained on them in one process: what all must equal."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    model0: nn.Module
+    data: list
+    ref: nn.Module
 
 
 def _mesh(text: str, names: tuple, world_size: int) -> dict | None:
@@ -248,17 +262,18 @@ def show_groups(report: Report, name: str, grid: Grid, rows: list[dict], info) -
 # ---- the combinations ----------------------------------------------------------------------------------
 
 
-def dp_pp(report, info, sizes: dict, model0, data, ref, args) -> list[dict]:
+def dp_pp(run: Run, sizes: dict) -> list[dict]:
     """PP x DP (x TP): pipeline stages by hand, gradients averaged over dp, tp split by hand."""
+    args, info, report = run.args, run.info, run.report
     grid = build_grid(info, sizes)
     name = "_".join(sizes)
-    stage = stage_of(copy.deepcopy(model0), grid)  # a slice shares its modules: copy first
+    stage = stage_of(copy.deepcopy(run.model0), grid)  # a slice shares its modules: copy first
     tp_rank = grid.coords.get("tp", 0)
     if "tp" in sizes:
         stage = tensor_parallelize(stage, tp_rank, grid.size("tp"), grid.group("tp"))
     opt = torch.optim.SGD(stage.parameters(), lr=args.lr)
     dp_size, dp_rank = grid.size("dp"), grid.coords["dp"]
-    for x, y in data:
+    for x, y in run.data:
         x, y = x.chunk(dp_size)[dp_rank], y.chunk(dp_size)[dp_rank]
         opt.zero_grad()
         with count_collectives(p2p=True) as step:  # the last step's counts are the picture
@@ -266,7 +281,7 @@ def dp_pp(report, info, sizes: dict, model0, data, ref, args) -> list[dict]:
         with count_collectives() as grads:
             average_over_dp(stage, grid)
         opt.step()
-    diff = max_over_ranks(max_shard_diff(ref, stage, tp_rank))  # NaN-safe: a diverged run fails
+    diff = max_over_ranks(max_shard_diff(run.ref, stage, tp_rank))  # NaN-safe: a diverged run fails
     report.claim(
         f"{name}_equals_one_process",
         diff,
@@ -295,15 +310,16 @@ def shard_fsdp_tp(model: nn.Sequential, grid: Grid) -> int:
     return len(model[1:-2]) + 1
 
 
-def fsdp_tp(report, info, sizes: dict, model0, data, ref, args) -> list[dict]:
+def fsdp_tp(run: Run, sizes: dict) -> list[dict]:
     """FSDP x TP: parallelize_module on the tp sub-mesh, then fully_shard on the dp sub-mesh."""
+    args, info, report = run.args, run.info, run.report
     grid = build_grid(info, sizes)
-    model = copy.deepcopy(model0)
+    model = copy.deepcopy(run.model0)
     # plain python (no mesh): nothing to shard
     units = shard_fsdp_tp(model, grid) if grid.mesh is not None else 0
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     dp_size, dp_rank = grid.size("dp"), grid.coords["dp"]
-    for x, y in data:
+    for x, y in run.data:
         x, y = x.chunk(dp_size)[dp_rank], y.chunk(dp_size)[dp_rank]
         opt.zero_grad()
         with count_dtensor_collectives() as fwd:
@@ -313,7 +329,7 @@ def fsdp_tp(report, info, sizes: dict, model0, data, ref, args) -> list[dict]:
         opt.step()
     # DTensor parameters are gathered whole to compare (full_tensor logs that a (dp, tp) shard takes 2)
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    diff = max_over_ranks(max_shard_diff(ref, model, 0))
+    diff = max_over_ranks(max_shard_diff(run.ref, model, 0))
     report.claim(
         "fsdp_tp_equals_one_process",
         diff,
@@ -325,9 +341,8 @@ def fsdp_tp(report, info, sizes: dict, model0, data, ref, args) -> list[dict]:
         tp=sizes["tp"],
         steps=args.steps,
     )
-    if (
-        units and grid.size("dp") > 1
-    ):  # with dp = 1 every rank holds everything: FSDP gathers nothing
+    # with dp = 1 every rank holds everything: FSDP gathers nothing
+    if units and grid.size("dp") > 1:
         gathered = fwd.calls.get("all_gather", 0)
         text = "  {units} FSDP units ({blocks} blocks + the root): all-gathers in forward {value}"
         report.claim(
@@ -422,11 +437,11 @@ def main(argv=None) -> None:
         # the same init on every rank (same seed)
         model0 = digits_transformer(args.hidden, 0, args.layers).to(info.device)
         data = digits_batches(args, info.device)
-        ref = one_process(model0, data, args.lr)  # what every combination must equal
+        run = Run(args, info, report, model0, data, one_process(model0, data, args.lr))
         tables = {}
-        for name, run in (("dp_pp", dp_pp), ("fsdp_tp", fsdp_tp), ("dp_pp_tp", dp_pp)):
+        for name, combine in (("dp_pp", dp_pp), ("fsdp_tp", fsdp_tp), ("dp_pp_tp", dp_pp)):
             if args.meshes[name] is not None:
-                tables[name] = run(report, info, args.meshes[name], model0, data, ref, args)
+                tables[name] = combine(run, args.meshes[name])
         decision_table(report, tables, model0, args)
         report.finish(args.results)
 
