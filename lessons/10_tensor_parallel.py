@@ -329,7 +329,7 @@ def norm_gradients(report: Report, sp_block: Block, full: Block) -> None:
 
 
 @dataclass
-class TrainedBoth:
+class Run:
     """The unsplit model and its split copy after training on the same batches, their losses per
     step ("unsplit", "split"), the held-out images (x (359, 8, 8), y (359,)) and the split model's
     loss on them before training."""
@@ -341,7 +341,7 @@ class TrainedBoth:
     before: float
 
 
-def train_both(grid: Grid, args: argparse.Namespace) -> TrainedBoth:
+def train_both(grid: Grid, args: argparse.Namespace) -> Run:
     """SGD on the digits for --steps, the unsplit model and its split copy on the same batches."""
     device = grid.info.device
     set_seed(args.seed)
@@ -367,7 +367,7 @@ def train_both(grid: Grid, args: argparse.Namespace) -> TrainedBoth:
             loss.backward()
             opt.step()
             losses[name].append(loss.item())
-    return TrainedBoth(full, split, losses, test, before)
+    return Run(full, split, losses, test, before)
 
 
 def test_loss(model, test) -> float:
