@@ -13,15 +13,15 @@ What to look for:
 - The KV cache (common/inference/kv_cache.py): a decode step computes q, k, v for the new token only and reads
   every earlier token's keys and values from the cache. Same tokens as rerunning the whole prefix every step;
   the FLOPs of both, counted by torch.utils.flop_counter, equal the formula (common.planning.cost_model).
-- Tensor-parallel decoding (common/inference/tp_decode.py): q, k, v column-parallel by heads, the
-  output projection row-parallel, the MLP column- then row-parallel; each rank caches only its heads.
-  Tokens equal one process; a rank's cache is 1/tp of one process's bytes; 2 all-reduces per layer per
-  generated token.
-- Prefill vs decode: the same calls, P times the bytes per call in prefill; arithmetic intensity (FLOPs
-  per byte read) shows decode is memory-bound. Time per token is [perf] only.
-- How much cache fits: the planner's KV-cache bytes (common/planning/serving.py), equal to the cache measured
-  here, applied to Llama-3-70B on 8 x 80 GB at tp 8.
-- Batch composition: one prompt alone and inside a left-padded batch: tokens equal, logits within a bound.
+- Tensor-parallel decoding (common/inference/tp_decode.py): q, k, v and fc1 column-parallel by heads, proj
+  and fc2 row-parallel. Tokens equal one process; each rank's filled cache is one process's cache at its
+  heads, 1/tp of the bytes; 2 all-reduces per layer per generated token.
+- Prefill vs decode: the same calls, P times the bytes in prefill; FLOPs per byte read, P times decode's
+  in prefill (fp32 both): decode is memory-bound. Time per token is [perf] only.
+- How much cache fits: the planner's KV-cache bytes (common/planning/serving.py) = the cache measured here;
+  Llama-3-70B on 8 x 80 GB at tp 8: how many sequences of 2048 and 8192 (its context) tokens fit.
+- Batch composition: four prompts alone and as the rows of one left-padded batch: tokens equal, logits
+  within a bound, every row.
 
 Sources: Pope et al. 2022, Efficiently Scaling Transformer Inference (https://arxiv.org/abs/2211.05102);
 Shoeybi et al. 2019, Megatron-LM (https://arxiv.org/abs/1909.08053); vLLM's tensor-parallel layers
@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from common.data import load_digits
 from common.harness.env import LessonError, read_torchrun_env
@@ -43,12 +41,19 @@ from common.harness.grid import Grid
 from common.harness.ranks import all_gather_objects, all_reduce_sum
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main
-from common.inference.tp_decode import TPDecoder, greedy_decode, recompute_decode
+from common.inference.kv_cache import KVCache, left_padded, match_heads
+from common.inference.tp_decode import (
+    TPDecoder,
+    count_flops,
+    greedy_decode,
+    ms_per_token,
+    recompute_decode,
+)
 from common.measure.counters import count_collectives
-from common.measure.differences import max_abs_diff, max_over_ranks
+from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
 from common.models import CausalTransformer
 from common.planning.cost_model import GPT, forward_flops, kv_cache_bytes
-from common.planning.serving import LLAMA3_70B, longest_context
+from common.planning.serving import LLAMA3_70B, largest_batch
 from common.planning.transformer import init_weights
 from common.tensor_parallel.layers import check_tp_degree
 
@@ -94,25 +99,16 @@ def build(args: argparse.Namespace) -> tuple[CausalTransformer, torch.Tensor]:
     return model, (images * 16).round().long().flatten(1)[:, : args.prompt_len]
 
 
-def shape(args: argparse.Namespace) -> GPT:
-    return GPT(args.layers, args.hidden, args.heads, VOCAB, MAX_LEN)
-
-
-def counted(run) -> tuple[object, int]:
-    """run()'s result and the FLOPs torch.utils.flop_counter counted in it."""
-    with FlopCounterMode(display=False) as counter:
-        out = run()
-    return out, counter.get_total_flops()
-
-
-def one_process(report: Report, args, model, prompt) -> tuple[torch.Tensor, torch.Tensor]:
-    """Section 1: the cache against rerunning the whole prefix, tokens, logits and FLOPs."""
+def one_process(report: Report, args, model, prompt) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
+    """Section 1: the cache against rerunning the whole prefix, tokens, logits and FLOPs. Returns the
+    tokens, their logits and the filled cache (every head), what tp is held to."""
     P, N, B = args.prompt_len, args.new_tokens, args.batch_size
-    (ref_tokens, ref_logits), ref_flops = counted(lambda: recompute_decode(model, prompt, N))
-    (tokens, logits), flops = counted(
-        lambda: greedy_decode(TPDecoder(model, args.heads), prompt, N)
-    )
+    (ref_tokens, ref_logits), ref_flops = count_flops(lambda: recompute_decode(model, prompt, N))
+    whole = TPDecoder(model, args.heads)
+    cache = whole.new_cache(B, P + N)
+    (tokens, logits), flops = count_flops(lambda: greedy_decode(whole, prompt, N, cache=cache))
     report.record("tokens", tokens.tolist())
+    report.record("logits", logits.tolist())  # (B, N, vocab): what minimal/22 is held to
     report.value("prompt", prompt[0].tolist(), "prompt 0 (pixels 0..{P}): {value}", P=P - 1)
     report.value("generated", tokens[0].tolist(), "  continued greedily:  {value}")
     report.claim(
@@ -131,7 +127,7 @@ def one_process(report: Report, args, model, prompt) -> tuple[torch.Tensor, torc
         TOL,
         "  max |logits with cache - without| = {value:.1e}",
     )
-    c = shape(args)
+    c = GPT(args.layers, args.hidden, args.heads, VOCAB, MAX_LEN)
     cached = forward_flops(c, B, P) + sum(forward_flops(c, B, 1, P + t) for t in range(N - 1))
     full = sum(forward_flops(c, B, P + t) for t in range(N))
     report.claim(
@@ -158,7 +154,7 @@ def one_process(report: Report, args, model, prompt) -> tuple[torch.Tensor, torc
         recompute=ref_flops / (B * N),
         ratio=ref_flops / flops,
     )
-    return tokens, logits
+    return tokens, logits, cache
 
 
 def tensor_parallel(report: Report, grid: Grid, args, model, prompt, want) -> TPDecoder:
@@ -169,8 +165,8 @@ def tensor_parallel(report: Report, grid: Grid, args, model, prompt, want) -> TP
     cache = dec.new_cache(B, P + N)  # (B, heads / tp, P + N, hd) per layer, keys and values
     with count_collectives() as seen:
         tokens, logits = greedy_decode(dec, prompt, N, cache=cache)
-    first = rank * args.heads // tp
-    heads = list(range(first, first + args.heads // tp))
+    # which of one process's heads this rank's filled cache holds, found from the numbers
+    heads, gap = match_heads(cache, want[2])
     report.record("cache_heads", all_gather_objects(heads, grid.info))  # rank -> its heads
     report.record("cache_bytes", all_gather_objects(cache.nbytes(), grid.info))
     if tp == 1:
@@ -195,15 +191,24 @@ def tensor_parallel(report: Report, grid: Grid, args, model, prompt, want) -> TP
         TOL,
         "  max |logits tp - one process| over ranks = {value:.1e}",
     )
-    whole = TPDecoder(model, args.heads).new_cache(B, P + N)
+    first = rank * args.heads // tp
+    split = list(range(first, first + args.heads // tp))  # the heads this rank's q, k, v rows are
+    report.claim(
+        "cache_heads_match_one_process",
+        max_over_ranks(gap if heads == split else math.inf),  # other heads than its rows: inf
+        "<=",
+        TOL,
+        "  each rank's filled cache = heads {heads} of one process's: max |diff| {value:.1e}",
+        heads=report.recorded("cache_heads"),
+    )
     report.claim(
         "cache_bytes_are_one_over_tp",
-        max_over_ranks(abs(cache.nbytes() * tp - whole.nbytes())),
+        max_over_ranks(abs(cache.nbytes() * tp - want[2].nbytes())),
         "==",
         0,
         "  cache bytes a rank {mine} x tp - one process's {whole}: {value} (counted from tensors)",
         mine=cache.nbytes(),
-        whole=whole.nbytes(),
+        whole=want[2].nbytes(),
     )
     all_reduces(report, grid, args, seen)
     return dec
@@ -241,17 +246,15 @@ def phases(report: Report, grid: Grid, args, model, dec: TPDecoder, prompt) -> N
     out = {}
     for phase, tokens, start in (("prefill", prompt, 0), ("decode", prompt[:, -1:], P)):
         with count_collectives() as seen, torch.no_grad():
-            _, flops = counted(lambda t=tokens, s=start: dec(t, s, cache))
+            _, flops = count_flops(lambda t=tokens, s=start: dec(t, s, cache))
         T = tokens.shape[1]
-        read = (
-            weights + cache.nbytes() * (start + T) // cache.max_len
-        )  # weights + the cache rows touched
+        # bytes read: this rank's weights + the cache rows touched
+        read = weights + cache.nbytes() * (start + T) // cache.max_len
         out[phase] = {"flops": flops / (B * T), "intensity": flops / read}
         out[phase]["bytes"] = seen.bytes.get("all_reduce", 0)
         out[phase]["calls"] = seen.calls.get("all_reduce", 0)
-        out[phase]["log"] = (
-            seen.log
-        )  # [(op, bytes)] in call order: layer by layer, attention then MLP
+        # [(op, bytes)] in call order: layer by layer, attention then MLP
+        out[phase]["log"] = seen.log
     report.record("phases", out)
     pre, dec_ = out["prefill"], out["decode"]
     report.value(
@@ -276,16 +279,22 @@ def phases(report: Report, grid: Grid, args, model, dec: TPDecoder, prompt) -> N
             calls=dec_["calls"],
             P=P,
         )
-    ridge = H100["flops"] / H100["bytes_per_s"]
+    # fp32 weights and cache in both phases; a prefill forward does about P decode steps' FLOPs over
+    # about the same bytes: ratio = P, off by one key and one cache row (decode's), at most ~1/P
+    ratio = pre["intensity"] / dec_["intensity"]
     report.claim(
-        "decode_is_memory_bound",
-        max_over_ranks(dec_["intensity"]),
+        "prefill_intensity_is_P_times_decode",
+        max_over_ranks(abs(ratio / P - 1)),
         "<=",
-        ridge,
-        "  FLOPs per byte read (weights + cache): prefill {pre:.2f}, decode {value:.2f}; an H100 needs\n"
-        "  {ridge:.0f} (989 TFLOP/s / 3.35 TB/s) to be compute-bound: decode waits on memory",
+        0.25,
+        "  FLOPs per byte read (fp32 weights + cache rows): prefill {pre:.2f}, decode {dec:.2f}, ratio\n"
+        "  {ratio:.2f} ~ P = {P}: |ratio / P - 1| = {value:.3f} (a recomputed cache: ratio ~1); an H100\n"
+        "  needs {ridge:.0f} (bf16 989 TFLOP/s / 3.35 TB/s, data sheet): decode waits on memory",
         pre=pre["intensity"],
-        ridge=ridge,
+        dec=dec_["intensity"],
+        ratio=ratio,
+        P=P,
+        ridge=H100["flops"] / H100["bytes_per_s"],
     )
     timing(report, grid, args, model, dec, prompt)
 
@@ -293,17 +302,10 @@ def phases(report: Report, grid: Grid, args, model, dec: TPDecoder, prompt) -> N
 def timing(report: Report, grid: Grid, args, model, dec: TPDecoder, prompt) -> None:
     """Time per generated token at this tp and at tp 1, as [perf] lines (this CPU, gloo)."""
     tp = grid.size("tp")
-    decoders = {"tp1": TPDecoder(model, args.heads)}
+    per_token = {"tp1": ms_per_token(TPDecoder(model, args.heads), prompt, args.new_tokens)}
+    text = "ms per token: tp=1 {a:.2f} (CPU)"
     if tp > 1:
-        decoders["tp"] = dec
-    per_token = {}
-    for tag, decoder in decoders.items():
-        start = time.perf_counter()
-        greedy_decode(decoder, prompt, args.new_tokens)
-        per_token[tag] = (time.perf_counter() - start) / args.new_tokens * 1e3
-    if tp == 1:
-        text = "ms per token: tp=1 {a:.2f} (CPU)"
-    else:
+        per_token["tp"] = ms_per_token(dec, prompt, args.new_tokens)
         text = (
             "ms per token: tp=1 {a:.2f}, tp={tp} {b:.2f} (CPU, gloo: all-reduce latency dominates)"
         )
@@ -312,7 +314,8 @@ def timing(report: Report, grid: Grid, args, model, dec: TPDecoder, prompt) -> N
         "on_a_gpu",
         None,
         "  on a GPU (not measured here): a decode step reads weights/tp + cache/tp from HBM, so tp divides\n"
-        "  the time per token until the 2 L all-reduces (~10 us each on NVLink) are what is left",
+        "  the time per token until the 2 L all-reduces are what is left (~10 us each on NVLink:\n"
+        "  a typical latency figure assumed here, not measured)",
     )
 
 
@@ -338,89 +341,86 @@ def planner(report: Report, grid: Grid, args) -> None:
     )
     c = LLAMA3_70B
     report.value("llama_source", c.source, "  {model} ({source})", model=c.name, source=c.source)
-    rows = {}
-    for batch in (1, 8, 32):
-        fit = longest_context(c, tp=8, batch=batch)
-        rows[batch] = fit["seq"]
+    for seq in (2048, 8192):  # 8192: Llama 3's context (max_position_embeddings)
+        fit = largest_batch(c, tp=8, seq=seq)
         usable, weights = fit["usable_gb"] * 1e9, fit["weights_gb"] * 1e9
         cache = [
-            kv_cache_bytes(c.layers, c.kv_heads, c.head_dim, fit["seq"] + i, batch, 2, 8)
+            kv_cache_bytes(c.layers, c.kv_heads, c.head_dim, seq, fit["batch"] + i, 2, 8)
             for i in (0, 1)
         ]
         report.claim(
-            f"llama_batch{batch}_longest_context",
+            f"llama_batch_at_{seq}",
             int(weights + cache[0] <= usable < weights + cache[1]),
             "==",
             1,
-            "  tp 8, 8 x 80 GB (10% kept back), batch {batch}: {seq} tokens a sequence fit, not one more",
-            batch=batch,
-            seq=fit["seq"],
+            "  tp 8, 8 x 80 GB (10% kept back): {batch} sequences of {seq} tokens fit, not one more",
+            batch=fit["batch"],
+            seq=seq,
         )
     report.value(
         "llama_fit",
         {
             "params": fit["params"],
             "weights_gb": fit["weights_gb"],
-            "kv_per_token": fit["bytes_per_token"] // 32,
+            "kv_per_token": fit["bytes_per_token"],
+            "room_gb": fit["room_gb"],
         },
-        "  {p:.4g} parameters: {w:.2f} GB of bf16 weights a GPU; {kv} bytes of cache a token a GPU"
-        " (1 of 8 kv heads)",
+        "  {p:.4g} parameters: {w:.2f} GB of bf16 weights a GPU, {room:.2f} GB left for the cache;\n"
+        "  {kv} bytes of cache a token a GPU (1 of 8 kv heads)",
         p=fit["params"],
         w=fit["weights_gb"],
-        kv=fit["bytes_per_token"] // 32,
+        room=fit["room_gb"],
+        kv=fit["bytes_per_token"],
     )
-
-
-def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Prompts of different lengths left-padded to the longest: tokens (B, P), positions (B, P)
-    counted from each prompt's first real token, and the real-token mask (B, P)."""
-    P = max(len(p) for p in prompts)
-    pads = torch.tensor([P - len(p) for p in prompts])[:, None]  # (B, 1)
-    tokens = torch.stack(
-        [torch.cat([torch.zeros(P - len(p), dtype=torch.long), p]) for p in prompts]
-    )
-    positions = (torch.arange(P) - pads).clamp(min=0)
-    return tokens, positions, torch.arange(P) >= pads
 
 
 def batch_composition(report: Report, grid: Grid, args, dec: TPDecoder, prompt) -> None:
-    """Section 5: prompt 0, shortened by 4, decoded alone and as row 0 of a left-padded batch of four."""
+    """Section 5: four prompts of different lengths, each decoded alone and as its row of one left-padded
+    batch; every row compared."""
     N, P = args.new_tokens, args.prompt_len
     mine = prompt[0, : P - 4]
     others = [
         load_digits()[0][i].mul(16).round().long().flatten()[:n] for i, n in ((20, P), (21, P - 2))
     ]
-    tokens, positions, real = left_padded([mine, *others, mine[:-1]])
-    valid = torch.cat(
-        [real, torch.ones(len(tokens), N, dtype=torch.bool)], 1
-    )  # generated tokens are real
-    alone_tokens, alone_logits = greedy_decode(dec, mine[None], N)
+    prompts = [mine, *others, mine[:-1]]
+    tokens, positions, real = left_padded(prompts)
+    valid = torch.cat([real, torch.ones(len(tokens), N, dtype=torch.bool)], 1)  # generated: real
+    alone = [greedy_decode(dec, p[None], N) for p in prompts]  # (1, N) tokens, (1, N, vocab) logits
     batch_tokens, batch_logits = greedy_decode(dec, tokens, N, positions, valid)
-    gap = max_abs_diff(batch_logits[0], alone_logits[0])
+    gap = nan_max(max_abs_diff(batch_logits[i], a[1][0]) for i, a in enumerate(alone))
+    lengths, width = [len(p) for p in prompts], tokens.shape[1]
     report.value(
         "batch_logit_difference",
         max_over_ranks(gap),
-        "5. prompt 0 ({n} tokens) alone, then in a padded batch of {B} (4 pads): "
-        "max |logit diff| {value:.2e}",
-        n=P - 4,
-        B=len(tokens),
+        "5. prompts of {lengths} tokens alone, then left-padded to {width} in one batch ({pads} pads):\n"
+        "  max |logit diff| over every row {value:.2e}",
+        lengths=lengths,
+        width=width,
+        pads=width * len(prompts) - sum(lengths),
     )
+    mismatches = sum(int((batch_tokens[i] != a[0][0]).sum()) for i, a in enumerate(alone))
     report.claim(
         "batched_tokens_equal_alone",
-        int(all_reduce_sum([int((batch_tokens[0] != alone_tokens[0]).sum())], grid.info)[0]),
+        int(all_reduce_sum([mismatches], grid.info)[0]),
         "==",
         0,
-        "  token mismatches: {value}",
+        "  token mismatches over the {B} rows x {N} tokens: {value}",
+        B=len(prompts),
+        N=N,
     )
     report.claim(
         "batched_logits_within_bound",
         max_over_ranks(gap),
         "<=",
         TOL,
-        "  logits within {bound}, not bit for bit by promise: 12 keys or 16 (4 masked) are summed\n"
-        "  in another order; RL comparing trainer and sampler log-probs sees such gaps",
+        "  logits within {bound}, not bit for bit by promise: row 0's first step sums {n} keys alone,\n"
+        "  {width} ({masked} masked) in the batch, in another order; RL comparing trainer and sampler\n"
+        "  log-probs sees such gaps",
+        n=lengths[0],
+        width=width,
+        masked=width - lengths[0],
     )
-    top2 = alone_logits[0].topk(2, -1).values
+    top2 = torch.cat([a[1][0] for a in alone]).topk(2, -1).values  # (rows x N, 2)
     report.value(
         "smallest_top2_margin",
         (top2[:, 0] - top2[:, 1]).min().item(),

@@ -3,10 +3,9 @@
     torchrun --standalone --nproc_per_node=2 minimal/22_parallel_inference.py
     python minimal/22_parallel_inference.py                  # plain python: tp = 1, every head here
 
-Rank r holds heads [r*nh/tp, (r+1)*nh/tp): their q, k, v rows, those columns of the output projection,
-and ONLY their keys and values in its cache; the MLP is cut the same way (fc1 rows, fc2 columns). A step
-computes q, k, v for the new token only; two all-reduces per layer make every rank's x whole again.
-The model: lesson 22's transformer at its seed. The measured lesson: lessons/22_parallel_inference.py"""
+Rank r holds heads [r*nh/tp, (r+1)*nh/tp): their q, k, v rows, those proj columns, and ONLY their keys and
+values in its cache; the MLP is cut the same way (fc1 rows, fc2 columns). A step computes q, k, v for the
+new token only; two all-reduces per layer make x whole. Measured: lessons/22_parallel_inference.py"""
 
 import argparse
 import json
@@ -89,15 +88,16 @@ def decode(args, rank, tp):
     ]  # this rank's heads only: 1/tp of the bytes
     with torch.no_grad():
         logits = forward(model, mine, cache, prompt, 0)[:, -1]  # prefill: the prompt in one forward
-        out = []
+        out, chosen = [], []
         for step in range(N):
+            chosen.append(logits)  # (B, V): what the token was picked from
             out.append(logits.argmax(-1))  # every rank has the whole logits: the same token
             if step < N - 1:
                 logits = forward(model, mine, cache, out[-1][:, None], P + step)[:, -1]
     nbytes = sum(t.numel() * t.element_size() for pair in cache for t in pair)
     if rank == 0:
-        tokens = torch.stack(out, 1).tolist()
-        print(json.dumps(dict(tp=tp, tokens=tokens, cache_bytes=nbytes)))
+        tokens, logits = torch.stack(out, 1).tolist(), torch.stack(chosen, 1).tolist()
+        print(json.dumps(dict(tp=tp, tokens=tokens, logits=logits, cache_bytes=nbytes)))
 
 
 def main() -> None:

@@ -23,7 +23,9 @@ import math
 
 import torch
 
-__all__ = ["KVCache", "cached_attention"]
+from common.measure.differences import max_abs_diff_all
+
+__all__ = ["KVCache", "cached_attention", "left_padded", "match_heads"]
 
 
 class KVCache:
@@ -80,3 +82,32 @@ def cached_attention(
         own = torch.arange(S).unsqueeze(0) == query_pos  # (T, S)
         keep = keep & (valid[:, None, None, :S] | own)  # (B, 1, T, S)
     return scores.masked_fill(~keep, float("-inf")).softmax(-1) @ v
+
+
+def match_heads(part: KVCache, whole: KVCache) -> tuple[list[int], float]:
+    """Which heads of `whole` (one process's filled cache) each head of `part` (a tp rank's filled cache)
+    holds, found from the numbers: local head j is the global head whose keys and values, over every
+    layer, differ least from it. Returns those heads and max |part - whole[:, heads]| (NaN if either
+    cache holds a NaN or an inf)."""
+    pairs = list(zip(part.k + part.v, whole.k + whole.v))  # (B, h, max_len, hd) each
+    heads = []
+    for j in range(part.k[0].shape[1]):
+        gaps = [
+            max_abs_diff_all([p[:, j] for p, _ in pairs], [w[:, h] for _, w in pairs])
+            for h in range(whole.k[0].shape[1])
+        ]
+        finite = [math.inf if math.isnan(g) else g for g in gaps]  # a NaN head matches nothing
+        heads.append(finite.index(min(finite)))
+    return heads, max_abs_diff_all([p for p, _ in pairs], [w[:, heads] for _, w in pairs])
+
+
+def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prompts of different lengths left-padded to the longest: tokens (B, P), positions (B, P)
+    counted from each prompt's first real token, and the real-token mask (B, P)."""
+    P = max(len(p) for p in prompts)
+    pads = torch.tensor([P - len(p) for p in prompts])[:, None]  # (B, 1)
+    tokens = torch.stack(
+        [torch.cat([torch.zeros(P - len(p), dtype=torch.long), p]) for p in prompts]
+    )
+    positions = (torch.arange(P) - pads).clamp(min=0)
+    return tokens, positions, torch.arange(P) >= pads

@@ -17,17 +17,19 @@ to `recompute_decode`, the model itself rerun on the whole prefix every step.
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from common.inference.kv_cache import KVCache, cached_attention
 from common.models import CausalTransformer
 from common.planning.transformer import matmul_attention
 from common.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
-__all__ = ["TPDecoder", "greedy_decode", "recompute_decode"]
+__all__ = ["TPDecoder", "count_flops", "greedy_decode", "ms_per_token", "recompute_decode"]
 
 
 def _rows(full: nn.Linear, part: int, d: int) -> nn.Linear:
@@ -148,3 +150,17 @@ def recompute_decode(model: CausalTransformer, prompt: torch.Tensor, new_tokens:
         tokens.append(logits.argmax(-1))
         seq = torch.cat([seq, tokens[-1][:, None]], 1)
     return torch.stack(tokens, 1), torch.stack(chosen, 1)
+
+
+def count_flops(run) -> tuple[object, int]:
+    """run()'s result and the FLOPs torch.utils.flop_counter counted in it."""
+    with FlopCounterMode(display=False) as counter:
+        out = run()
+    return out, counter.get_total_flops()
+
+
+def ms_per_token(decoder: TPDecoder, prompt: torch.Tensor, new_tokens: int) -> float:
+    """Wall-clock milliseconds per generated token of `greedy_decode` (prefill included), on this CPU."""
+    start = time.perf_counter()
+    greedy_decode(decoder, prompt, new_tokens)
+    return (time.perf_counter() - start) / new_tokens * 1e3

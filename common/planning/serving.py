@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from common.planning.cost_model import kv_cache_bytes
 
-__all__ = ["Decoder", "LLAMA3_70B", "decoder_params", "longest_context"]
+__all__ = ["Decoder", "LLAMA3_70B", "decoder_params", "largest_batch", "longest_context"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +85,21 @@ def longest_context(
         "usable_gb": usable / 1e9,
         "bytes_per_token": per_token,  # per rank, for the whole batch
     }
+
+
+def largest_batch(
+    c: Decoder,
+    tp: int,
+    seq: int,
+    gpu_memory_gb: float = 80.0,
+    reserve: float = 0.1,
+    element_size: int = 2,
+) -> dict:
+    """The most sequences of `seq` tokens (prompt + generated) whose KV cache fits beside 1/tp of the
+    weights on each of the tp GPUs, `reserve` of the memory kept back; GB = 1e9 bytes."""
+    if seq < 1:
+        raise ValueError(f"seq >= 1; got {seq}")
+    fit = longest_context(c, tp, 1, gpu_memory_gb, reserve, element_size)  # bytes a token, batch 1
+    room = fit["usable_gb"] * 1e9 - fit["weights_gb"] * 1e9  # what the cache may take a GPU
+    batch = max(0, int(room // (seq * fit["bytes_per_token"])))
+    return {**fit, "seq": seq, "batch": batch, "room_gb": room / 1e9}

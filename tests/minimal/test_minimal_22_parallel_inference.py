@@ -1,15 +1,19 @@
 """minimal/22_parallel_inference.py held to lesson 22: launched as users launch it at tp = 2, its generated
-tokens are the lesson's (the same seed, prompts and model), and its cache is the lesson's bytes a rank."""
+tokens are the lesson's (the same seed, prompts and model), its logits within the lesson's bound, and its
+cache is the lesson's bytes a rank."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
+import torch
 
 from common.run.launch import REPO_ROOT, run_lesson
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
+TOL = importlib.import_module("lessons.22_parallel_inference").TOL  # the lesson's logits bound
 
 
 @pytest.mark.timeout(480)
@@ -21,4 +25,6 @@ def test_minimal_22_generates_the_lessons_tokens_with_the_lessons_cache():
     (got,) = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     assert got["tp"] == 2
     assert got["tokens"] == lesson["tokens"]
+    gap = (torch.tensor(got["logits"]) - torch.tensor(lesson["logits"])).abs().max().item()
+    assert gap <= TOL, f"minimal's logits differ from the lesson's by {gap:.2e} > {TOL}"
     assert got["cache_bytes"] == lesson["cache_bytes"][0]

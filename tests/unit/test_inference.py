@@ -3,13 +3,15 @@ its end, the padded-query rule leaves no NaN; the planner's KV-cache bytes and L
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from common.inference.kv_cache import KVCache, cached_attention
+from common.inference.kv_cache import KVCache, cached_attention, left_padded, match_heads
 from common.planning.cost_model import kv_cache_bytes
-from common.planning.serving import LLAMA3_70B, decoder_params, longest_context
+from common.planning.serving import LLAMA3_70B, decoder_params, largest_batch, longest_context
 
 
 def test_cached_attention_over_a_prefix_then_one_token_equals_causal_sdpa():
@@ -42,3 +44,36 @@ def test_kv_cache_bytes_and_llama3_70b():
     fit = longest_context(LLAMA3_70B, tp=8, batch=8)
     assert fit["bytes_per_token"] == 8 * 2 * 80 * 1 * 128 * 2
     assert fit["seq"] > 8192
+
+
+def _filled(heads: int) -> KVCache:
+    cache = KVCache(layers=2, batch=2, heads=heads, max_len=6, head_dim=3)
+    g = torch.Generator().manual_seed(0)
+    for t in cache.k + cache.v:
+        t.copy_(torch.randn(t.shape, generator=g))
+    return cache
+
+
+def test_match_heads_finds_a_ranks_heads_from_the_numbers_and_a_nan_fails():
+    whole, part = _filled(4), KVCache(layers=2, batch=2, heads=2, max_len=6, head_dim=3)
+    for mine, full in zip(part.k + part.v, whole.k + whole.v):
+        mine.copy_(full[:, [3, 1]])
+    assert match_heads(part, whole) == ([3, 1], 0.0)
+    part.v[1][0, 1, 2, 0] = math.nan
+    heads, gap = match_heads(part, whole)
+    assert heads[0] == 3 and math.isnan(gap)
+
+
+def test_largest_batch_fits_and_one_more_does_not():
+    fit = largest_batch(LLAMA3_70B, tp=8, seq=8192)
+    per_seq = kv_cache_bytes(80, 8, 128, 8192, 1, 2, 8)
+    room = fit["usable_gb"] * 1e9 - fit["weights_gb"] * 1e9
+    assert fit["batch"] * per_seq <= room < (fit["batch"] + 1) * per_seq
+    assert fit["batch"] == 162
+
+
+def test_left_padded_positions_start_at_each_prompts_first_token():
+    tokens, positions, real = left_padded([torch.tensor([5, 6, 7]), torch.tensor([8])])
+    assert tokens.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert positions.tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert real.tolist() == [[True, True, True], [False, False, True]]
