@@ -73,6 +73,7 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     inference.kv_cache               the KV cache, and causal attention of new tokens over it (22)
     inference.tp_decode              tensor-parallel greedy decoding, the cache split by heads (22)
     libraries.accumulation           Accelerate's and Fabric's accumulation idioms, each loss normalisation (23)
+    libraries.loaders                how Accelerate's prepared loader deals whole batches to ranks, counted (23)
     libraries.sharding               fully_shard through Fabric's ModelParallelStrategy, Accelerate's FSDP2 here (23)
 
 shared by every topic

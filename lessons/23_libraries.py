@@ -27,8 +27,8 @@ What to look for:
    calls your fully_shard; the same parameters and collectives as fully_shard by hand. Its default puts
    every rank on tensor_parallel. Accelerate's FSDP2 plugin takes its FSDP path on GPUs only: in a fresh
    CPU process Accelerator(fsdp_plugin=..., parallelism_config=...) raises ValueError (... but got
-   DistributedType.MULTI_CPU); here an earlier Accelerator has fixed the shared state, its arguments are
-   ignored, and prepare returns DistributedDataParallel (recorded as it is). Its ParallelismConfig names
+   DistributedType.MULTI_CPU), measured after clearing the library's per-process state (an earlier
+   Accelerator fixes it; a later one's arguments are then ignored and prepare returns DDP). Its names
    (dp_replicate, dp_shard, tp, cp, sp) are the mesh dims it builds.
 Sources: huggingface.co/docs/accelerate (accelerator, gradient accumulation, FSDP), lightning.ai/docs/fabric.
 """
@@ -49,7 +49,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from common.data import digits_split
 from common.data_parallel.accumulation import Proof
-from common.harness.env import DistInfo, LessonError
+from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.ranks import print0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
@@ -59,6 +59,7 @@ from common.libraries.accumulation import (
     fabric_variant,
     no_sync_variant,
 )
+from common.libraries.loaders import dealt_in_turn
 from common.libraries.sharding import accelerate_fsdp2_outcome, fabric_fully_shard, shard_run
 from common.measure.counters import CommCounter, count_collectives
 from common.measure.differences import max_abs_diff_all, max_over_ranks
@@ -67,6 +68,7 @@ from common.models import DigitsCNN
 from common.sharding.fsdp import shard_blocks_then_root
 
 EQUAL = 1e-6  # the same float32 operations in the same order: measured 0
+TRAIN_SAMPLES = 1438  # the digits' training split (a test holds it to the file)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -85,6 +87,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise LessonError("--epochs, --batch-size, --micro-batch and --lr must be positive")
     if args.grad_accum_steps < 2:  # k = 1: dividing by k or not is the same, no claim could fail
         raise LessonError(f"--grad-accum-steps must be >= 2, got {args.grad_accum_steps}")
+    W = read_torchrun_env()[2]
+    if args.batch_size * W >= TRAIN_SAMPLES:  # one batch a rank: the order could not matter
+        raise LessonError(
+            f"--batch-size x world_size must be < {TRAIN_SAMPLES} (the training digits), got "
+            f"{args.batch_size} x {W}: an epoch of one batch per rank has no order to compare"
+        )
+    if args.grad_accum_steps * args.micro_batch * W > TRAIN_SAMPLES:
+        raise LessonError(
+            f"--grad-accum-steps x --micro-batch x world_size must be <= {TRAIN_SAMPLES} (the "
+            f"training digits), got {args.grad_accum_steps} x {args.micro_batch} x {W}"
+        )
     return args
 
 
@@ -221,23 +234,11 @@ def section1(args, info: DistInfo, report: Report, train_set):
         "accelerate_inner_sampler", type(getattr(inner, "batch_sampler", inner).sampler).__name__
     )
     describe(report, "fabric", fab_model, fab_loader.sampler, fab_new, info)
-    report.claim(
-        "accelerate_new_order_each_epoch",
-        int(acc_new),
-        "==",
-        1,
-        "  Accelerate reshuffles each epoch by itself: {value}",
-    )
-    report.claim(
-        "fabric_calls_set_epoch",
-        int(fab_new),
-        "==",
-        1,
-        "  Fabric calls set_epoch for you: {value} (a bare DataLoader over the same "
-        "sampler, no set_epoch: {plain})",
-        plain=int(plain_new),
-    )
     if info.distributed:  # one process: Fabric keeps the RandomSampler, inserts nothing
+        library_samplers(args, info, report, train_set, accelerator, fabric)
+        text = "  Fabric calls set_epoch for you: {value} (a bare DataLoader over the same "
+        text += "sampler, no set_epoch: {plain})"
+        report.claim("fabric_calls_set_epoch", int(fab_new), "==", 1, text, plain=int(plain_new))
         sentence = "  Fabric's sampler seed without seed_everything: {value}"
         report.claim("fabric_default_sampler_seed", seed0, "==", 0, sentence)
     return (
@@ -246,6 +247,24 @@ def section1(args, info: DistInfo, report: Report, train_set):
         (fab_raw, fab_order, fab_calls, fab_py),
         (accelerator, fabric),
     )
+
+
+def library_samplers(args, info: DistInfo, report: Report, train_set, accelerator, fabric):
+    """How each library's loader picks a rank's samples, from loaders made for the purpose."""
+    # unshuffled, so that the batch each rank reads says which of the loader's batches it was
+    plain = accelerator.prepare(DataLoader(train_set, batch_size=args.batch_size))
+    read = [i.tolist() for _, _, i in plain]
+    off, checked = dealt_in_turn(read, info.rank, info.world_size, len(train_set))
+    text = "  Accelerate deals whole batches in turn (rank r: r, r + W, ...): {value:g} of {n} off"
+    report.claim("accelerate_deals_batches_in_turn", max_over_ranks(off), "==", 0, text, n=checked)
+    # a seed other than the default 0: the sampler's seed can only come from seed_everything
+    fabric.seed_everything(args.seed + 1, verbose=False)
+    probe = fabric.setup_dataloaders(DataLoader(train_set, shuffle=True)).sampler
+    fabric.seed_everything(args.seed, verbose=False)
+    text = "  Fabric's DistributedSampler seed after seed_everything({seed}): {value}"
+    seed = getattr(probe, "seed", None)
+    claim = "fabric_sampler_seed_from_seed_everything"
+    report.claim(claim, seed, "==", args.seed + 1, text, seed=args.seed + 1)
 
 
 def compare(args, info: DistInfo, report: Report, train_set, ddp, acc, fab) -> None:
@@ -276,13 +295,8 @@ def compare(args, info: DistInfo, report: Report, train_set, ddp, acc, fab) -> N
         same=same_order(acc_order, ddp_order),
     )
     replay = by_hand(args, info, train_set, batches=acc_order)
-    report.claim(
-        "accelerate_equals_ddp_same_batches",
-        diff(acc_raw, replay[0]),
-        "<=",
-        EQUAL,
-        "  ... DDP fed Accelerate's batches ends {value:.1e} from it",
-    )
+    text = "  ... DDP fed Accelerate's batches ends {value:.1e} from it"
+    report.claim("accelerate_equals_ddp_same_batches", diff(acc_raw, replay[0]), "<=", EQUAL, text)
     if info.distributed:
         compare_collectives(args, report, ddp_calls, acc_calls, acc_py, fab_calls, fab_py)
 
@@ -292,20 +306,10 @@ def compare_collectives(args, report: Report, ddp_calls, acc_calls, acc_py, fab_
     print0(
         "  collectives per run, this rank (gradient buckets by the comm hook, then Python-level):"
     )
-    report.claim(
-        "accelerate_allreduces_equal_ddp",
-        acc_calls,
-        "==",
-        ddp_calls,
-        "  bucket all-reduces: by hand {bound}, Accelerate {value}",
-    )
-    report.claim(
-        "fabric_allreduces_equal_ddp",
-        fab_calls,
-        "==",
-        ddp_calls,
-        "  bucket all-reduces: by hand {bound}, Fabric {value}",
-    )
+    text = "  bucket all-reduces: by hand {bound}, Accelerate {value}"
+    report.claim("accelerate_allreduces_equal_ddp", acc_calls, "==", ddp_calls, text)
+    text = "  bucket all-reduces: by hand {bound}, Fabric {value}"
+    report.claim("fabric_allreduces_equal_ddp", fab_calls, "==", ddp_calls, text)
     extra = {k: v for k, v in acc_py.items() if k != "all_reduce"}
     report.claim(
         "accelerate_rng_broadcasts",
@@ -404,18 +408,16 @@ def section3(args, info: DistInfo, report: Report, train_set) -> None:
         "  same collectives as by hand: {value} ({hand})",
         hand=", ".join(f"{k} {v}" for k, v in sorted(hand_calls.items())),
     )
-    report.claim(
-        "fabric_default_data_parallel_size",
-        meshes[0][1][0],
-        "==",
-        1,
-        "  Fabric's default data_parallel size: {value} (every rank on tensor_parallel)",
-    )
-    report.value(
-        "accelerate_fsdp2",
-        accelerate_fsdp2_outcome(info),
-        "  Accelerate's FSDP2 plugin here: {value}",
-    )
+    text = "  Fabric's default data_parallel size: {value} (every rank on tensor_parallel)"
+    report.claim("fabric_default_data_parallel_size", meshes[0][1][0], "==", 1, text)
+    outcome, refused = accelerate_fsdp2_outcome(info)
+    cut = outcome.find("but got")  # the refusal's point, at the end of a long message
+    short = f"{outcome.split(':')[0]}: ... {outcome[cut:]}" if cut > 0 else outcome[:80]
+    text = "  Accelerate's FSDP2 plugin here: {short}"
+    report.value("accelerate_fsdp2", outcome, text, short=short)
+    if info.device.type == "cpu":  # a fresh Accelerator with it, not the DDP of an earlier state
+        text = "  ... refused on this CPU (ValueError, ... but got MULTI_CPU): {value}"
+        report.claim("accelerate_fsdp2_refused_on_cpu", int(refused), "==", 1, text)
 
 
 def main() -> None:

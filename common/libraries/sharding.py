@@ -1,6 +1,6 @@
 """Sharding through the libraries (23): counted training steps of a fully_shard model, and what Accelerate's
-FSDP2 plugin does on this machine (its FSDP path is taken on GPU-like distributed types only: on CPU its state
-is MULTI_CPU and `prepare` returns DistributedDataParallel), recorded as text instead of assumed.
+FSDP2 plugin does on this machine (its FSDP path is taken on GPU-like distributed types only: on CPU a
+fresh Accelerator with it raises ValueError, its state being MULTI_CPU), recorded as text instead of assumed.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.parallelism_config import ParallelismConfig
+from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import FullyShardedDataParallelPlugin
 from lightning_fabric import Fabric
 from lightning_fabric.strategies import ModelParallelStrategy
@@ -37,19 +38,29 @@ def shard_run(model, opt, batches) -> tuple[list, dict]:
     return full_params(model), dict(c.calls)
 
 
-def accelerate_fsdp2_outcome(info: DistInfo) -> str:
-    """Accelerate's FSDP2 plugin with a ParallelismConfig: what it does here, recorded as a value."""
+def accelerate_fsdp2_outcome(info: DistInfo) -> tuple[str, bool]:
+    """Accelerate's FSDP2 plugin with a ParallelismConfig, in a fresh Accelerator state: what it does
+    here, as text, and whether it was the CPU refusal (ValueError: "... but got
+    DistributedType.MULTI_CPU"). The library keeps one state per process (the first Accelerator's
+    wins and later arguments are ignored): it is cleared before and after, as its own tests do."""
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
     config = ParallelismConfig(dp_shard_size=info.world_size)
-    try:  # on GPUs: fully_shard on the dp_shard dim; here the state made in section 1 is MULTI_CPU
+    AcceleratorState._reset_state(reset_partial_state=True)  # the process group itself stays
+    GradientState._reset_state()
+    try:  # on GPUs: fully_shard on the dp_shard dim
         accelerator = Accelerator(
             cpu=info.device.type == "cpu", fsdp_plugin=plugin, parallelism_config=config
         )
         wrapped = accelerator.prepare(ResidualMLP(33, 2).to(info.device))
         outcome = f"{accelerator.distributed_type.value}, prepare returns {type(wrapped).__name__}"
+        refused = False
     except (ValueError, RuntimeError) as e:  # the library's refusal, recorded as text
-        outcome = f"{type(e).__name__}: {str(e).split('. ')[0][:90]}"
-    return outcome
+        outcome = f"{type(e).__name__}: {e}"
+        refused = isinstance(e, ValueError) and "but got DistributedType.MULTI_CPU" in str(e)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    return outcome, refused
 
 
 def fabric_fully_shard(info: DistInfo, init_state: dict, batches: list) -> tuple[list, list, dict]:

@@ -4,17 +4,20 @@ launch` on bad input."""
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 
 import pytest
 
+from common.harness.env import LessonError
 from common.run.launch import REPO_ROOT, lesson_path, run_command, run_lesson
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 LESSON = "23_libraries"
 SECTION1 = {
-    "accelerate_new_order_each_epoch",
+    "accelerate_deals_batches_in_turn",
+    "fabric_sampler_seed_from_seed_everything",
     "fabric_calls_set_epoch",
     "fabric_default_sampler_seed",
     "fabric_equals_ddp",
@@ -43,6 +46,7 @@ SHARDING = {
     "fabric_fsdp_equals_fully_shard",
     "fabric_fsdp_collectives_equal",
     "fabric_default_data_parallel_size",
+    "accelerate_fsdp2_refused_on_cpu",
 }
 
 
@@ -74,7 +78,7 @@ def test_what_prepare_and_setup_returned(two_ranks):
     assert r["fabric_mesh"] == [["data_parallel", "tensor_parallel"], [2, 1]]
     assert r["fabric_default_mesh"] == [["data_parallel", "tensor_parallel"], [1, 2]]
     assert r["accelerate_mesh"] == [["dp_shard"], [2]]
-    assert r["accelerate_fsdp2"].startswith("MULTI_CPU")  # no FSDP on CPU: recorded, not claimed
+    assert r["accelerate_fsdp2"].startswith("ValueError: ParallelismConfig is only compatible")
     assert r["round_allreduce_calls"] == 2  # ResidualMLP's buckets: 1 MiB, then the rest
 
 
@@ -124,3 +128,31 @@ def test_accelerate_launch_on_cpu_starts_one_process():
     errors = [line for line in run.stderr.splitlines() if "--grad-accum-steps must be" in line]
     assert errors and all(re.match(r"error: ", line) for line in errors[:1]), run.stderr
     assert "[rank 1]" not in run.stderr
+
+
+def test_train_samples_is_the_digits_training_split():
+    from common.data import digits_split
+
+    lesson = importlib.import_module(f"lessons.{LESSON}")
+    assert lesson.TRAIN_SAMPLES == len(digits_split()[0]) == 1438
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--batch-size", "719"], "--batch-size x world_size must be < 1438"),
+        (
+            ["--grad-accum-steps", "90"],
+            "--grad-accum-steps x --micro-batch x world_size must be <=",
+        ),
+    ],
+)
+def test_batches_the_data_cannot_fill_are_refused(monkeypatch, args, message):
+    """On 2 ranks: 719 x 2 = 1438 samples a step is one batch a rank (no order to compare); 90 x 8 x 2 =
+    1440 micro-batch samples are more than the digits hold. 718 and 89 pass."""
+    lesson = importlib.import_module(f"lessons.{LESSON}")
+    for name, value in {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 2, "LOCAL_WORLD_SIZE": 2}.items():
+        monkeypatch.setenv(name, str(value))  # rank 0 of torchrun's 2
+    with pytest.raises(LessonError, match=re.escape(message)):
+        lesson.parse_args(args)
+    lesson.parse_args(["--batch-size", "718", "--grad-accum-steps", "89"])
