@@ -37,6 +37,7 @@ from common.data_parallel.accumulation import (
     Proof,
     checked_grad_accum_steps,
     replay_accumulation,
+    uneven_sizes,
 )
 from common.harness.env import read_torchrun_env
 from common.harness.metrics import evaluate
@@ -54,11 +55,6 @@ from common.measure.differences import max_abs_diff_all, max_over_ranks
 from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
 from common.measure.precision import PRECISIONS, autocast_context
 from common.performance.buckets import predicted_buckets
-
-
-def uneven_sizes(n: int, k: int) -> list[int]:
-    """Split n samples into k micro-batches of DIFFERENT sizes (all >= 1 when n >= k): [n-k+1, 1, 1, ...]."""
-    return [n - (k - 1)] + [1] * (k - 1) if k > 1 else [n]
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -22,7 +22,7 @@ What to look for:
 2. Accumulation (lesson 07): `accelerator.accumulate` is `no_sync` on all micro-steps but the last, and
    `accelerator.backward` divides the loss by gradient_accumulation_steps FOR you; Fabric's
    `no_backward_sync` is `no_sync` alone: you divide by k. Measured: which normalisation equals one step on
-   the global batch under each library.
+   the global batch under each library, and on micro-batches of [15, 1] (only the sample count is right).
 3. Sharding (lesson 13): Fabric's ModelParallelStrategy builds a mesh (data_parallel, tensor_parallel) and
    calls your fully_shard; the same parameters and collectives as fully_shard by hand. Its default puts
    every rank on tensor_parallel. Accelerate's FSDP2 plugin takes its FSDP path on GPUs only: in a fresh
@@ -48,13 +48,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from common.data import digits_split
-from common.data_parallel.accumulation import Proof
+from common.data_parallel.accumulation import Proof, uneven_sizes
 from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.ranks import print0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.libraries.accumulation import (
     RIGHT,
+    RIGHT_UNEVEN,
     accelerate_variant,
     fabric_variant,
     no_sync_variant,
@@ -368,6 +369,14 @@ def section2(args, info: DistInfo, report: Report, train_set, fabric) -> None:
             proof.check(
                 f"{lib}_{how}", make[lib](how), micro, right, calls=calls if right else None
             )
+    # the same samples of each rank cut [km - k + 1, 1, ...]: the global step does not change
+    sizes = uneven_sizes(k * m, k)
+    mine = (torch.cat(t) for t in zip(*micro))
+    uneven = list(zip(*(t.split(sizes) for t in mine)))
+    print0(f"  ... the same samples cut into micro-batches of {sizes} on every rank:")
+    for lib, proof in runs.items():
+        for how, right in RIGHT_UNEVEN[lib].items():
+            proof.check(f"{lib}_{how}_uneven", make[lib](how), uneven, right)
     report.record("accumulation_right", RIGHT)
     report.record("round_allreduce_calls", calls)
 

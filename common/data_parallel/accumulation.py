@@ -24,9 +24,15 @@ __all__ = [
     "checked_grad_accum_steps",
     "Proof",
     "replay_accumulation",
+    "uneven_sizes",
 ]
 
 TOL = 1e-5  # float32 rounding of sums taken in another order (measured: ~1e-8)
+
+
+def uneven_sizes(n: int, k: int) -> list[int]:
+    """Split n samples into k micro-batches of DIFFERENT sizes (all >= 1 when n >= k): [n-k+1, 1, 1, ...]."""
+    return [n - (k - 1)] + [1] * (k - 1) if k > 1 else [n]
 
 
 def grad_accum_steps_for(global_batch: int, micro_batch: int, world_size: int) -> int:

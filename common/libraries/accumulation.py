@@ -15,7 +15,14 @@ import torch.nn.functional as F
 
 from common.measure.memory import no_sync_unless
 
-__all__ = ["RIGHT", "scaled", "no_sync_variant", "accelerate_variant", "fabric_variant"]
+__all__ = [
+    "RIGHT",
+    "RIGHT_UNEVEN",
+    "scaled",
+    "no_sync_variant",
+    "accelerate_variant",
+    "fabric_variant",
+]
 
 
 def scaled(how: str, k: int, n_local: int):
@@ -72,4 +79,11 @@ RIGHT = {
     "ddp": {"nothing": False, "divide_by_k": True, "by_samples": True},
     "accelerate": {"nothing": True, "divide_by_k": False, "by_samples": False},
     "fabric": {"nothing": False, "divide_by_k": True, "by_samples": True},
+}
+# ... when a rank's micro-batches differ in size ([15, 1] at k = 2 of 8): only the sample count is right
+# where you normalise, and Accelerate's own division by k weights the one sample as much as the fifteen
+RIGHT_UNEVEN = {
+    "ddp": {"divide_by_k": False, "by_samples": True},
+    "accelerate": {"nothing": False},
+    "fabric": {"divide_by_k": False, "by_samples": True},
 }

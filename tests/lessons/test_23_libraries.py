@@ -41,6 +41,12 @@ ACCUMULATION = {
     "accelerate_divide_by_k_changes_the_step",
     "accelerate_by_samples_changes_the_step",
     "fabric_nothing_changes_the_step",
+    # the same samples in micro-batches of [15, 1]: only the sample count is right
+    "ddp_divide_by_k_uneven_changes_the_step",
+    "ddp_by_samples_uneven_equals_global_step",
+    "accelerate_nothing_uneven_changes_the_step",
+    "fabric_divide_by_k_uneven_changes_the_step",
+    "fabric_by_samples_uneven_equals_global_step",
 }
 SHARDING = {
     "fabric_fsdp_equals_fully_shard",

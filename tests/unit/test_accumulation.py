@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import TensorDataset
 
-from common.data_parallel.accumulation import grad_accum_steps_for
+from common.data_parallel.accumulation import grad_accum_steps_for, uneven_sizes
 from common.harness.env import LessonError
 from common.measure.differences import max_abs_diff_all
 from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
@@ -35,7 +35,7 @@ def test_grad_accum_steps_arithmetic(g, m, w):
 def test_uneven_sizes(n, k):
     if n < k:
         return
-    sizes = lesson.uneven_sizes(n, k)
+    sizes = uneven_sizes(n, k)
     assert len(sizes) == k and sum(sizes) == n and min(sizes) >= 1
     assert k == 1 or n == k or len(set(sizes)) > 1
 
@@ -75,7 +75,7 @@ def test_variants_in_one_process(setup, name, right):
 
 def test_uneven_micro_batches_need_sample_weights(setup):
     model, x, y, ref = setup
-    sizes = lesson.uneven_sizes(16, 4)  # [13, 1, 1, 1]
+    sizes = uneven_sizes(16, 4)  # [13, 1, 1, 1]
     uneven = list(zip(x.split(sizes), y.split(sizes)))
     assert max_abs_diff_all(_grads(model, lesson.accumulate_sample_weighted, uneven), ref) < 1e-6
     assert max_abs_diff_all(_grads(model, lesson.accumulate, uneven), ref) > 1e-3
