@@ -21,6 +21,7 @@ __all__ = [
     "DIGITS_SHA256",
     "load_digits",
     "digits_split",
+    "digit_rows",
     "synthetic_images",
     "synthetic_split",
     "imbalanced_subset",
@@ -98,6 +99,14 @@ def digits_split(
     is_test = torch.zeros(len(y), dtype=torch.bool)
     is_test[torch.cat(test_idx)] = True
     return TensorDataset(x[~is_test], y[~is_test]), TensorDataset(x[is_test], y[is_test])
+
+
+def digit_rows(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n training digits picked by a seeded permutation, the same on every rank: x (n, 64) flattened 8x8
+    images, y (n,)."""
+    images, labels = digits_split()[0].tensors  # (1438, 1, 8, 8), (1438,)
+    pick = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + 1))[:n]
+    return images[pick].flatten(1), labels[pick]  # (n, 64), (n,)
 
 
 def synthetic_images(

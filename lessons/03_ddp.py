@@ -228,32 +228,31 @@ def save(raw_model: nn.Module, optimizer, epoch: int, path: str, info: DistInfo)
 
 def report_setup(run: Run) -> None:
     """Who runs, on what, with which global batch and learning rate."""
-    report, args, info = run.report, run.args, run.info
-    W, B = info.world_size, args.batch_size
-    report.record("world_size", W)
-    report.record("backend", info.backend)
-    report.record("device", info.device.type)
-    report.record("batch_size_per_process", B)
-    report.value(
+    W, B = run.info.world_size, run.args.batch_size
+    run.report.record("world_size", W)
+    run.report.record("backend", run.info.backend)
+    run.report.record("device", run.info.device.type)
+    run.report.record("batch_size_per_process", B)
+    run.report.value(
         "global_batch_size",
         W * B,
         "world_size {W}  backend {backend}  device {device}  global batch {value} ({W} x {B})",
         W=W,
         B=B,
-        backend=info.backend or "none",
-        device=info.device.type,
+        backend=run.info.backend or "none",
+        device=run.info.device.type,
     )
     scaled = " on every world size (--lr-scaling none)"
-    if args.lr_scaling == "linear":
+    if run.args.lr_scaling == "linear":
         scaled = " = {lr:g} x {global_batch} / {base} (linear scaling), warm-up {warmup} steps"
-    report.value(
+    run.report.value(
         "lr",
-        lr_at(10**9, args, W),
+        lr_at(10**9, run.args, W),
         "learning rate {value:g}" + scaled,
-        lr=args.lr,
+        lr=run.args.lr,
         global_batch=W * B,
-        base=args.base_batch,
-        warmup=args.warmup_steps,
+        base=run.args.base_batch,
+        warmup=run.args.warmup_steps,
     )
 
 
@@ -266,7 +265,8 @@ def train(args: argparse.Namespace, info: DistInfo) -> None:
     # optimizer steps before this run: a resumed warm-up continues where it stopped
     step0 = run.start_epoch * len(run.loader)
     sync = torch.cuda.synchronize if info.device.type == "cuda" else (lambda: None)
-    model, optimizer = run.model, run.optimizer  # DDP's wrapper; SGD on the raw model's parameters
+    model = run.model  # DDP's wrapper around run.raw_model
+    optimizer = run.optimizer  # SGD on the raw model's parameters: the tensors DDP syncs
     for epoch in range(run.start_epoch, args.epochs):
         run.sampler.set_epoch(epoch)  # without it every epoch repeats epoch 0's order
         # recorded: a new order each epoch, the same on a rerun
@@ -327,16 +327,19 @@ def print_ranks(args, facts: list[dict]) -> None:
 def report_claims(run: Run, mine: dict, test: dict, before: dict) -> None:
     """Every rank's facts (printed by rank 0 in rank order), then the run's claims: `mine` holds this rank's
     steps and whether it wrote the checkpoint, `test` and `before` the last and the first evaluation."""
-    report, args, info = run.report, run.args, run.info
-    here = {"rank": info.rank, "local_rank": info.local_rank, "device": str(info.device)}
-    facts = gather_to_rank0({**here, **mine, "peak_rss_mb": peak_rss_mb()}, info) or []
-    print_ranks(args, facts)
-    report.record("ranks", facts)
+    here = {
+        "rank": run.info.rank,
+        "local_rank": run.info.local_rank,
+        "device": str(run.info.device),
+    }
+    facts = gather_to_rank0({**here, **mine, "peak_rss_mb": peak_rss_mb()}, run.info) or []
+    print_ranks(run.args, facts)
+    run.report.record("ranks", facts)
     # no rank sent parameters since the wrap, yet: same start, same gradients, same step
-    if info.distributed:
-        report.claim(
+    if run.info.distributed:
+        run.report.claim(
             "replicas_identical",
-            max_param_diff_across_ranks(run.raw_model, info),
+            max_param_diff_across_ranks(run.raw_model, run.info),
             "==",
             0.0,
             "max parameter difference across ranks: {value:.1e} (no parameter server)",
@@ -345,23 +348,23 @@ def report_claims(run: Run, mine: dict, test: dict, before: dict) -> None:
     sentence = "test loss {start:.4f} at this run's start -> {end:.4f}: ratio {value:.3f}"
     losses = {"start": before["loss"], "end": test["loss"]}
     if mine["steps"] >= 40:  # a run of this length halves the test loss; a shorter one need not:
-        report.claim("loss_falls", ratio, "<=", 0.5, sentence, **losses)
+        run.report.claim("loss_falls", ratio, "<=", 0.5, sentence, **losses)
     else:  # 4 ranks x 1 epoch = 12 steps end at 0.83; a resumed run starts trained
         note = " (no claim: {steps} steps, it needs 40)"
-        report.value("loss_ratio", ratio, sentence + note, steps=mine["steps"], **losses)
+        run.report.value("loss_ratio", ratio, sentence + note, steps=mine["steps"], **losses)
     # the bound is for the default 4 epochs (shorter runs print test_acc per epoch only)
-    if args.epochs >= 4:
-        report.claim(
+    if run.args.epochs >= 4:
+        run.report.claim(
             "test_accuracy", test["accuracy"], ">=", 0.95, "final test accuracy {value:.4f}"
         )
-    report.claim(
+    run.report.claim(
         "each_test_image_counted_once",
         test["count"],
         "==",
         len(run.test_set),
         "test images counted over all ranks: {value} (the padded repeats dropped)",
     )
-    report.perf(
+    run.report.perf(
         "peak_rss_mb",
         [f["peak_rss_mb"] for f in facts],
         "peak RSS per rank (MB): {mb}",
@@ -402,28 +405,29 @@ ORDER_NOTE = " (3+ ranks: float32 sums in another order, no claim; see ORDER_NOT
 
 def check_equivalence(run: Run) -> None:
     """--check-equivalence: rank 0 replays the run in one process; the parameters match."""
-    report, args, info = run.report, run.args, run.info
     # the other ranks wait for this rank-0-only phase without the --timeout-s bound
-    with rank0_only(info, "the one-process replay") as mine:
+    with rank0_only(run.info, "the one-process replay") as mine:
         if mine:
             t0 = time.perf_counter()
             reference, _ = replay_on_one_process(
-                run.train_set, info.world_size, args, info.device, lr_at
+                run.train_set, run.info.world_size, run.args, run.info.device, lr_at
             )
-            report.perf("replay_s", time.perf_counter() - t0, "one-process replay: {value:.2f} s")
+            run.report.perf(
+                "replay_s", time.perf_counter() - t0, "one-process replay: {value:.2f} s"
+            )
             ddp, replay = list(run.raw_model.parameters()), list(reference.parameters())
             diff = max_abs_diff_all(ddp, replay)  # NaN-safe: a diverged run fails the claim
             sentence = (
                 "DDP on {ranks} ranks vs one process on the global batch: "
                 "max |parameter difference| = {value:.1e}"
             )
-            if info.world_size <= 2:
-                report.claim(
-                    "ddp_equals_one_process", diff, "<=", 1e-5, sentence, ranks=info.world_size
+            if run.info.world_size <= 2:
+                run.report.claim(
+                    "ddp_equals_one_process", diff, "<=", 1e-5, sentence, ranks=run.info.world_size
                 )
             else:
-                report.value(
-                    "ddp_vs_one_process_max", diff, sentence + ORDER_NOTE, ranks=info.world_size
+                run.report.value(
+                    "ddp_vs_one_process_max", diff, sentence + ORDER_NOTE, ranks=run.info.world_size
                 )
 
 

@@ -186,31 +186,38 @@ def main() -> None:
 
 def report_setup(run: Run) -> None:
     """The run's shape, the SyncBatchNorm implementation and the groups that share statistics."""
-    report, args, info = run.report, run.args, run.info
-    report.value(
+    run.report.value(
         "setup",
-        [info.world_size, args.batch_size, run.steps],
+        [run.info.world_size, run.args.batch_size, run.steps],
         "world_size {value[0]}, {value[2]} steps of {value[0]} x {value[1]} samples ({backend}, {device})",
-        backend=info.backend,
-        device=info.device.type,
+        backend=run.info.backend,
+        device=run.info.device.type,
     )
-    impl = IMPLS[args.sync_impl]
-    report.value("sync_impl", args.sync_impl, "SyncBatchNorm implementation: {impl}", impl=impl)
-    report.value(
+    impl = IMPLS[run.args.sync_impl]
+    run.report.value(
+        "sync_impl", run.args.sync_impl, "SyncBatchNorm implementation: {impl}", impl=impl
+    )
+    run.report.value(
         "bn_groups",
         [list(m) for m in run.groups],
         "SyncBatchNorm process groups (Grid dimension bn): {groups}",
         groups=" ".join(str(list(m)) for m in run.groups),
     )
-    report.record("group_of_rank", gather_to_rank0(run.grid.coords["replica"], info))
+    run.report.record("group_of_rank", gather_to_rank0(run.grid.coords["replica"], run.info))
 
 
 def check_replay(run: Run, rank0: dict) -> None:
     """Rank 0: `replay` of each variant in one process equals rank 0's DDP run (parameters and statistics)."""
-    args, info = run.args, run.info
-    shape = (args.batch_size, info.world_size, run.steps, args.lr, args.seed, args.momentum)
+    shape = (
+        run.args.batch_size,
+        run.info.world_size,
+        run.steps,
+        run.args.lr,
+        run.args.seed,
+        run.args.momentum,
+    )
     for variant in ("syncbn", "batchnorm"):
-        twin = replay(variant, run.train_set, *shape, device=info.device)
+        twin = replay(variant, run.train_set, *shape, device=run.info.device)
         # parameters, then running statistics; a NaN anywhere is the largest
         gap = max_abs_diff_all(
             [*rank0[variant].parameters(), running_stats(rank0[variant])],
@@ -229,33 +236,36 @@ def check_replay(run: Run, rank0: dict) -> None:
 def measure(run: Run, variant: str):
     """Train one variant on every rank; report its collectives, its buffers' spread and broadcasts, its
     accuracy. Returns (what was measured, raw_model)."""
-    report, info, groups, channels = run.report, run.info, run.groups, run.channels
     with count_buffer_broadcasts() as built:
-        raw_model, model = build(variant, run.args, info, run.grid.group("bn"))
+        raw_model, model = build(variant, run.args, run.info, run.grid.group("bn"))
     # raw_model is the DigitsCNN object passed in: were its 2 BatchNorm2d layers swapped?
     if variant == "syncbn":
         swapped = sum(type(m).__name__ == "SyncBatchNorm" for _, m in batchnorm_modules(raw_model))
         text = "convert_sync_batchnorm swapped {value} BatchNorm2d for SyncBatchNorm"
-        report.claim("convert_swaps_in_place", swapped, "==", len(channels), text)
+        run.report.claim("convert_swaps_in_place", swapped, "==", len(run.channels), text)
     curve = []
 
     def log(step: int) -> None:  # the spread of the running means, every 10 steps
-        curve.append([step, spread(gather_stats(raw_model, info), channels)[0]])
+        curve.append([step, spread(gather_stats(raw_model, run.info), run.channels)[0]])
 
     with count_buffer_broadcasts() as sent:
-        v = train_counted(model, raw_model, batches(run.loader, run.steps), run.args, info, log=log)
-    stats = gather_stats(raw_model, info)  # (world_size, 96) for this CNN
-    acc = gather_to_rank0(local_accuracy(raw_model, run.test_set), info) or []  # [] off rank 0
+        v = train_counted(
+            model, raw_model, batches(run.loader, run.steps), run.args, run.info, log=log
+        )
+    stats = gather_stats(raw_model, run.info)  # (world_size, 96) for this CNN
+    acc = gather_to_rank0(local_accuracy(raw_model, run.test_set), run.info) or []  # [] off rank 0
     v.update(
         spread_curve=curve,
-        first_layer_running_mean=stats[:, : channels[0]].tolist(),
-        max_param_diff=max_param_diff_across_ranks(raw_model, info),
+        first_layer_running_mean=stats[:, : run.channels[0]].tolist(),
+        max_param_diff=max_param_diff_across_ranks(raw_model, run.info),
         test_accuracy_per_rank=acc,
         broadcasts_in_training=len(sent),
     )
-    v["spread_running_mean"], v["spread_running_var"] = spread(stats, channels)
-    v["spread_within_groups"] = nan_max(nan_max(spread(stats[list(m)], channels)) for m in groups)
-    report.value(
+    v["spread_running_mean"], v["spread_running_var"] = spread(stats, run.channels)
+    v["spread_within_groups"] = nan_max(
+        nan_max(spread(stats[list(m)], run.channels)) for m in run.groups
+    )
+    run.report.value(
         f"{variant}_test_accuracy",
         acc,
         "{variant:>9}: {steps} steps, test accuracy per rank {acc}",
@@ -263,11 +273,13 @@ def measure(run: Run, variant: str):
         steps=v["steps"],
         acc=" ".join(f"{a:.4f}" for a in acc),
     )
-    variant_claims(report, variant, v, len(channels) if len(groups[0]) > 1 else 0, info)
+    variant_claims(
+        run.report, variant, v, len(run.channels) if len(run.groups[0]) > 1 else 0, run.info
+    )
     if variant == "syncbn":
-        syncbn_claims(report, v, stats, acc, groups, channels)
-    elif info.world_size > 1:
-        batchnorm_claims(report, v, raw_model, built)
+        syncbn_claims(run.report, v, stats, acc, run.groups, run.channels)
+    elif run.info.world_size > 1:
+        batchnorm_claims(run.report, v, raw_model, built)
     return v, raw_model
 
 
@@ -333,34 +345,33 @@ def batchnorm_claims(report: Report, v: dict, raw_model, built: list[int]) -> No
 
 def default_buffer_sync(run: Run, no_sync_model: nn.Module) -> None:
     """3. Plain BatchNorm under DDP's default: the broadcasts of a training step; rank 0's statistics."""
-    report, info, steps = run.report, run.info, run.steps
-    raw_model, model = build("batchnorm_default", run.args, info, None)
+    raw_model, model = build("batchnorm_default", run.args, run.info, None)
     # tracker: the statistics of the world's batch
     with global_batch_tracker(raw_model) as tracker, count_buffer_broadcasts() as sent:
-        train_counted(model, raw_model, batches(run.loader, steps), run.args, info)
-    report.claim(
+        train_counted(model, raw_model, batches(run.loader, run.steps), run.args, run.info)
+    run.report.claim(
         "broadcasts_per_training_step",
-        len(sent) / steps,
+        len(sent) / run.steps,
         "==",
         1,
         "forward_sync_buffers=True: {sent} buffer broadcasts in {steps} training steps "
         "({value:g} per step, {size} bytes each)",
         sent=len(sent),
-        steps=steps,
+        steps=run.steps,
         size=sent[0],
     )
     mine = running_stats(raw_model)
     # rank 0's statistics are the source of every broadcast: never overwritten
-    if info.master_process:
-        report.claim(
+    if run.info.master_process:
+        run.report.claim(
             "default_rank0_same_as_without_sync",
             (mine - running_stats(no_sync_model)).abs().max(),
             "==",
             0.0,
             "rank 0's running statistics equal those of the forward_sync_buffers=False run: {value:.1e}",
         )
-        if info.world_size > 1:  # one rank's batch IS the global batch: nothing to differ from
-            report.claim(
+        if run.info.world_size > 1:  # one rank's batch IS the global batch: nothing to differ from
+            run.report.claim(
                 "default_rank0_differs_from_global_batch",
                 (mine - running_stats(tracker)).abs().max(),
                 ">=",
@@ -373,10 +384,9 @@ def default_buffer_sync(run: Run, no_sync_model: nn.Module) -> None:
 def buffer_sync_in_evaluation(run: Run, model: nn.Module, raw_model: nn.Module) -> None:
     """3, continued: an evaluation through the wrapper sends once and hides the drift; the training step
     after it sends nothing; under no_sync, one broadcast per optimizer step."""
-    report, info = run.report, run.info
     with count_buffer_broadcasts() as sent:  # THROUGH the wrapper: 3 forwards of 128 under no_grad
-        acc = gather_to_rank0(local_accuracy(model, run.test_set), info)
-    report.claim(
+        acc = gather_to_rank0(local_accuracy(model, run.test_set), run.info)
+    run.report.claim(
         "broadcasts_per_evaluation",
         len(sent),
         "==",
@@ -385,8 +395,8 @@ def buffer_sync_in_evaluation(run: Run, model: nn.Module, raw_model: nn.Module) 
         "it synced)",
     )
     # the larger of the running means' and variances' spread
-    after = nan_max(spread(gather_stats(raw_model, info), run.channels))
-    report.claim(
+    after = nan_max(spread(gather_stats(raw_model, run.info), run.channels))
+    run.report.claim(
         "default_stats_equal_after_eval",
         after,
         "==",
@@ -394,7 +404,7 @@ def buffer_sync_in_evaluation(run: Run, model: nn.Module, raw_model: nn.Module) 
         "spread of running statistics between ranks after it: {value:.1e} (all hold rank 0's: hidden)",
     )
     if acc:
-        report.claim(
+        run.report.claim(
             "default_accuracy_identical",
             max(acc) - min(acc),
             "==",
@@ -402,15 +412,15 @@ def buffer_sync_in_evaluation(run: Run, model: nn.Module, raw_model: nn.Module) 
             "test accuracy {acc:.4f} on every rank (spread {value}): rank 0's model everywhere",
             acc=acc[0],
         )
-    first_step, accumulation = broadcasts_after_eval(model, batches(run.loader, 7), info.device)
-    report.claim(
+    first_step, accumulation = broadcasts_after_eval(model, batches(run.loader, 7), run.info.device)
+    run.report.claim(
         "broadcasts_first_step_after_eval",
         first_step,
         "==",
         0,
         "first training step after it: {value} broadcasts (the forward before it ran under no_grad)",
     )
-    report.claim(
+    run.report.claim(
         "broadcasts_per_accumulation_step",
         accumulation / 2,
         "==",

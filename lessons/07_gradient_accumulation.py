@@ -154,7 +154,6 @@ def accumulate_clip_each_micro_step(
 def one_round(proof: Proof, micro, gx, gy, param_bytes: int) -> tuple[int, float]:
     """Section 1: the references, and the pattern against them; returns (calls of one all-reduce round, the
     clip that acts: half the global gradient's norm)."""
-    info, report = proof.info, proof.report
     # DDP rebuilds its buckets after the first synchronised backward: warm up once, then count one round.
     proof.run(accumulate, micro[:1])
     round_calls, round_bytes = proof.run(accumulate, micro[:1])[2:]
@@ -166,8 +165,8 @@ def one_round(proof: Proof, micro, gx, gy, param_bytes: int) -> tuple[int, float
         "\n1. accumulated micro-steps vs one SGD step on the global batch: max |difference| over ranks"
     )
     proof.check("accumulate", accumulate, micro, True, calls=round_calls)
-    if info.distributed:
-        report.claim(
+    if proof.info.distributed:
+        proof.report.claim(
             "buckets",
             round_calls,
             "==",
@@ -175,7 +174,7 @@ def one_round(proof: Proof, micro, gx, gy, param_bytes: int) -> tuple[int, float
             "  one all-reduce round = {value} bucket all-reduces, as DDP's bucketing rule predicts ...",
         )
         # with the default bucket_cap_mb: a first bucket of 1 MiB, then up to 25 MiB
-        report.claim(
+        proof.report.claim(
             "bucket_bytes_equal_parameter_bytes",
             round_bytes,
             "==",

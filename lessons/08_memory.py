@@ -103,20 +103,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ------------------------------------------------------------------- 1. the bytes a rank holds, measured
 def bytes_held(run: Run, counter: CommCounter) -> tuple[dict, int]:
     """1. One DDP + Adam step, then count what this rank holds. Returns (bytes by kind, Adam's states)."""
-    model, raw_model, x, y, report = run.model, run.raw_model, run.x, run.y, run.report
     # warm-up: DDP builds its final buckets after iteration 1
-    F.cross_entropy(model(x), y).backward()
-    raw_model.zero_grad(set_to_none=True)
-    optimizer = torch.optim.Adam(raw_model.parameters(), lr=1e-3)
+    F.cross_entropy(run.model(run.x), run.y).backward()
+    run.raw_model.zero_grad(set_to_none=True)
+    optimizer = torch.optim.Adam(run.raw_model.parameters(), lr=1e-3)
     counter.reset()
     # (B, 10) logits; the gradients are all-reduced in buckets
-    F.cross_entropy(model(x), y).backward()
+    F.cross_entropy(run.model(run.x), run.y).backward()
     optimizer.step()
-    params = list(raw_model.parameters())
+    params = list(run.raw_model.parameters())
     held = held_bytes(params, [q.grad for q in params], optimizer, together=True)
     # the flat bucket buffers of one all-reduce round (0 without DDP)
     held["ddp_buckets"] = counter.bytes
-    held["activations"] = saved_activation_bytes(raw_model, lambda: raw_model(x))
+    held["activations"] = saved_activation_bytes(run.raw_model, lambda: run.raw_model(run.x))
     optimizer.zero_grad(set_to_none=True)
     P = 4 * sum(q.numel() for q in params)
     rows = ["parameters", "gradients", "ddp_buckets", "optimizer_state", "activations"]
@@ -125,14 +124,14 @@ def bytes_held(run: Run, counter: CommCounter) -> tuple[dict, int]:
         f"  {r:<16} {held[r]:>10} {held[r] / P:>6.2f} P {100 * held[r] / total:>5.1f}%"
         for r in rows
     )
-    report.value(
+    run.report.value(
         "bytes_held",
         held,
         "\n1. bytes this rank holds after one Adam step (P = 4 x parameters = {P} bytes):\n{table}",
         P=P,
         table=table,
     )
-    report.value(
+    run.report.value(
         "replicated_state_share",
         1 - held["activations"] / total,
         "  replicated on every rank (what sharding cuts): {value:.1%} of the total",
@@ -182,14 +181,13 @@ def report_bytes_held(run: Run, held: dict, n_state: int) -> None:
 
 def checkpointing_gradients(run: Run) -> None:
     """2. Checkpointing recomputes each block's forward in backward: the same gradients."""
-    model, raw_model, x, y = run.model, run.raw_model, run.x, run.y
     grads = {}
     for ck in (False, True):  # synchronised backward under DDP, with and without checkpointing
-        raw_model.checkpointing = ck
-        F.cross_entropy(model(x), y).backward()
-        grads[ck] = [p.grad.detach().clone() for p in raw_model.parameters()]
-        raw_model.zero_grad(set_to_none=True)
-    raw_model.checkpointing = False
+        run.raw_model.checkpointing = ck
+        F.cross_entropy(run.model(run.x), run.y).backward()
+        grads[ck] = [p.grad.detach().clone() for p in run.raw_model.parameters()]
+        run.raw_model.zero_grad(set_to_none=True)
+    run.raw_model.checkpointing = False
     print0("\n2. activations (saved-tensor bytes of one forward, parameters excluded)")
     gap = max_over_ranks(max_abs_diff_all(grads[True], grads[False]))
     text = "  checkpointing vs plain: gradients differ by {value:.1e}"
@@ -302,27 +300,28 @@ def bf16_activations(raw_model, saved: dict, plain_b: int, report: Report) -> No
 
 def bf16_vs_fp32(run: Run) -> None:
     """3. bf16 autocast vs fp32: the same SGD run, k = 2 micro-batches of 8 per step."""
-    model, raw_model, args, info = run.model, run.raw_model, run.args, run.info
     finals = {}
     for precision in ("fp32", "bf16"):
-        raw_model.load_state_dict(run.init_state)
-        opt = torch.optim.SGD(raw_model.parameters(), lr=args.lr, momentum=0.9)
-        stream = micro_batch_stream(run.train_set, 8, info.world_size, info.rank, args.seed)
-        for _step in range(args.steps):
+        run.raw_model.load_state_dict(run.init_state)
+        opt = torch.optim.SGD(run.raw_model.parameters(), lr=run.args.lr, momentum=0.9)
+        stream = micro_batch_stream(
+            run.train_set, 8, run.info.world_size, run.info.rank, run.args.seed
+        )
+        for _step in range(run.args.steps):
             for micro_step in range(2):
-                xb, yb = (t.to(info.device) for t in next(stream))
-                with no_sync_unless(model, last=micro_step == 1):
-                    with autocast_context(info.device, precision):
+                xb, yb = (t.to(run.info.device) for t in next(stream))
+                with no_sync_unless(run.model, last=micro_step == 1):
+                    with autocast_context(run.info.device, precision):
                         # autocast: logits bf16, loss fp32
-                        loss = F.cross_entropy(model(xb), yb) / 2
+                        loss = F.cross_entropy(run.model(xb), yb) / 2
                     loss.backward()
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
-        finals[precision] = [p.detach().clone() for p in raw_model.parameters()]
+        finals[precision] = [p.detach().clone() for p in run.raw_model.parameters()]
     bf16_diff = max_over_ranks(max_abs_diff_all(finals["bf16"], finals["fp32"]))
     change = max_over_ranks(max_abs_diff_all(finals["fp32"], run.init_state.values()))
-    print0(f"\n3. bf16 autocast vs fp32 after {args.steps} optimizer steps")
+    print0(f"\n3. bf16 autocast vs fp32 after {run.args.steps} optimizer steps")
     # bf16 keeps 8 significant bits (relative rounding up to 2^-8 = 0.4%) in matmul inputs and outputs; the
     # parameters, gradients and the update stay fp32: under 1% of the largest change here, well within 1e-3.
     run.report.claim(
@@ -341,30 +340,31 @@ def bf16_vs_fp32(run: Run) -> None:
 def fp16_with_grad_scaler(run: Run) -> torch.optim.Optimizer:
     """4. fp16 + GradScaler under accumulation: 8 micro-batches, k = 4 -> exactly 2 steps. Returns the
     optimizer (the double-unscale demo reuses it)."""
-    model, raw_model, x, y, report = run.model, run.raw_model, run.x, run.y, run.report
     dev = run.info.device
     scaler, k, errors = CountingScaler(dev.type), 4, 0
-    opt = torch.optim.SGD(raw_model.parameters(), lr=run.args.lr)
-    raw_model.load_state_dict(run.init_state)
+    opt = torch.optim.SGD(run.raw_model.parameters(), lr=run.args.lr)
+    run.raw_model.load_state_dict(run.init_state)
     try:
         for micro_step in range(8):
             last = (micro_step + 1) % k == 0
-            xb, yb = x[micro_step::8], y[micro_step::8]  # (B / 8, 1, 8, 8)
-            with no_sync_unless(model, last):
+            xb, yb = run.x[micro_step::8], run.y[micro_step::8]  # (B / 8, 1, 8, 8)
+            with no_sync_unless(run.model, last):
                 with autocast_context(dev, "fp16"):
-                    loss = F.cross_entropy(model(xb), yb) / k
+                    loss = F.cross_entropy(run.model(xb), yb) / k
                 scaler.scale(loss).backward()  # gradients carry the scale factor, accumulated
             if last:
                 scaler.unscale_(opt)  # once: divides the accumulated gradients by the scale
-                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), 1.0)  # on the true gradients
+                torch.nn.utils.clip_grad_norm_(
+                    run.raw_model.parameters(), 1.0
+                )  # on the true gradients
                 # skipped if any inf/NaN; every rank sees the same synchronised gradients
                 scaler.step(opt)
                 scaler.update()
                 opt.zero_grad(set_to_none=True)
     except Exception as e:  # counted, and claimed absent
         errors += 1
-        report.value("scaler_error", f"{type(e).__name__}: {e}", "  GradScaler error: {value}")
-    report.value(
+        run.report.value("scaler_error", f"{type(e).__name__}: {e}", "  GradScaler error: {value}")
+    run.report.value(
         "scaler_counts",
         scaler.counts,
         "\n4. fp16 + GradScaler({device!r}), 8 micro-batches, k = {k}: {value}",
@@ -372,7 +372,7 @@ def fp16_with_grad_scaler(run: Run) -> torch.optim.Optimizer:
         k=k,
     )
     for what in ("unscale_", "step", "update"):
-        report.claim(
+        run.report.claim(
             f"scaler_{what.strip('_')}_calls",
             scaler.counts[what],
             "==",
@@ -380,26 +380,27 @@ def fp16_with_grad_scaler(run: Run) -> torch.optim.Optimizer:
             "  {what}: {value} calls, once per optimizer step",
             what=what,
         )
-    report.claim("scaler_errors", errors, "==", 0, "  errors: {value}")
+    run.report.claim("scaler_errors", errors, "==", 0, "  errors: {value}")
     return opt
 
 
 def double_unscale(run: Run, opt: torch.optim.Optimizer) -> None:
     """4, continued: the classic mistake, unscale_ on every micro-step, raises at the second."""
-    model, x, y, report = run.model, run.x, run.y, run.report
     wrong, message = torch.amp.GradScaler(run.info.device.type), "no error"
     for micro_step in range(2):
-        with no_sync_unless(model, last=False):
+        with no_sync_unless(run.model, last=False):
             with autocast_context(run.info.device, "fp16"):
-                wrong.scale(F.cross_entropy(model(x[micro_step::8]), y[micro_step::8])).backward()
+                wrong.scale(
+                    F.cross_entropy(run.model(run.x[micro_step::8]), run.y[micro_step::8])
+                ).backward()
         try:
             wrong.unscale_(opt)
         except RuntimeError as e:
             message = str(e).split("\n")[0]
     opt.zero_grad(set_to_none=True)
-    report.value("double_unscale_error", message, "  unscale_ on every micro-step: {value}")
+    run.report.value("double_unscale_error", message, "  unscale_ on every micro-step: {value}")
     text = "  ... the second unscale_ before update() raises: {value}"
-    report.claim("double_unscale_raises", int("already been called" in message), "==", 1, text)
+    run.report.claim("double_unscale_raises", int("already been called" in message), "==", 1, text)
 
 
 def main() -> None:

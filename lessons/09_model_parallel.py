@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from common.data import digits_split
+from common.data import digit_rows
 from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.grid import Grid
 from common.harness.ranks import gather_to_rank0, print0
@@ -47,6 +47,7 @@ from common.harness.results import Report
 from common.harness.session import (
     add_distributed_args,
     barrier,
+    comma_ints,
     distributed_session,
     rank0_only,
     run_main,
@@ -78,13 +79,6 @@ class Run:
     y: torch.Tensor
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise LessonError(f"expected comma-separated integers, got {text!r}") from None
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--widths", default="64,64,64,64,64,64,64,64,10", help="mlp: 64 pixels to 10")
@@ -110,8 +104,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_args(args, world_size: int) -> None:
     """Parse the lists and refuse what cannot run, with one line (the same on every rank)."""
-    args.widths, args.microbatches = _ints(args.widths), _ints(args.microbatches)
-    args.uneven = _ints(args.uneven)
+    args.widths, args.microbatches = comma_ints(args.widths), comma_ints(args.microbatches)
+    args.uneven = comma_ints(args.uneven)
     args.schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
     bad = [s for s in args.schedules if s not in SCHEDULES]
     if bad:
@@ -126,7 +120,7 @@ def check_args(args, world_size: int) -> None:
         raise LessonError(
             "--widths must run from 64 (pixels) to 10 (classes), --uneven is N,m, --stage-ms >= 0"
         )
-    pts = _ints(args.split_points) if args.split_points else None
+    pts = comma_ints(args.split_points) if args.split_points else None
     # at most one stage per Linear layer
     args.max_stages = sum(isinstance(layer, nn.Linear) for layer in mlp(args.widths))
     try:
@@ -137,17 +131,8 @@ def check_args(args, world_size: int) -> None:
         raise LessonError(str(e)) from None
 
 
-def make_data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """n digits picked by a seeded permutation, the same on every rank: x (n, 64) flattened 8x8 images,
-    y (n,)."""
-    images, labels = digits_split()[0].tensors  # (1438, 1, 8, 8), (1438,)
-    pick = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + 1))[:n]
-    return images[pick].flatten(1), labels[pick]  # (n, 64), (n,)
-
-
 def pipeline_step(run: Run, schedule: str, m: int, stage_ms: float, batch=None) -> dict:
     """One SGD step of this rank's stage(s): `schedule`, m micro-batches of `batch` (the run's x, y)."""
-    args, info = run.args, run.info
     x, y = batch or (run.x, run.y)
     return recorded_pipeline_step(
         schedule,
@@ -155,13 +140,13 @@ def pipeline_step(run: Run, schedule: str, m: int, stage_ms: float, batch=None) 
         x,
         y,
         m,
-        widths=args.widths,
-        split_points=args.split_points,
-        seed=args.seed,
-        lr=args.lr,
+        widths=run.args.widths,
+        split_points=run.args.split_points,
+        seed=run.args.seed,
+        lr=run.args.lr,
         stage_ms=stage_ms,
-        device=info.device,
-        barrier=lambda: barrier(info),
+        device=run.info.device,
+        barrier=lambda: barrier(run.info),
         stages_per_rank=V,
     )
 
@@ -257,28 +242,28 @@ def bubble_claims(report: Report, rows: dict, ms: list[int], p: int, v: int) -> 
 
 def report_accumulation(run: Run) -> None:
     """4. Gradient accumulation across schedule steps (torch.distributed.pipelining), measured on m = 2."""
-    args, info, grid, x, y, report = run.args, run.info, run.grid, run.x, run.y, run.report
     m = 2
-    p = grid.size("pp")
-    why = schedule_limit("torch-gpipe", len(x), m, p, V, info.distributed, args.max_stages)
+    p = run.grid.size("pp")
+    why = schedule_limit(
+        "torch-gpipe", len(run.x), m, p, V, run.info.distributed, run.args.max_stages
+    )
     if why:
         text = "\n4. two ScheduleGPipe steps: skipped: {value}"
-        report.value("accumulation_across_steps_skipped", why, text)
+        run.report.value("accumulation_across_steps_skipped", why, text)
         return
-    # this rank's stage, of how many, and their group
-    stage = (grid.coords["pp"], grid.size("pp"), grid.group("pp"))
+    args = run.args
     mine = accumulation_across_steps(
-        args.widths, args.split_points, args.seed, *stage, x, y, m, info.device
+        args.widths, args.split_points, args.seed, run.grid, run.x, run.y, m, run.info.device
     )
-    got = gather_to_rank0(mine, info)
-    if not info.master_process:
+    got = gather_to_rank0(mine, run.info)
+    if not run.info.master_process:
         return
     worst = {k: nan_max(r[k] for r in got) for k in got[0]}
     print0(
         f"\n4. ScheduleGPipe(m={m}).step() twice on one batch, no zero_grad: .grad vs one step's g "
         "(relative to its largest |g|)"
     )
-    report.claim(
+    run.report.claim(
         "schedule_steps_accumulate_g_over_m_plus_g",
         worst["vs_g_over_m_plus_g"],
         "<=",
@@ -286,14 +271,14 @@ def report_accumulation(run: Run) -> None:
         "  |grad - (1 + 1/{m}) g| {value:.1e}: each step divides ALL of .grad by m (scale_grads=True)",
         m=m,
     )
-    report.claim(
+    run.report.claim(
         "schedule_steps_do_not_accumulate_2g",
         -nan_max(-r["vs_2g"] for r in got),
         ">=",
         0.1,
         "  |grad - 2 g| {value:.2f}: not the sum of two steps; zero_grad between steps, or raise m",
     )
-    report.claim(
+    run.report.claim(
         "scale_grads_false_accumulates",
         worst["fix_vs_g"],
         "<=",
@@ -305,20 +290,27 @@ def report_accumulation(run: Run) -> None:
 
 def naive_section(run: Run) -> None:
     """1. The naive split, in one process: rank 0 alone, the others wait (unbounded by --timeout-s)."""
-    args, info, report, x, y = run.args, run.info, run.report, run.x, run.y
-    with rank0_only(info, "the naive split") as mine:
+    with rank0_only(run.info, "the naive split") as mine:
         if not mine:
             return
         # under torchrun cuda:1 belongs to rank 1: two GPUs for the naive split in a plain run only
-        two_gpus = info.device.type == "cuda" and not info.distributed
-        naive = naive_split(args.widths, x, y, args.stage_ms, args.seed, info.device, two_gpus)
-        report.value(
+        two_gpus = run.info.device.type == "cuda" and not run.info.distributed
+        naive = naive_split(
+            run.args.widths,
+            run.x,
+            run.y,
+            run.args.stage_ms,
+            run.args.seed,
+            run.info.device,
+            two_gpus,
+        )
+        run.report.value(
             "naive",
             {k: naive[k] for k in ("devices", "events")},
             "naive split: stage 0 on {value[devices][0]}, stage 1 on {value[devices][1]}{simulated}",
             simulated=" (simulated)" if naive["simulated"] else "",
         )
-        report.claim(
+        run.report.claim(
             "naive_split_equals_unsplit",
             naive["max_diff"],
             "<=",
@@ -326,9 +318,9 @@ def naive_section(run: Run) -> None:
             "naive split: loss and gradients equal the unsplit model's: max |difference| {value:.1e}",
         )
         text = "naive split: seconds both devices are busy at once {value:.1e}"
-        report.claim("naive_split_one_device_at_a_time", naive["overlap_s"], "<=", 1e-4, text)
-        if args.stage_ms > 0:
-            report.claim(
+        run.report.claim("naive_split_one_device_at_a_time", naive["overlap_s"], "<=", 1e-4, text)
+        if run.args.stage_ms > 0:
+            run.report.claim(
                 "naive_split_idle_fraction",
                 abs(naive["idle_fraction"] - 0.5),
                 "<=",
@@ -341,23 +333,22 @@ def naive_section(run: Run) -> None:
 
 def run_schedules(run: Run, ref: dict) -> dict:
     """2. One SGD step per schedule and m: a table row each, on rank 0. Returns {(schedule, m): row}."""
-    args, info, report = run.args, run.info, run.report
-    p, N = run.grid.size("pp"), args.batch_size
+    p, N = run.grid.size("pp"), run.args.batch_size
     print0(
         f"{'schedule':<23}{'m':>2}{'loss':>10}{'max|diff|':>11}{'theory bubble':>15}  peak live per rank"
     )
     rows: dict = {}  # (schedule, m) -> row, on rank 0
-    for schedule in args.schedules:
-        for m in args.microbatches:
-            why = schedule_limit(schedule, N, m, p, V, info.distributed, args.max_stages)
+    for schedule in run.args.schedules:
+        for m in run.args.microbatches:
+            why = schedule_limit(schedule, N, m, p, V, run.info.distributed, run.args.max_stages)
             if why:
                 text = "{s:<23}{m:>2}  skipped: {value}"
-                report.value(f"skipped_{schedule}_m{m}", why, text, s=schedule, m=m)
+                run.report.value(f"skipped_{schedule}_m{m}", why, text, s=schedule, m=m)
                 continue
-            got = gather_to_rank0(pipeline_step(run, schedule, m, args.stage_ms), info)
-            if not info.master_process:
+            got = gather_to_rank0(pipeline_step(run, schedule, m, run.args.stage_ms), run.info)
+            if not run.info.master_process:
                 continue
-            rows[schedule, m] = report.value(
+            rows[schedule, m] = run.report.value(
                 f"step_{schedule}_m{m}",
                 step_row(schedule, m, got, ref),
                 "{s:<23}{m:>2}{value[loss]:>10.6f}{value[max_diff]:>11.1e}"
@@ -370,11 +361,12 @@ def run_schedules(run: Run, ref: dict) -> dict:
 
 def pipelines_section(run: Run) -> None:
     """2. Pipelines: every schedule and m against the unsplit model's step; what they hold; the bubble."""
-    args, report = run.args, run.report
-    ref = unsplit_step(args.widths, run.x, run.y, args.lr, args.seed)  # every rank: cheap, the same
+    ref = unsplit_step(
+        run.args.widths, run.x, run.y, run.args.lr, run.args.seed
+    )  # every rank: cheap, the same
     rows = run_schedules(run, ref)
     for s in dict.fromkeys(s for s, _ in rows):  # each schedule, over every m
-        report.claim(
+        run.report.claim(
             f"{s}_equals_unsplit",
             nan_max(r["max_diff"] for k, r in rows.items() if k[0] == s),
             "<=",
@@ -387,7 +379,7 @@ def pipelines_section(run: Run) -> None:
     differ = sum(
         a != b for r in rows.values() for a, b in zip(r["peak_live"], r["peak_live_in_order"])
     )
-    report.claim(
+    run.report.claim(
         "peak_live_as_scheduled",
         differ,
         "==",
@@ -395,24 +387,23 @@ def pipelines_section(run: Run) -> None:
         "micro-batches held at once as scheduled (GPipe m, 1F1B min(m, p - pp_rank)): ranks off {value}",
     )
     p = run.grid.size("pp")
-    memory_claims(report, rows, max(args.microbatches), p)
-    if args.stage_ms > 0 and p > 1:
-        bubble_claims(report, rows, args.microbatches, p, V)
+    memory_claims(run.report, rows, max(run.args.microbatches), p)
+    if run.args.stage_ms > 0 and p > 1:
+        bubble_claims(run.report, rows, run.args.microbatches, p, V)
 
 
 def uneven_section(run: Run) -> None:
     """3. Uneven micro-batches, hand-written GPipe: weight each micro-batch's mean loss by n_i / N."""
-    args, report = run.args, run.report
-    n_u, m_u = args.uneven
-    xu, yu = make_data(n_u, args.seed + 7)
+    n_u, m_u = run.args.uneven
+    xu, yu = digit_rows(n_u, run.args.seed + 7)
     got = gather_to_rank0(pipeline_step(run, "gpipe", m_u, 0.0, batch=(xu, yu)), run.info)
     if not run.info.master_process:
         return
-    report.value(
+    run.report.value(
         "uneven_sizes", microbatch_sizes(n_u, m_u), "uneven: {n} samples as {value}", n=n_u
     )
-    ref = unsplit_step(args.widths, xu, yu, args.lr, args.seed)
-    report.claim(
+    ref = unsplit_step(run.args.widths, xu, yu, run.args.lr, run.args.seed)
+    run.report.claim(
         "uneven_weighted_loss_equals_unsplit",
         diff_from_unsplit(got, ref)["max_diff"],
         "<=",
@@ -427,7 +418,7 @@ def main() -> None:
         report = Report(info)
         # one pipeline over the whole world: pp_rank = coords["pp"]
         grid = Grid(info, pp=info.world_size)
-        x, y = make_data(args.batch_size, args.seed)
+        x, y = digit_rows(args.batch_size, args.seed)
         report.value(
             "pp_ranks",
             grid.ranks_in("pp"),

@@ -264,37 +264,36 @@ def show_groups(report: Report, name: str, grid: Grid, rows: list[dict], info) -
 
 def dp_pp(run: Run, sizes: dict) -> list[dict]:
     """PP x DP (x TP): pipeline stages by hand, gradients averaged over dp, tp split by hand."""
-    args, info, report = run.args, run.info, run.report
-    grid = build_grid(info, sizes)
+    grid = build_grid(run.info, sizes)
     name = "_".join(sizes)
     stage = stage_of(copy.deepcopy(run.model0), grid)  # a slice shares its modules: copy first
     tp_rank = grid.coords.get("tp", 0)
     if "tp" in sizes:
         stage = tensor_parallelize(stage, tp_rank, grid.size("tp"), grid.group("tp"))
-    opt = torch.optim.SGD(stage.parameters(), lr=args.lr)
+    opt = torch.optim.SGD(stage.parameters(), lr=run.args.lr)
     dp_size, dp_rank = grid.size("dp"), grid.coords["dp"]
     for x, y in run.data:
         x, y = x.chunk(dp_size)[dp_rank], y.chunk(dp_size)[dp_rank]
         opt.zero_grad()
         with count_collectives(p2p=True) as step:  # the last step's counts are the picture
-            pipeline_step(stage, grid, x, y, args.microbatches, args.hidden)
+            pipeline_step(stage, grid, x, y, run.args.microbatches, run.args.hidden)
         with count_collectives() as grads:
             average_over_dp(stage, grid)
         opt.step()
     diff = max_over_ranks(max_shard_diff(run.ref, stage, tp_rank))  # NaN-safe: a diverged run fails
-    report.claim(
+    run.report.claim(
         f"{name}_equals_one_process",
         diff,
         "<=",
         TOL,
         "{shape}: after {steps} steps, max |parameter - one process on the global batch| = {value:.1e}",
         shape=" x ".join(f"{k}={v}" for k, v in grid.sizes.items()),
-        steps=args.steps,
+        steps=run.args.steps,
     )
     # the pipeline's all-reduces are tp's (inside a stage), the gradients' dp's
     dims = {"send": "pp", "recv": "pp", "all_reduce": "tp"}
     rows = rows_of(step, dims, grid) + rows_of(grads, {"all_reduce": "dp"}, grid)
-    return show_groups(report, name, grid, rows, info)
+    return show_groups(run.report, name, grid, rows, run.info)
 
 
 def shard_fsdp_tp(model: nn.Sequential, grid: Grid) -> int:
@@ -312,12 +311,11 @@ def shard_fsdp_tp(model: nn.Sequential, grid: Grid) -> int:
 
 def fsdp_tp(run: Run, sizes: dict) -> list[dict]:
     """FSDP x TP: parallelize_module on the tp sub-mesh, then fully_shard on the dp sub-mesh."""
-    args, info, report = run.args, run.info, run.report
-    grid = build_grid(info, sizes)
+    grid = build_grid(run.info, sizes)
     model = copy.deepcopy(run.model0)
     # plain python (no mesh): nothing to shard
     units = shard_fsdp_tp(model, grid) if grid.mesh is not None else 0
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    opt = torch.optim.SGD(model.parameters(), lr=run.args.lr)
     dp_size, dp_rank = grid.size("dp"), grid.coords["dp"]
     for x, y in run.data:
         x, y = x.chunk(dp_size)[dp_rank], y.chunk(dp_size)[dp_rank]
@@ -330,7 +328,7 @@ def fsdp_tp(run: Run, sizes: dict) -> list[dict]:
     # DTensor parameters are gathered whole to compare (full_tensor logs that a (dp, tp) shard takes 2)
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     diff = max_over_ranks(max_shard_diff(run.ref, model, 0))
-    report.claim(
+    run.report.claim(
         "fsdp_tp_equals_one_process",
         diff,
         "<=",
@@ -339,13 +337,13 @@ def fsdp_tp(run: Run, sizes: dict) -> list[dict]:
         "batch| = {value:.1e}",
         dp=sizes["dp"],
         tp=sizes["tp"],
-        steps=args.steps,
+        steps=run.args.steps,
     )
     # with dp = 1 every rank holds everything: FSDP gathers nothing
     if units and grid.size("dp") > 1:
         gathered = fwd.calls.get("all_gather", 0)
         text = "  {units} FSDP units ({blocks} blocks + the root): all-gathers in forward {value}"
-        report.claim(
+        run.report.claim(
             "fsdp_tp_forward_all_gathers",
             gathered,
             "==",
@@ -354,7 +352,7 @@ def fsdp_tp(run: Run, sizes: dict) -> list[dict]:
             units=units,
             blocks=units - 1,
         )
-        report.claim(
+        run.report.claim(
             "fsdp_tp_backward_all_gathers",
             bwd.calls.get("all_gather", 0),
             "==",
@@ -362,7 +360,7 @@ def fsdp_tp(run: Run, sizes: dict) -> list[dict]:
             "  all-gathers in backward {value}: the root stays unsharded after forward",
         )
     dims = {"all_gather": "dp", "reduce_scatter": "dp", "all_reduce": "tp"}
-    return show_groups(report, "fsdp_tp", grid, rows_of(merged(fwd, bwd), dims, grid), info)
+    return show_groups(run.report, "fsdp_tp", grid, rows_of(merged(fwd, bwd), dims, grid), run.info)
 
 
 # (parallelism, grid dimension, collective, when to choose it); DECISIONS_FROM: the runs a row reads

@@ -147,32 +147,31 @@ class Run:
 
 # -------- 1. HSDP: a 2-D mesh, sharded inside a group, replicated across groups
 def hsdp(r: Run, ref: list) -> None:
-    args, info, report = r.args, r.info, r.report
-    shard = info.world_size // args.replicate
-    grid = Grid(info, dp_replicate=args.replicate, dp_shard=shard)  # init_device_mesh
+    shard = r.info.world_size // r.args.replicate
+    grid = Grid(r.info, dp_replicate=r.args.replicate, dp_shard=shard)  # init_device_mesh
     lines = [line.replace("= 1 ranks", "= 1 rank") for line in grid.describe()]
-    report.value("mesh", grid.sizes, "1. HSDP mesh " + lines[0] + " (outer dim first)")
-    report.value("groups", lines[1:], "  " + "\n  ".join(lines[1:]))
+    r.report.value("mesh", grid.sizes, "1. HSDP mesh " + lines[0] + " (outer dim first)")
+    r.report.value("groups", lines[1:], "  " + "\n  ".join(lines[1:]))
     text = "  both dims are data parallel: {value} different {slices} of each global batch"
-    slices = "slices" if info.world_size > 1 else "slice"
-    report.value("data_ranks", info.world_size, text, slices=slices)
+    slices = "slices" if r.info.world_size > 1 else "slice"
+    r.report.value("data_ranks", r.info.world_size, text, slices=slices)
     model = shard_blocks_then_root(r.fresh(), grid.mesh)  # fully_shard(mesh=2-D mesh) is HSDP
     with count_collectives() as c:
-        train_sharded(model, r.batches, r.mine, args.lr)
+        train_sharded(model, r.batches, r.mine, r.args.lr)
     text = "  HSDP vs one process on the global batch after {steps} steps: {value:.1e}"
-    diff, steps = r.worst(full_params(model), ref), args.steps
-    report.claim("hsdp_equals_one_process", diff, "<=", EQUAL, text, steps=steps)
-    want = predicted_step_bytes(r.fresh(), shard, args.replicate)
+    diff, steps = r.worst(full_params(model), ref), r.args.steps
+    r.report.claim("hsdp_equals_one_process", diff, "<=", EQUAL, text, steps=steps)
+    want = predicted_step_bytes(r.fresh(), shard, r.args.replicate)
     for op, where in ((AG, "in dp_shard"), (RS, "in dp_shard"), (AR, "across dp_replicate")):
         if op in want:
             text = "  {op} {where}: {value:.0f} bytes a step, predicted from the shapes"
-            moved = c.bytes.get(op, 0) / args.steps
-            report.claim(f"hsdp_{op}_bytes", moved, "==", want[op], text, op=op, where=where)
+            moved = c.bytes.get(op, 0) / r.args.steps
+            r.report.claim(f"hsdp_{op}_bytes", moved, "==", want[op], text, op=op, where=where)
     group_of = {AG: grid.ranks_in("dp_shard"), RS: grid.ranks_in("dp_shard")}
     group_of[AR] = grid.ranks_in("dp_replicate")
     wrong = sum(n for (op, ranks), n in c.groups.items() if list(ranks) != group_of.get(op))
     text = "  collectives outside the group the mesh gives them: {value:.0f}"
-    report.claim("hsdp_groups_as_mesh", max_over_ranks(wrong), "==", 0, text)
+    r.report.claim("hsdp_groups_as_mesh", max_over_ranks(wrong), "==", 0, text)
     memory_between(r, model, shard)
 
 

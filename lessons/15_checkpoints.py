@@ -148,48 +148,46 @@ def world_of(ranks: list[int], device_type: str):
 def save_and_continue(r: Run, kind: str, model, raw, opt) -> Path:
     """Save `raw` (the unwrapped model) after --steps into root/kind/step_N, train `model` --more-steps (the
     target a loader must reach), then mark the folder complete."""
-    info, args = r.info, r.args
-    folder = step_folder(r.root / kind, args.steps)
-    save_sharded(raw, opt, folder, info)
-    train(model, opt, r.batches(args.steps, args.more_steps, info.rank, info.world_size))
+    folder = step_folder(r.root / kind, r.args.steps)
+    save_sharded(raw, opt, folder, r.info)
+    train(model, opt, r.batches(r.args.steps, r.args.more_steps, r.info.rank, r.info.world_size))
     after = [t.cpu() for t in full_params(raw)]  # every rank takes part in FSDP2's all-gathers
-    if info.master_process:
+    if r.info.master_process:
         atomic_write(folder / AFTER, lambda f: torch.save(after, f))
-    facts = {k: getattr(args, k) for k in ("global_batch", "steps", "more_steps", "lr", "seed")}
-    signature = model_signature(ResidualMLP(args.width, args.depth))
-    mark_complete(folder, info, model=signature, world_size=info.world_size, **facts)
+    facts = {k: getattr(r.args, k) for k in ("global_batch", "steps", "more_steps", "lr", "seed")}
+    signature = model_signature(ResidualMLP(r.args.width, r.args.depth))
+    mark_complete(folder, r.info, model=signature, world_size=r.info.world_size, **facts)
     return folder
 
 
 def sharded_save(r: Run) -> tuple[Path, Path]:
     """FSDP2 and DDP trained --steps on N ranks and saved into root/fsdp2 and root/ddp."""
-    info, args, report = r.info, r.args, r.report
-    mesh = DeviceMesh.from_group(dist.group.WORLD, info.device.type)
-    model = shard_blocks_then_root(r.model(args.seed), mesh)
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    train(model, opt, r.batches(0, args.steps, info.rank, info.world_size))
+    mesh = DeviceMesh.from_group(dist.group.WORLD, r.info.device.type)
+    model = shard_blocks_then_root(r.model(r.args.seed), mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=r.args.lr)
+    train(model, opt, r.batches(0, r.args.steps, r.info.rank, r.info.world_size))
     fsdp_folder = save_and_continue(r, "fsdp2", model, model, opt)
-    ddp = DDP(r.model(args.seed))
-    ddp_opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
-    train(ddp, ddp_opt, r.batches(0, args.steps, info.rank, info.world_size))
+    ddp = DDP(r.model(r.args.seed))
+    ddp_opt = torch.optim.Adam(ddp.parameters(), lr=r.args.lr)
+    train(ddp, ddp_opt, r.batches(0, r.args.steps, r.info.rank, r.info.world_size))
     ddp_folder = save_and_continue(r, "ddp", ddp, ddp.module, ddp_opt)
     chunks = chunks_written(fsdp_folder)
-    report.record("fsdp2_chunks", chunks)
+    r.report.record("fsdp2_chunks", chunks)
     # FSDP2 gives rank k rows [k c, (k + 1) c) of every tensor it shards, c = ceil(rows / N)
     sharded = [c for c in chunks if c["sizes"]]  # Adam's 0-d step counters are replicated
-    held_by = [c["offsets"][0] // -(-c["shape"][0] // info.world_size) for c in sharded]
+    held_by = [c["offsets"][0] // -(-c["shape"][0] // r.info.world_size) for c in sharded]
     wrong = sum(c["rank"] != k for c, k in zip(sharded, held_by))
-    report.claim(
+    r.report.claim(
         "each_rank_writes_its_shard",
         wrong,
         "==",
         0,
         "1. FSDP2 on {N} ranks: {n} chunks, each in the file of the rank that holds it; elsewhere: {value}",
-        N=info.world_size,
+        N=r.info.world_size,
         n=len(sharded),
     )
-    per_rank = [sum(c["bytes"] for c in chunks if c["rank"] == k) for k in range(info.world_size)]
-    report.value("fsdp2_bytes_per_file", per_rank, "  tensor bytes in each rank's file: {value}")
+    per_rank = [sum(c["bytes"] for c in chunks if c["rank"] == k) for k in range(r.info.world_size)]
+    r.report.value("fsdp2_bytes_per_file", per_rank, "  tensor bytes in each rank's file: {value}")
     ddp_written_once(r, ddp_folder, ddp.module, ddp_opt)
     return fsdp_folder, ddp_folder
 
@@ -337,36 +335,35 @@ def one_process(r: Run, folder: Path, logits) -> None:
 
 # -------- 4. async save: the loop goes on while a thread writes
 def async_save(r: Run) -> None:
-    info, args = r.info, r.args
-    mesh = DeviceMesh.from_group(dist.group.WORLD, info.device.type)
-    model = shard_blocks_then_root(r.model(args.seed), mesh)
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    train(model, opt, r.batches(0, args.steps, info.rank, info.world_size))
+    mesh = DeviceMesh.from_group(dist.group.WORLD, r.info.device.type)
+    model = shard_blocks_then_root(r.model(r.args.seed), mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=r.args.lr)
+    train(model, opt, r.batches(0, r.args.steps, r.info.rank, r.info.world_size))
     t0 = time.perf_counter()
-    save_sharded(model, opt, step_folder(r.root / "sync", args.steps), info, full_model=False)
+    save_sharded(model, opt, step_folder(r.root / "sync", r.args.steps), r.info, full_model=False)
     sync_s = time.perf_counter() - t0
     writer = dist.new_group(
         backend="gloo"
     )  # the writer thread's collectives: never the loop's group
     snapshot = [t.clone() for t in full_params(model)]
-    folder = step_folder(r.root / "async", args.steps)
+    folder = step_folder(r.root / "async", r.args.steps)
     t0 = time.perf_counter()
     future = async_save_sharded(model, opt, folder, writer)
     blocked_s = time.perf_counter() - t0
-    train(model, opt, r.batches(args.steps, args.more_steps, info.rank, info.world_size))
+    train(model, opt, r.batches(r.args.steps, r.args.more_steps, r.info.rank, r.info.world_size))
     trained_s = time.perf_counter() - t0 - blocked_s
     future.result()  # a real loop checks it before its next save
-    mark_complete(folder, info, world_size=info.world_size, step=args.steps)
+    mark_complete(folder, r.info, world_size=r.info.world_size, step=r.args.steps)
     moved = max_over_ranks(max_abs_diff_all(full_params(model), snapshot))
-    fresh = shard_blocks_then_root(r.model(args.seed + 1), mesh)
-    load_sharded(fresh, torch.optim.Adam(fresh.parameters(), lr=args.lr), folder)
+    fresh = shard_blocks_then_root(r.model(r.args.seed + 1), mesh)
+    load_sharded(fresh, torch.optim.Adam(fresh.parameters(), lr=r.args.lr), folder)
     r.report.claim(
         "async_save_is_the_state_at_the_call",
         max_over_ranks(max_abs_diff_all(full_params(fresh), snapshot)),
         "==",
         0.0,
         "4. async_save, {more} steps (moved {moved:.1e}), then the load vs the state at the call: {value}",
-        more=args.more_steps,
+        more=r.args.more_steps,
         moved=moved,
     )
     r.report.perf(
@@ -375,7 +372,7 @@ def async_save(r: Run) -> None:
         "async_save returned a {kind} in {value:.4f} s (dcp.save: {sync:.4f} s); {more} steps: {t:.4f} s",
         kind=type(future).__name__,
         sync=sync_s,
-        more=args.more_steps,
+        more=r.args.more_steps,
         t=trained_s,
     )
 
@@ -383,7 +380,6 @@ def async_save(r: Run) -> None:
 # -------- 5. never a lost checkpoint
 def never_lost(r: Run, folder: Path) -> None:
     """The marker is the newest file; a save killed before its marker leaves the last complete one."""
-    info, args = r.info, r.args
     marker = (folder / MARKER).stat().st_mtime_ns
     newer = [f.name for f in folder.iterdir() if f.stat().st_mtime_ns > marker]
     r.report.claim(
@@ -394,23 +390,23 @@ def never_lost(r: Run, folder: Path) -> None:
         "5. files written after {folder}'s marker: {value} (the marker comes last)",
         folder=folder.name,
     )
-    killed = step_folder(r.root / "fsdp2", args.steps + args.more_steps)
+    killed = step_folder(r.root / "fsdp2", r.args.steps + r.args.more_steps)
     model = shard_blocks_then_root(
-        r.model(args.seed), DeviceMesh.from_group(dist.group.WORLD, info.device.type)
+        r.model(r.args.seed), DeviceMesh.from_group(dist.group.WORLD, r.info.device.type)
     )
     save_sharded(
-        model, torch.optim.Adam(model.parameters()), killed, info
+        model, torch.optim.Adam(model.parameters()), killed, r.info
     )  # ... killed here: no marker
     dist.barrier()
-    signature = model_signature(ResidualMLP(args.width, args.depth))
+    signature = model_signature(ResidualMLP(r.args.width, r.args.depth))
     found, marker = latest_complete(r.root / "fsdp2", signature)
     r.report.claim(
         "unfinished_save_leaves_the_last_checkpoint",
         marker["steps"],
         "==",
-        args.steps,
+        r.args.steps,
         "  a save of step {killed} killed before its marker: the newest complete one is step {value}",
-        killed=args.steps + args.more_steps,
+        killed=r.args.steps + r.args.more_steps,
     )
 
 

@@ -150,17 +150,19 @@ def wrap(raw_model, info, **ddp_kwargs):
 def profile_one(run: Run, trace_path: Path, cap) -> tuple:
     """Profile 2 + args.profile_steps steps of a fresh DDP (no DDP in one process) with `cap`; rank 0
     gets every rank's {"summary", "steps"} read back from its own trace."""
-    raw, args, info, stream = run.raw, run.args, run.info, run.stream
-    raw.load_state_dict(run.init_state)
-    model = wrap(raw, info, bucket_cap_mb=cap) if info.distributed else raw
-    opt = torch.optim.SGD(raw.parameters(), lr=args.lr, momentum=0.9)
+    run.raw.load_state_dict(run.init_state)
+    model = wrap(run.raw, run.info, bucket_cap_mb=cap) if run.info.distributed else run.raw
+    opt = torch.optim.SGD(run.raw.parameters(), lr=run.args.lr, momentum=0.9)
     batches = [
-        tuple(t.to(info.device) for t in next(stream)) for _ in range(2 + args.profile_steps)
+        tuple(t.to(run.info.device) for t in next(run.stream))
+        for _ in range(2 + run.args.profile_steps)
     ]
     profile_steps(model, opt, batches, trace_path)
     steps = step_profiles(load_trace(trace_path))
     mine = {"summary": summarize(steps), "steps": [s.to_dict() for s in steps]}
-    return gather_to_rank0(mine, info), (predicted_buckets(model) if info.distributed else 0)
+    return gather_to_rank0(mine, run.info), (
+        predicted_buckets(model) if run.info.distributed else 0
+    )
 
 
 def report_profile(cap, per_rank: list, buckets: int, report) -> None:
@@ -194,30 +196,31 @@ def report_profile(cap, per_rank: list, buckets: int, report) -> None:
 
 
 def profile_section(run: Run, trace_dir: Path) -> None:
-    args, info, report = run.args, run.info, run.report
-    print0(f"\n1. the profile: {args.profile_steps} steps per rank after 2 warm-up steps")
+    print0(f"\n1. the profile: {run.args.profile_steps} steps per rank after 2 warm-up steps")
     profiles, after, buckets_of, nodes_of = {}, {}, {}, {}
-    caps = dict.fromkeys((args.bucket_cap_mb, ONE_BUCKET_MB)) if info.distributed else (None,)
+    caps = (
+        dict.fromkeys((run.args.bucket_cap_mb, ONE_BUCKET_MB)) if run.info.distributed else (None,)
+    )
     for cap in caps:
-        name = f"trace_rank{info.rank}" + (f"_bucket_cap_{cap:g}mb" if cap else "") + ".json"
+        name = f"trace_rank{run.info.rank}" + (f"_bucket_cap_{cap:g}mb" if cap else "") + ".json"
         per_rank, buckets = profile_one(run, trace_dir / name, cap)
         profiles[str(cap)] = per_rank
-        if not info.master_process:
+        if not run.info.master_process:
             continue
         if cap is None:
             step_ms = per_rank[0]["summary"]["step_ms"]
-            report.perf("profile_step_ms", step_ms, "step {value:.1f} ms, no all-reduce")
+            run.report.perf("profile_step_ms", step_ms, "step {value:.1f} ms, no all-reduce")
             continue
-        report_profile(cap, per_rank, buckets, report)
+        report_profile(cap, per_rank, buckets, run.report)
         buckets_of[cap] = buckets
         after[cap] = [n for r in per_rank for n in r["summary"]["ops_after_first_issue"]]
         nodes_of[cap] = max(st["backward_ops"] for r in per_rank for st in r["steps"])  # per step
-    if info.distributed and info.master_process:
-        overlap_claims(args.bucket_cap_mb, buckets_of, after, nodes_of, report)
-    report.record("timeline", profiles if info.master_process else None)
-    report.value(
+    if run.info.distributed and run.info.master_process:
+        overlap_claims(run.args.bucket_cap_mb, buckets_of, after, nodes_of, run.report)
+    run.report.record("timeline", profiles if run.info.master_process else None)
+    run.report.value(
         "trace_files",
-        sorted(p.name for p in trace_dir.glob(f"trace_rank{info.rank}*.json")),
+        sorted(p.name for p in trace_dir.glob(f"trace_rank{run.info.rank}*.json")),
         "  chrome traces of rank 0 (one per setting): {value}",
     )
 
@@ -250,15 +253,14 @@ def overlap_claims(cap: float, buckets_of: dict, after: dict, nodes_of: dict, re
 # ---------------------------------------------------------------------- 2. the knobs, each counted
 def bucket_knobs(run: Run) -> dict:
     """bucket_cap_mb and static_graph: all-reduce calls of 4 backward passes, against DDP's rule."""
-    raw, init_state, batch, info, report = run.raw, run.init_state, run.batch, run.info, run.report
     rows_off, calls = 0, {}
     for cap in CAPS_MB:
-        raw.load_state_dict(init_state)
-        model = wrap(raw, info, bucket_cap_mb=cap)
-        calls[cap], nbytes = allreduces_per_backward(model, batch)
+        run.raw.load_state_dict(run.init_state)
+        model = wrap(run.raw, run.info, bucket_cap_mb=cap)
+        calls[cap], nbytes = allreduces_per_backward(model, run.batch)
         predicted = predicted_buckets(model)
         rows_off += calls[cap][-1] != predicted or nbytes != run.param_bytes
-        report.value(
+        run.report.value(
             f"calls_cap_{cap}",
             calls[cap],
             "  bucket_cap_mb {cap:>5}: calls {value}, predicted {predicted} bucket(s), {nbytes:,} bytes",
@@ -266,32 +268,32 @@ def bucket_knobs(run: Run) -> dict:
             predicted=predicted,
             nbytes=nbytes,
         )
-        report.append(
+        run.report.append(
             "knobs", {"knob": f"bucket_cap_mb={cap}", "calls": calls[cap][-1], "bytes": nbytes}
         )
-    report.claim(
+    run.report.claim(
         "bucket_sweep_rows_off",
         rows_off,
         "==",
         0,
         "  rows off DDP's rule or the gradient's bytes: {value} (the default None has a 1 MiB first bucket)",
     )
-    report.claim(
+    run.report.claim(
         "first_step_one_bucket",
         max(c[0] for c in calls.values()),
         "==",
         1,
         "  first backward of a new DDP: {value} bucket holding every gradient (rebuilt after it)",
     )
-    raw.load_state_dict(init_state)
-    static = allreduces_per_backward(wrap(raw, info, static_graph=True), batch)[0]
-    report.value(
+    run.raw.load_state_dict(run.init_state)
+    static = allreduces_per_backward(wrap(run.raw, run.info, static_graph=True), run.batch)[0]
+    run.report.value(
         "calls_static_graph",
         static,
         "  static_graph=True: calls {value}: the same buckets, rebuilt one step later",
     )
     late = sum(a != b for a, b in zip(static, [1, 1, *calls[None][2:]]))
-    report.claim(
+    run.report.claim(
         "static_graph_rebuilds_one_step_later",
         late,
         "==",
@@ -302,15 +304,16 @@ def bucket_knobs(run: Run) -> dict:
 
 
 def knobs_section(run: Run) -> None:
-    raw, init_state, batch, info, report = run.raw, run.init_state, run.batch, run.info, run.report
     print0("\n2. the knobs, counted (all-reduce calls of backward passes 1..4; bytes of the last)")
     calls = bucket_knobs(run)
     saved = {}
     for view in (False, True):
-        raw.load_state_dict(init_state)
-        saved[view] = gradient_storage_bytes(wrap(raw, info, gradient_as_bucket_view=view), batch)
-        raw.zero_grad(set_to_none=True)
-    report.claim(
+        run.raw.load_state_dict(run.init_state)
+        saved[view] = gradient_storage_bytes(
+            wrap(run.raw, run.info, gradient_as_bucket_view=view), run.batch
+        )
+        run.raw.zero_grad(set_to_none=True)
+    run.report.claim(
         "grad_as_bucket_view_saves_one_gradient_copy",
         saved[False] - saved[True],
         "==",
@@ -319,15 +322,17 @@ def knobs_section(run: Run) -> None:
         without=saved[False],
         with_view=saved[True],
     )
-    raw.load_state_dict(init_state)
-    model, k = wrap(raw, info), 4
-    allreduces_per_backward(model, batch, steps=2)  # the counted hook; buckets rebuilt after step 1
+    run.raw.load_state_dict(run.init_state)
+    model, k = wrap(run.raw, run.info), 4
+    allreduces_per_backward(
+        model, run.batch, steps=2
+    )  # the counted hook; buckets rebuilt after step 1
     # lesson 07: no_sync around the forward AND backward of k - 1 micro-steps
     with count_collectives() as c:
         for micro_step in range(k):
             with no_sync_unless(model, last=micro_step == k - 1):
-                (F.cross_entropy(model(batch[0]), batch[1]) / k).backward()
-    report.claim(
+                (F.cross_entropy(model(run.batch[0]), run.batch[1]) / k).backward()
+    run.report.claim(
         "no_sync_one_round_per_step",
         c.calls.get("all_reduce", 0),
         "==",
@@ -341,32 +346,30 @@ def knobs_section(run: Run) -> None:
 
 # ---------------------------------------------------------------------- 3. torch.compile of DDP
 def compile_section(run: Run) -> None:
-    raw, batch, args, info, report = run.raw, run.batch, run.args, run.info, run.report
-    what = "DDP model, bucket_cap_mb 1:" if info.distributed else "model (no DDP):"
-    print0(f"\n3. torch.compile (backend {args.compile_backend}) of the {what}")
-    raw.load_state_dict(run.init_state)
-    model = wrap(raw, info, bucket_cap_mb=1.0) if info.distributed else raw
-    graphs, compile_s, step_s = compiled_graphs(model, batch, True, args.compile_backend)
-    report.claim(
+    what = "DDP model, bucket_cap_mb 1:" if run.info.distributed else "model (no DDP):"
+    print0(f"\n3. torch.compile (backend {run.args.compile_backend}) of the {what}")
+    run.raw.load_state_dict(run.init_state)
+    model = wrap(run.raw, run.info, bucket_cap_mb=1.0) if run.info.distributed else run.raw
+    graphs, compile_s, step_s = compiled_graphs(model, run.batch, True, run.args.compile_backend)
+    run.report.claim(
         "compiled_graphs_equal_buckets",
         graphs,
         "==",
-        predicted_buckets(model) if info.distributed else 1,
+        predicted_buckets(model) if run.info.distributed else 1,
         "  DDPOptimizer splits the forward into {value} graphs at bucket boundaries"
-        if info.distributed
+        if run.info.distributed
         else "  {value} graph: no DDP, nothing to split",
     )
-    report.perf("compile_s", compile_s, "  first step (tracing + compiling) {value:.1f} s")
-    report.perf("compiled_step_ms", 1e3 * step_s, "  second step {value:.1f} ms")
-    if info.distributed:
+    run.report.perf("compile_s", compile_s, "  first step (tracing + compiling) {value:.1f} s")
+    run.report.perf("compiled_step_ms", 1e3 * step_s, "  second step {value:.1f} ms")
+    if run.info.distributed:
         compile_rules(run, model)
 
 
 def compile_rules(run: Run, model: DDP) -> None:
     """Where DDPOptimizer cuts, against DDP's own buckets, and the cap it refuses."""
-    batch, report = run.batch, run.report
-    one = compiled_graphs(model, batch, False, run.args.compile_backend)[0]
-    report.claim(
+    one = compiled_graphs(model, run.batch, False, run.args.compile_backend)[0]
+    run.report.claim(
         "compile_without_ddp_optimizer_one_graph",
         one,
         "==",
@@ -379,22 +382,22 @@ def compile_rules(run: Run, model: DDP) -> None:
         return wrap(run.raw, run.info, bucket_cap_mb=cap)
 
     # eager counting: the split does not depend on the backend
-    rows = graphs_by_cap(make_ddp, batch)
-    report.value(
+    rows = graphs_by_cap(make_ddp, run.batch)
+    run.report.value(
         "compiled_graphs_by_cap",
         rows,
         "  bucket_cap_mb: graphs / DDP's buckets: {pairs}",
         pairs=", ".join(f"{cap} {g} / {b}" for cap, (g, b, _) in rows.items()),
     )
-    report.claim(
+    run.report.claim(
         "compiled_graphs_follow_1mib_first_bucket",
         sum(g != r for g, _, r in rows.values()),
         "==",
         0,
         "  caps where graphs differ from DDP's rule with a 1 MiB first bucket: {value}",
     )
-    message = refusal_below_1mib(make_ddp(0.5), batch)
-    report.claim(
+    message = refusal_below_1mib(make_ddp(0.5), run.batch)
+    run.report.claim(
         "compile_refuses_bucket_cap_below_1mb",
         int(message.startswith("First bucket should be")),
         "==",

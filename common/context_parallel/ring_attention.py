@@ -206,11 +206,12 @@ class RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        split, group, stats = ctx.split, ctx.group, ctx.stats
         rank, cp = (
-            (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
+            (dist.get_rank(ctx.group), dist.get_world_size(ctx.group))
+            if ctx.group is not None
+            else (0, 1)
         )
-        mine, n = split.chunks(rank), len(split.chunks(rank))
+        mine, n = ctx.split.chunks(rank), len(ctx.split.chunks(rank))
         scale = 1 / math.sqrt(q.shape[-1])
         delta = (dout * out).sum(
             -1, keepdim=True
@@ -223,10 +224,10 @@ class RingAttention(torch.autograd.Function):
         for step in range(cp):
             owner = (rank - step) % cp
             if step < cp - 1:
-                works, incoming = _pass_along(list(kv), group, stats, "backward")
+                works, incoming = _pass_along(list(kv), ctx.group, ctx.stats, "backward")
             chunks = [t.chunk(n, 2) for t in (q, dout, lse.unsqueeze(-1), delta, dq, *kv, *dkv)]
             qs, dos, ls, ds, dqs, ks, vs, dks, dvs = chunks  # views: add_ writes into dq and dkv
-            for i, j, diag in _pairs_of(mine, split.chunks(owner)):
+            for i, j, diag in _pairs_of(mine, ctx.split.chunks(owner)):
                 s = qs[i] @ ks[j].transpose(-2, -1) * scale
                 if diag:
                     s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
@@ -238,7 +239,7 @@ class RingAttention(torch.autograd.Function):
             if (
                 cp > 1
             ):  # hand the block's dk, dv on; after cp steps each is home, with every rank's share
-                dworks, dkv_in = _pass_along(list(dkv), group, stats, "backward")
+                dworks, dkv_in = _pass_along(list(dkv), ctx.group, ctx.stats, "backward")
                 for w in (*dworks, *(works if step < cp - 1 else ())):
                     w.wait()
                 dkv = tuple(dkv_in)

@@ -31,6 +31,7 @@ from common.harness.rendezvous import attempt_if_known, rendezvous_store
 __all__ = [
     "add_distributed_args",
     "add_legacy_launcher_args",
+    "comma_ints",
     "setup",
     "cleanup",
     "distributed_session",
@@ -94,6 +95,14 @@ def add_distributed_args(
         help="seconds any collective may wait before the process group raises (default %(default)s)",
     )
     return parser
+
+
+def comma_ints(text: str) -> list[int]:
+    """'10,4' -> [10, 4]: an option that takes a list of integers. Raises LessonError otherwise."""
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise LessonError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 60.0) -> DistInfo:

@@ -73,17 +73,16 @@ def accumulation_across_steps(
     widths: Sequence[int],
     split_points: Sequence[int],
     seed: int,
-    stage_index: int,
-    num_stages: int,
-    group,
+    grid,
     x: torch.Tensor,
     y: torch.Tensor,
     m: int,
     device: torch.device,
 ) -> dict:
-    """`ScheduleGPipe.step()` twice on one batch, no zero_grad, on this rank's stage of `mlp(widths)` cut at
+    """`ScheduleGPipe.step()` twice on one batch, no zero_grad, on this rank's stage (its "pp" coordinate of `grid`) of `mlp(widths)` cut at
     `split_points` (built afresh from `seed` each time): .grad's largest |difference| from (1 + 1/m) and from 2
     times one call's g, relative to max |g|; and with scale_grads=False and the loss / 2m (the fix), from g."""
+    stage_index, num_stages, group = grid.coords["pp"], grid.size("pp"), grid.group("pp")
     first, last = stage_index == 0, stage_index == num_stages - 1
 
     def loss_by_hand(out, target):  # scale_grads=False: the mean over 2 steps of m micro-batches
