@@ -19,11 +19,8 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from common.data_parallel.bucketing import LengthGroupedDistributedBatchSampler, synthetic_lengths
-from common.data_parallel.samplers import (
-    DistributedSamplerByHand,
-    UnpaddedDistributedSampler,
-    WeightedDistributedSampler,
-)
+from common.data_parallel.samplers import DistributedSamplerByHand, UnpaddedDistributedSampler
+from common.data_parallel.weighted_sampler import WeightedDistributedSampler
 from common.harness.results import PERF_PREFIX
 
 

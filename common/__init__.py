@@ -29,6 +29,7 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     collectives.backends             which backend runs which operation on which device (02)
     collectives.checks               every collective checked against the local answer, the ring against it (02)
     data_parallel.samplers           distributed samplers by hand, their contracts, checked against torch (04, 05)
+    data_parallel.weighted_sampler   weighted sampling over ranks: one global draw, dealt out; against torch (04)
     data_parallel.sampler_len        a sampler's __len__ and each rank's steps: the blog-post counter-example (04)
     data_parallel.references         what DDP is checked against: its one-process replay, nn.DataParallel (03)
     data_parallel.bucketing          length-grouped batches for variable-length sequences (04)
@@ -83,8 +84,11 @@ shared by every topic
 exhibits: lesson 12's reproduced failures
     exhibits.frame           the registry, and a context that runs a broken version bounded
     exhibits.collectives     collectives that ranks do not all join
+    exhibits.unused_parameters  a parameter that gets no gradient under DDP
     exhibits.uneven          ranks with different amounts of work (and lesson 05's failure demos)
-    exhibits.training        training-loop mistakes that need no hang to show
+    exhibits.training        training-loop mistakes: a forgotten set_epoch, checkpoints that do not load
+    exhibits.batchnorm       BatchNorm mistakes: a batch of one, SyncBatchNorm on CPU
+    exhibits.threads         processes launched without OMP_NUM_THREADS, and their threads
     exhibits.loading         loading mistakes: a sampler beside shuffle=True, torch.load without map_location, no NCCL
     exhibits.gradients       gradient mistakes: accumulation under DDP, GradScaler, a NaN on one rank
     exhibits.nan             one rank's NaN reaches every rank

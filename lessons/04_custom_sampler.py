@@ -53,9 +53,11 @@ from common.data_parallel.sampler_len import (
 )
 from common.data_parallel.samplers import (
     DistributedSamplerByHand,
-    WeightedDistributedSampler,
     count_matching_configs,
     distributed_indices,
+)
+from common.data_parallel.weighted_sampler import (
+    WeightedDistributedSampler,
     weighted_union_vs_torch,
 )
 from common.harness.env import LessonError

@@ -50,8 +50,11 @@ GROUPS = ("collectives", "training", "launch")
 # common.exhibits.<module>, in --list order
 MODULES = (
     "collectives",
+    "unused_parameters",
     "uneven",
     "training",
+    "batchnorm",
+    "threads",
     "loading",
     "gradients",
     "nan",

@@ -1,4 +1,5 @@
-"""Lesson 12's exhibits of training-loop mistakes: wrong numbers and errors that need no hang to show.
+"""Lesson 12's exhibits of training-loop mistakes: a forgotten set_epoch, and checkpoints that do not load back.
+The BatchNorm ones are in `common.exhibits.batchnorm`, the thread one in `common.exhibits.threads`.
 
 Most run on any number of ranks (one process included); those that use DDP build it on a fresh gloo group
 (`Ctx.group`). See `common.exhibits.frame` for the frame.
@@ -8,20 +9,14 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
-import re
-import sys
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DistributedSampler
 
 from common.exhibits.frame import Ctx, exhibit
-
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 @exhibit(
@@ -175,197 +170,3 @@ def checkpoint_weights_only(ctx: Ctx) -> None:
     ctx.claim(
         "fixed_loads", loaded["args"]["lr"], "==", 0.1, "the dict checkpoint loads: lr {value}"
     )
-
-
-@exhibit(
-    "batchnorm_batch_of_one",
-    "training",
-    lesson="06",
-    symptom="ValueError: Expected more than 1 value per channel "
-    "when training, got input size torch.Size([1, 4])",
-    cause="the last batch of a rank holds one sample (ceil(len(dataset) "
-    "/ world_size) % batch_size == 1: the sampler pads)",
-    fix="DataLoader(drop_last=True) for training",
-)
-def batchnorm_batch_of_one(ctx: Ctx) -> None:
-    bn = nn.BatchNorm1d(4).train()
-    n, batch, world = (
-        17,
-        4,
-        2,
-    )  # 17 samples, 4 per rank, 2 ranks: the last step leaves 1 sample on a rank
-    shard = list(
-        DistributedSampler(range(n), num_replicas=world, rank=0, shuffle=False)
-    )  # padded to 18: 9
-    last = min(len(b) for b in DataLoader(shard, batch_size=batch))  # batches of 4, 4, 1
-    o = ctx.attempt(bn, torch.randn(last, 4))
-    ctx.step(
-        "symptom",
-        f"{n} samples, {world} ranks, {batch} per batch: the last batch holds {last} sample",
-    )
-    ctx.say(f"    {o.error}")
-    ctx.record("symptom", o.error)
-    ctx.claim(
-        "broken_raises",
-        int("Expected more than 1 value per channel" in (o.error or "")),
-        "==",
-        1,
-        "BatchNorm raises on a batch of one: {value}",
-    )
-    ctx.step(
-        "diagnosis",
-        "print ceil(len(dataset) / world_size) % batch_size and each rank's last batch size",
-    )
-    ctx.step(
-        "fix", "DataLoader(drop_last=True) for training (or a SyncBatchNorm over the global batch)"
-    )
-    smallest = min(len(b) for b in DataLoader(shard, batch_size=batch, drop_last=True))
-    ctx.claim(
-        "fixed_smallest_batch",
-        smallest,
-        "==",
-        batch,
-        "with drop_last the smallest batch holds {value}",
-    )
-
-
-@exhibit(
-    "syncbatchnorm_on_cpu",
-    "training",
-    min_world=2,
-    lesson="06",
-    symptom=(
-        "ValueError: SyncBatchNorm expected input tensor to be on GPU or XPU or privateuseone"
-    ),
-    cause="torch.nn.SyncBatchNorm runs on CUDA (and a few accelerators) only",
-    when=("on CPU; wrapped by DDP: `ValueError: SyncBatchNorm layers only work with GPU modules`"),
-    fix=("common.data_parallel.sync_batchnorm.SyncBatchNorm (lesson 06, all-reduces, any device)"),
-)
-def syncbatchnorm_on_cpu(ctx: Ctx) -> None:
-    from common.data_parallel.sync_batchnorm import SyncBatchNorm
-
-    g = ctx.group()
-    o = ctx.attempt(nn.SyncBatchNorm(4, process_group=g), torch.randn(3, 4))
-    o2 = ctx.attempt(DDP, nn.Sequential(nn.Linear(4, 4), nn.SyncBatchNorm(4)), process_group=g)
-    ctx.step("symptom", "nn.SyncBatchNorm on CPU, alone and wrapped by DDP:")
-    for err in (o.error, o2.error):
-        ctx.say(f"    {err}")
-    ctx.record("symptom", [o.error, o2.error])
-    ctx.claim(
-        "broken_raises",
-        int(
-            "expected input tensor to be on GPU" in (o.error or "")
-            and "only work with GPU modules" in (o2.error or "")
-        ),
-        "==",
-        1,
-        "both raise on CPU: {value}",
-    )
-    ctx.step(
-        "diagnosis",
-        "the layer checks input.is_cuda (and DDP the module's device) before communicating",
-    )
-    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(ctx.info.rank))
-    y = SyncBatchNorm(4, process_group=ctx.group())(x)
-    n = torch.tensor([float(y.shape[0])])
-    s = y.detach().sum(0)
-    dist.all_reduce(s)
-    dist.all_reduce(n)
-    ctx.step(
-        "fix",
-        "common.data_parallel.sync_batchnorm.SyncBatchNorm (lesson 06, all-reduces, any device) on CPU",
-    )
-    ctx.claim(
-        "fixed_global_mean",
-        (s / n).abs().max().item(),
-        "<=",
-        1e-6,
-        "|mean over the global batch| of the normalised output: {value:.1e}",
-    )
-
-
-def _thread_counts(out: str) -> list[tuple[int, int]]:
-    """[(torch threads, DataLoader worker threads), ...] from the `threads` worker's lines."""
-    found = re.findall(r"torch threads (\d+), DataLoader worker threads (\d+)", out)
-    return [(int(t), int(w)) for t, w in found]
-
-
-@exhibit(
-    "too_many_threads",
-    "training",
-    lesson="03",
-    symptom="",
-    cause="each process starts the torch threads it would start alone (one "
-    "per core); torchrun sets OMP_NUM_THREADS=1 when nproc_per_node "
-    "> 1, mp.spawn does not (DataLoader workers run one thread each)",
-    when=(
-        "no error: more processes make training slower, top shows 100% on every core "
-        "(mp.spawn, or a launcher that does not set OMP_NUM_THREADS)"
-    ),
-    fix=(
-        "torchrun (it sets OMP_NUM_THREADS=1 for nproc_per_node > 1 and says so), or set "
-        "OMP_NUM_THREADS = cores // processes before mp.spawn"
-    ),
-)
-def too_many_threads(ctx: Ctx) -> None:
-    cores = len(os.sched_getaffinity(0))
-    with ctx.rank0("launches without OMP_NUM_THREADS") as mine:
-        if not mine:
-            return
-        unset = {"OMP_NUM_THREADS": None}  # as in a fresh shell
-        spawn = [sys.executable, "-m", "common.exhibits.worker", "threads_spawn", "2"]
-        code, out = ctx.launch(spawn, 90, unset)
-        spawned = _thread_counts(out)
-        ctx.step("symptom", f"mp.spawn of 2 processes on {cores} cores, OMP_NUM_THREADS unset:")
-        for line in sorted(re.findall(r"rank \d+: torch threads .*", out)):
-            ctx.say(f"    {line}")
-        ctx.record("symptom", spawned)
-        alone = int((re.findall(r"one process alone: torch threads (\d+)", out) or ["0"])[0])
-        total = sum(t for t, _ in spawned)
-        ctx.claim(
-            "broken_threads_vs_alone",
-            total / alone if alone and len(spawned) == 2 else 0.0,
-            "==",
-            2.0,
-            "threads of 2 processes / of one alone ({alone}): {value:g} ({total} threads on {cores} cores)",
-            alone=alone,
-            total=total,
-            cores=cores,
-        )
-        ctx.step(
-            "diagnosis",
-            "torch.get_num_threads() in each process, times processes; a DataLoader worker "
-            "sets itself to one thread",
-        )
-        ctx.claim(
-            "dataloader_worker_threads",
-            max((w for _, w in spawned), default=0),
-            "==",
-            1,
-            "threads of a DataLoader worker: {value}",
-        )
-        torchrun = [
-            *TORCHRUN,
-            "--standalone",
-            "--nproc_per_node=2",
-            "-m",
-            "common.exhibits.worker",
-            "threads",
-        ]
-        code, out = ctx.launch(torchrun, 90, unset)
-        launched = _thread_counts(out)
-        ctx.step(
-            "fix",
-            "torchrun (it sets OMP_NUM_THREADS=1 for nproc_per_node > 1 and says so), or set "
-            "OMP_NUM_THREADS = cores // processes before mp.spawn",
-        )
-        for line in sorted(re.findall(r"rank \d+: torch threads .*", out)):
-            ctx.say(f"    {line}")
-        per_process = max(t for t, _ in launched) if len(launched) == 2 else 0
-        ctx.claim(
-            "fixed_threads_per_process",
-            per_process,
-            "==",
-            1,
-            "torch threads per process under torchrun: {value}",
-        )

@@ -26,11 +26,8 @@ from common.data_parallel.sampler_len import BlogShardSampler, blog_steps_differ
 from common.data_parallel.samplers import (
     DistributedSamplerByHand,
     UnpaddedDistributedSampler,
-    WeightedDistributedSampler,
     count_matching_configs,
     distributed_indices,
-    interleave,
-    weighted_union_vs_torch,
 )
 from common.data_parallel.seeding import (
     augmentation_streams,
@@ -39,6 +36,11 @@ from common.data_parallel.seeding import (
     rank_seed,
     seed_data_rngs,
     stream_summary,
+)
+from common.data_parallel.weighted_sampler import (
+    WeightedDistributedSampler,
+    interleave,
+    weighted_union_vs_torch,
 )
 from common.harness.env import DistInfo, LessonError
 from common.harness.metrics import evaluate
