@@ -79,9 +79,10 @@ def accumulation_across_steps(
     m: int,
     device: torch.device,
 ) -> dict:
-    """`ScheduleGPipe.step()` twice on one batch, no zero_grad, on this rank's stage (its "pp" coordinate of `grid`) of `mlp(widths)` cut at
-    `split_points` (built afresh from `seed` each time): .grad's largest |difference| from (1 + 1/m) and from 2
-    times one call's g, relative to max |g|; and with scale_grads=False and the loss / 2m (the fix), from g."""
+    """`ScheduleGPipe.step()` twice on one batch, no zero_grad, on this rank's stage (its "pp" coordinate of
+    `grid`) of `mlp(widths)` cut at `split_points` (built afresh from `seed` each time): .grad's largest
+    |difference| from (1 + 1/m) and from 2 times one call's g, relative to max |g|; and with scale_grads=False
+    and the loss / 2m (the fix), from g."""
     stage_index, num_stages, group = grid.coords["pp"], grid.size("pp"), grid.group("pp")
     first, last = stage_index == 0, stage_index == num_stages - 1
 
