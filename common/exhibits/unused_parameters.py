@@ -1,4 +1,5 @@
-"""Lesson 12's exhibit of a parameter that gets no gradient under DDP: the error, and find_unused_parameters's cost."""
+"""Lesson 12's exhibit of a parameter that gets no gradient under DDP: the error, and the cost of
+find_unused_parameters=True."""
 
 from __future__ import annotations
 
