@@ -3,7 +3,9 @@ implementation per concept, one import path per name. The map below lists exactl
 
 harness: how a lesson runs, reports and ends (imports no topic, no plot, no run tool)
     harness.env              who this process is (torchrun's variables), backend and device
-    harness.session          options every lesson shares, the process group's life, errors, rank0_only, the exit
+    harness.session          options every lesson shares, the process group's life, errors, rank0_only, run_main
+    harness.options          the launchers' legacy --local-rank, its note, comma-separated integer options
+    harness.process_exit     the exit status, one thread per process unless told, exiting without finalization
     harness.spawn            mp.spawn instead of torchrun: the parent picks the port, each child its rank
     harness.rendezvous       the restart attempt every node agrees on, for jobs torchrun may restart
     harness.ranks            rank-0 printing, exact (sum, count) reductions, gathering, replica checks

@@ -42,12 +42,12 @@ import torch.nn as nn
 from common.data import digit_rows
 from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.grid import Grid
+from common.harness.options import comma_ints
 from common.harness.ranks import gather_to_rank0, print0
 from common.harness.results import Report
 from common.harness.session import (
     add_distributed_args,
     barrier,
-    comma_ints,
     distributed_session,
     rank0_only,
     run_main,

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from common.data_parallel.sync_batchnorm import convert_sync_batchnorm
-from common.harness.session import exit_process
+from common.harness.process_exit import exit_process
 from common.measure.counters import count_collectives
 from common.models import DigitsCNN
 

@@ -128,7 +128,7 @@ def nan_on_one_rank(rank: int, world_size: int) -> dict:
 def finish_statuses(rank: int, world_size: int) -> dict:
     """Report.finish on a real world: rank 0's claims decide every rank's exit status (a claim only rank 0
     measures is recorded on the others with a placeholder that may not hold)."""
-    from common.harness import session
+    from common.harness import process_exit
     from common.harness.env import DistInfo
     from common.harness.results import Report
 
@@ -138,5 +138,5 @@ def finish_statuses(rank: int, world_size: int) -> dict:
         report = Report(info)
         report.claim("measured_on_rank0", rank0_value if rank == 0 else 1.0, "<=", 1e-5, "{value}")
         out[case] = report.finish(None)
-        session.set_exit_status(0)
+        process_exit.set_exit_status(0)
     return out

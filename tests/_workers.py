@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from common.harness.session import exit_process
+from common.harness.process_exit import exit_process
 
 # A world's processes fork from one server process that has imported torch and the workers' modules once
 # (forkserver), instead of each importing torch afresh (spawn: about 1.3 s of CPU per process). The server

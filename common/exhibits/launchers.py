@@ -15,7 +15,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from common.exhibits.frame import Ctx, exhibit, first_line, normalise
-from common.harness.session import add_legacy_launcher_args
+from common.harness.options import add_legacy_launcher_args
 from common.harness.spawn import free_port
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -65,7 +65,7 @@ def legacy_launcher_local_rank(ctx: Ctx) -> None:
         ctx.step(
             "fix",
             "torchrun (no --local-rank; LOCAL_RANK in the environment), or accept and ignore it: "
-            "common.harness.session.add_legacy_launcher_args",
+            "common.harness.options.add_legacy_launcher_args",
         )
         ctx.claim(
             "fixed_parses",

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.harness.env import LessonError
-from common.harness.session import exit_process
+from common.harness.process_exit import exit_process
 
 __all__ = [
     "KINDS",

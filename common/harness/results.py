@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from common.harness.atomic import atomic_write
 from common.harness.env import DistInfo
-from common.harness.session import set_exit_status
+from common.harness.process_exit import set_exit_status
 
 __all__ = ["RELATIONS", "Report", "holds"]
 

@@ -26,48 +26,27 @@ import torch
 import torch.distributed as dist
 
 from common.harness.env import DistInfo, LessonError, choose_backend_and_device, read_torchrun_env
-from common.harness.rendezvous import attempt_if_known, rendezvous_store
+from common.harness.options import add_legacy_launcher_args, legacy_launcher_note
+from common.harness.process_exit import (
+    exit_process,
+    exit_status,
+    one_thread_unless_told,
+    wait_for_failing_peers,
+)
+from common.harness.rendezvous import rendezvous_store
 
 __all__ = [
     "add_distributed_args",
-    "add_legacy_launcher_args",
-    "comma_ints",
     "setup",
     "cleanup",
     "distributed_session",
-    "legacy_launcher_note",
     "run_main",
-    "exit_process",
-    "set_exit_status",
     "rank0_only",
     "gloo_group",
     "barrier",
     "set_seed",
     "deterministic_cuda",
-    "one_thread_unless_told",
 ]
-
-_exit_status = (
-    0  # what run_main ends the process with when main returns: 1 after a claim that does not hold
-)
-
-
-def add_legacy_launcher_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Accept `--local-rank N` / `--local_rank N`, which `python -m torch.distributed.launch` appends.
-
-    That launcher is deprecated but still in torch 2.13 and in most older tutorials. It sets LOCAL_RANK in the
-    environment too, and that is what `setup` reads, so the value is ignored; `legacy_launcher_note` says once that torchrun
-    replaces the launcher (https://pytorch.org/docs/stable/distributed.html#launch-utility).
-    """
-    parser.add_argument(
-        "--local-rank",
-        "--local_rank",
-        dest="legacy_local_rank",
-        type=int,
-        default=None,
-        help=argparse.SUPPRESS,
-    )
-    return parser
 
 
 def add_distributed_args(
@@ -95,14 +74,6 @@ def add_distributed_args(
         help="seconds any collective may wait before the process group raises (default %(default)s)",
     )
     return parser
-
-
-def comma_ints(text: str) -> list[int]:
-    """'10,4' -> [10, 4]: an option that takes a list of integers. Raises LessonError otherwise."""
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise LessonError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 60.0) -> DistInfo:
@@ -163,19 +134,6 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-def legacy_launcher_note(args: argparse.Namespace) -> None:
-    """Rank 0 says once that `torch.distributed.launch` (which passed --local-rank) is replaced by torchrun."""
-    if (
-        getattr(args, "legacy_local_rank", None) is not None
-        and int(os.environ.get("RANK", "0")) == 0
-    ):
-        print(
-            "note: --local-rank came from the deprecated `python -m torch.distributed.launch`; it is ignored "
-            "(LOCAL_RANK is read from the environment). Use torchrun: same options, no --local-rank.",
-            flush=True,
-        )
-
-
 @contextmanager
 def distributed_session(args: argparse.Namespace) -> Iterator[DistInfo]:
     """`with distributed_session(args) as info:` -- setup from --backend/--device/--timeout-s, cleanup always.
@@ -228,13 +186,6 @@ def gloo_group(timeout_s: float, setup_timeout_s: float = 300.0) -> dist.Process
     return group
 
 
-def set_exit_status(code: int) -> None:
-    """The status `run_main` ends the process with when `main` returns normally (`Report.finish` sets 1 when a
-    claim does not hold): main still returns, so `distributed_session` destroys the process group first."""
-    global _exit_status
-    _exit_status = code
-
-
 def run_main(main: Callable[[], object]) -> None:
     """Run a lesson's `main`; turn a `LessonError` into one line on stderr and exit status 2; exit with the
     status `set_exit_status` left (1 when `Report.finish` found a claim that does not hold), else 0.
@@ -256,7 +207,7 @@ def run_main(main: Callable[[], object]) -> None:
     try:
         one_thread_unless_told()
         main()
-        code = _exit_status
+        code = exit_status()
     except LessonError as e:
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank is not None else ""
@@ -264,7 +215,7 @@ def run_main(main: Callable[[], object]) -> None:
         # one write(2) of the whole line: ranks failing together cannot interleave inside it (print() writes
         # the text and the newline separately, and we saw two ranks' lines run together in one pipe)
         os.write(2, f"{prefix}error: {e}\n".encode())
-        _wait_for_failing_peers()
+        wait_for_failing_peers()
         code = 2
     except (
         Exception
@@ -272,63 +223,6 @@ def run_main(main: Callable[[], object]) -> None:
         traceback.print_exc()
         code = 1
     exit_process(code)
-
-
-def one_thread_unless_told() -> None:
-    """One compute thread per process when OMP_NUM_THREADS is unset, as under torchrun and in the notebooks.
-
-    torchrun sets OMP_NUM_THREADS=1 for nproc_per_node > 1 and the notebooks launch with it; a plain `python
-    lessons/NN_x.py` would otherwise start one thread per core. Measured on the 2-core machine: lesson 01 ran
-    2.3x slower with 2 threads beside other work, and its printed losses differed in the last digits from the
-    notebook's (a sum split over threads adds in another order). Processes this one starts (mp.spawn) inherit
-    the variable. Set OMP_NUM_THREADS yourself to choose another count; rank 0 says so in one line.
-    """
-    if "OMP_NUM_THREADS" in os.environ:
-        return
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    if os.environ.get("RANK", "0") == "0":
-        print(
-            "note: OMP_NUM_THREADS is unset: 1 compute thread per process, as torchrun and the notebooks use "
-            "(set it to choose)",
-            flush=True,
-        )
-
-
-def exit_process(code: int = 0) -> None:
-    """Flush stdout and stderr and end the process at once with `code` (`os._exit`): see `run_main` for why."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _wait_for_failing_peers(timeout_s: float = 10.0) -> None:
-    """Under torchrun, wait (at most `timeout_s`) until every rank has reported an error, then return.
-
-    torchrun terminates all workers as soon as one exits non-zero. A rank that is still importing torch when
-    its peer fails would be killed before printing its own error line. So each failing rank counts itself in
-    torchrun's key-value store (the agent's TCPStore, TORCHELASTIC_USE_AGENT_STORE=True, which exists before any
-    process group) and leaves when all WORLD_SIZE ranks have counted themselves, or when the time is up.
-    """
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size < 2 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return
-    try:
-        import time
-
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            is_master=False,
-            timeout=timedelta(seconds=timeout_s),
-        )
-        key = f"lessons/failed_ranks/{attempt_if_known()}"
-        store.add(key, 1)
-        deadline = time.monotonic() + timeout_s
-        while store.add(key, 0) < world_size and time.monotonic() < deadline:
-            time.sleep(0.05)
-    except Exception:  # no store to reach: exit at once rather than fail differently
-        return
 
 
 def barrier(info: DistInfo) -> None:

@@ -84,11 +84,11 @@ def test_assert_claims_names_the_missing_claim():
 
 @pytest.fixture
 def exit_status():
-    """common.harness.session's pending exit status, restored after the test (finish sets it)."""
-    from common.harness import session
+    """common.harness.process_exit's pending exit status, restored after the test (finish sets it)."""
+    from common.harness import process_exit
 
-    yield session
-    session.set_exit_status(0)
+    yield process_exit
+    process_exit.set_exit_status(0)
 
 
 def test_finish_writes_says_all_checks_hold_and_leaves_status_0(tmp_path, capsys, exit_status):
@@ -98,7 +98,7 @@ def test_finish_writes_says_all_checks_hold_and_leaves_status_0(tmp_path, capsys
     assert report.finish(tmp_path / "r.json") == 0
     assert capsys.readouterr().out.splitlines()[-1] == "2 checks hold"
     assert json.loads((tmp_path / "r.json").read_text())["claims"]["b"]["holds"]
-    assert exit_status._exit_status == 0
+    assert exit_status.exit_status() == 0
 
 
 def test_finish_names_the_claims_that_do_not_hold_and_sets_status_1(tmp_path, capsys, exit_status):
@@ -112,7 +112,7 @@ def test_finish_names_the_claims_that_do_not_hold_and_sets_status_1(tmp_path, ca
         capsys.readouterr().out.splitlines()[-1]
         == "2 of 3 checks do not hold: equals_one_process, loss_falls"
     )
-    assert exit_status._exit_status == 1
+    assert exit_status.exit_status() == 1
     assert not json.loads((tmp_path / "r.json").read_text())["claims"]["loss_falls"]["holds"]
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from common.harness import session
+from common.harness import options, session
 
 
 @pytest.fixture
@@ -144,13 +144,13 @@ def test_lessons_accept_the_legacy_local_rank(lesson, monkeypatch):
 def test_legacy_note_is_printed_by_rank_zero_only(monkeypatch, capsys):
     args = argparse.Namespace(legacy_local_rank=1)
     monkeypatch.setenv("RANK", "1")
-    session.legacy_launcher_note(args)
+    options.legacy_launcher_note(args)
     assert capsys.readouterr().out == ""
     monkeypatch.setenv("RANK", "0")
-    session.legacy_launcher_note(args)
+    options.legacy_launcher_note(args)
     out = capsys.readouterr().out
     assert out.count("note: --local-rank") == 1 and "torchrun" in out
-    session.legacy_launcher_note(argparse.Namespace(legacy_local_rank=None))  # torchrun: no note
+    options.legacy_launcher_note(argparse.Namespace(legacy_local_rank=None))  # torchrun: no note
     assert capsys.readouterr().out == ""
 
 

@@ -3,7 +3,7 @@ with one thread per core lesson 01 printed other losses than its notebook (and r
 
 import torch
 
-from common.harness.session import one_thread_unless_told
+from common.harness.process_exit import one_thread_unless_told
 
 
 def test_unset_means_one_thread_said_once_and_inherited(monkeypatch, capsys):
