@@ -37,12 +37,14 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from common.compression.hooks import comm_hook
 from common.data import digits_split
+from common.data_parallel.micro_batches import no_sync_unless
 from common.harness.env import LessonError
 from common.harness.ranks import all_gather_objects
 from common.harness.session import add_distributed_args, distributed_session, run_main
 from common.measure.bandwidth import time_calls
-from common.measure.memory import ResidualMLP, no_sync_unless
-from common.run.launch import REPO_ROOT, run_command, torchrun_command
+from common.models import ResidualMLP
+from common.run.launch import torchrun_command
+from common.run.processes import REPO_ROOT, run_command
 
 KNOBS = [
     "default",

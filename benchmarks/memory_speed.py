@@ -21,13 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common.data_parallel.micro_batches import no_sync_unless
 from common.harness.env import LessonError
 from common.harness.ranks import gather_to_rank0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.bandwidth import time_calls
-from common.measure.memory import ResidualMLP, no_sync_unless, saved_activation_bytes
+from common.measure.memory import saved_activation_bytes
 from common.measure.precision import autocast_context
+from common.models import ResidualMLP
 
 
 def main() -> None:

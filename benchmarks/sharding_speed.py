@@ -32,7 +32,8 @@ from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.bandwidth import ring_bytes_sent
 from common.measure.counters import count_collectives
-from common.measure.memory import ResidualMLP, held_bytes
+from common.measure.memory import held_bytes
+from common.models import ResidualMLP
 from common.sharding.accounting import moved_bytes
 from common.sharding.fsdp import shard_blocks_then_root
 from common.sharding.zero import ZeRO, flat_units

@@ -1,15 +1,19 @@
-"""Small models shared by the lessons: a CNN (lesson 01), an MLP stack, and a small causal transformer
-(lessons 19-21)."""
+"""Small models shared by the lessons: a CNN (lesson 01), an MLP stack, the residual MLP of lessons 07-18, and a
+small causal transformer (lessons 19-21)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from common.measure.memory import saved_activation_bytes
 
 __all__ = [
     "DigitsCNN",
     "mlp",
+    "ResidualMLP",
     "CausalSelfAttention",
     "causal_sdpa",
     "TransformerBlock",
@@ -84,6 +88,65 @@ def mlp(widths: list[int], activation: type[nn.Module] = nn.ReLU) -> nn.Sequenti
         if i < len(widths) - 2:
             layers.append(activation())
     return nn.Sequential(*layers)
+
+
+class ResidualMLP(nn.Module):
+    """A stack of residual GELU MLP blocks for flattened 8x8 digits; no BatchNorm.
+
+    Shapes: x (B, 1, 8, 8) or (B, 64) -> logits (B, 10).
+
+        stem   Linear(64 -> w)                                  (B, w)
+        block  h + Linear(w -> w) . GELU . Linear(w -> w) (h)    (B, w), `depth` times (common.models.mlp)
+        head   GELU . Linear(w -> 10)                            (B, 10)
+
+    Why no BatchNorm: BatchNorm normalises each micro-batch with its own mean and variance, so k micro-batches
+    of 2 are not the same computation as one batch of 16 and accumulation could not equal the global step
+    (lesson 06). LayerNorm would be fine (per sample); plain residual blocks keep the model small.
+
+    With `checkpointing = True` each block runs under `torch.utils.checkpoint.checkpoint(use_reentrant=False)`
+    (https://pytorch.org/docs/stable/checkpoint.html): autograd keeps only the block's input and recomputes
+    the block's forward during backward. Per block that keeps 1 tensor of (B, w) instead of 3 (the first
+    Linear's input, the GELU's input and the second Linear's input).
+    """
+
+    def __init__(
+        self, width: int = 256, depth: int = 4, in_features: int = 64, num_classes: int = 10
+    ):
+        super().__init__()
+        self.stem = nn.Linear(in_features, width)
+        self.blocks = nn.ModuleList(
+            mlp([width, width, width], activation=nn.GELU) for _ in range(depth)
+        )
+        self.head = nn.Sequential(nn.GELU(), nn.Linear(width, num_classes))
+        self.checkpointing = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x.flatten(1))  # (B, w)
+        for block in self.blocks:
+            if self.checkpointing and torch.is_grad_enabled():
+                # Keeps only `h` (B, w) for backward; the block's inner tensors are recomputed during backward.
+                h = h + checkpoint(block, h, use_reentrant=False)
+            else:
+                h = h + block(h)
+        return self.head(h)
+
+    def bf16_weight_copy_bytes(self) -> int:
+        """Bytes of the bf16 weight copies autocast keeps for backward: it saves a Linear's weight when backward
+        needs it for the input's gradient, so every Linear but the stem, whose input x needs none; 2 bytes each."""
+        return 2 * sum(
+            p.numel()
+            for n, p in self.named_parameters()
+            if n.endswith("weight") and n[:4] != "stem"
+        )
+
+    def activation_bytes(self, x: torch.Tensor, checkpointing: bool = False) -> int:
+        """`saved_activation_bytes` of one forward of a copy of `x`, with or without checkpointing, under the
+        caller's autocast. A copy: a slice x[:b] is a view that keeps (and would count) all of x's storage."""
+        before, self.checkpointing = self.checkpointing, checkpointing
+        try:
+            return saved_activation_bytes(self, lambda: self(x.clone()))
+        finally:
+            self.checkpointing = before
 
 
 class CausalSelfAttention(nn.Module):

@@ -39,6 +39,7 @@ from common.data_parallel.accumulation import (
     replay_accumulation,
     uneven_sizes,
 )
+from common.data_parallel.micro_batches import micro_batch_stream, no_sync_unless
 from common.harness.env import read_torchrun_env
 from common.harness.metrics import evaluate
 from common.harness.ranks import global_mean, max_param_diff_across_ranks, print0
@@ -52,8 +53,8 @@ from common.harness.session import (
 )
 from common.measure.counters import CommCounter
 from common.measure.differences import max_abs_diff_all, max_over_ranks
-from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
 from common.measure.precision import PRECISIONS, autocast_context
+from common.models import ResidualMLP
 from common.performance.buckets import predicted_buckets
 
 

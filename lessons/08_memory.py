@@ -40,22 +40,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import TensorDataset
 
 from common.data import digits_split
+from common.data_parallel.micro_batches import CountingScaler, micro_batch_stream, no_sync_unless
 from common.harness.env import DistInfo, LessonError
 from common.harness.ranks import print0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.counters import CommCounter
 from common.measure.differences import max_abs_diff_all, max_over_ranks
-from common.measure.memory import (
-    CountingScaler,
-    ResidualMLP,
-    held_bytes,
-    micro_batch_stream,
-    no_sync_unless,
-    residual_mlp_activation_bytes,
-    saved_activation_bytes,
-)
+from common.measure.memory import held_bytes, residual_mlp_activation_bytes, saved_activation_bytes
 from common.measure.precision import autocast_context
+from common.models import ResidualMLP
 
 TOL = 1e-5
 

@@ -18,7 +18,7 @@ What to look for:
   own bookkeeping (gathering each rank's outcome to rank 0) runs on the default group with a 120 s
   timeout, so a broken exhibit never poisons the next one. Failures that kill a process (gloo's
   size-mismatch abort), launcher mistakes and a second job run as separate launches with a timeout
-  (common.run.launch.run_command).
+  (common.run.processes.run_command).
 - Every count follows the world size: rank 0 (or the last rank) plays the odd one out, the others alike.
 - The symptom index (docs/symptoms.md, docs/zh/symptoms.md) maps each error text to its cause, its fix (the
   exhibit's own fix step), its exhibit and the lesson that teaches the right way, and lists the texts

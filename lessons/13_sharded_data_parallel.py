@@ -47,7 +47,8 @@ from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.counters import CommCounter, count_collectives, local_shard
 from common.measure.differences import max_abs_diff_all, max_over_ranks, relative_difference
-from common.measure.memory import ResidualMLP, storage_bytes
+from common.measure.memory import storage_bytes
+from common.models import ResidualMLP
 from common.sharding.accounting import (
     activation_bytes,
     full_params,

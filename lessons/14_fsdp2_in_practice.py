@@ -55,20 +55,22 @@ from common.measure.memory import storage_bytes
 from common.sharding.accounting import full_params
 from common.sharding.fsdp import (
     NormalisedMLP,
-    backward_outcome,
     exact_mean_gradients,
     fsdp_units,
     full_values,
-    gradient_bytes,
     init_like_eager,
     meta_sharded,
-    one_backward,
-    one_process,
-    one_step_profile,
     padded_bytes,
     predicted_step_bytes,
     reset_sharded,
     shard_blocks_then_root,
+)
+from common.sharding.fsdp_steps import (
+    backward_outcome,
+    gradient_bytes,
+    one_backward,
+    one_process,
+    one_step_profile,
     train_sharded,
     world_of_one,
 )

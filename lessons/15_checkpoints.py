@@ -62,7 +62,7 @@ from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, rank0_only, run_main
 from common.measure.differences import max_abs_diff_all, max_over_ranks, relative_difference
-from common.measure.memory import ResidualMLP
+from common.models import ResidualMLP
 from common.sharding.accounting import full_params
 from common.sharding.fsdp import shard_blocks_then_root
 

@@ -53,28 +53,22 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Subset
 
+from common.checkpoint.rng_state import capture_rng_all_ranks, restore_rng
 from common.checkpoint.train_state import (
     ResumableDistributedSampler,
-    capture_rng_all_ranks,
     clear_run,
     leftovers,
     load_train_state,
     max_diff_over_ranks,
     model_signature,
-    restore_rng,
     resume_point,
     roundtrip,
     save_train_state,
 )
 from common.data import digits_split
 from common.data_parallel.seeding import rank_seed
-from common.fault_tolerance.faults import (
-    EventLog,
-    exit_on_peer_failure,
-    parse_faults,
-    read_events,
-    report_timeline,
-)
+from common.fault_tolerance.faults import EventLog, exit_on_peer_failure, parse_faults
+from common.fault_tolerance.timeline import read_events, report_timeline
 from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.ranks import print0
 from common.harness.rendezvous import attempt

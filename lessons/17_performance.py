@@ -41,13 +41,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from common.data import digits_split
+from common.data_parallel.micro_batches import micro_batch_stream, no_sync_unless
 from common.harness.env import DistInfo, LessonError
 from common.harness.ranks import gather_to_rank0, print0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.counters import count_collectives
-from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
 from common.measure.profiling import load_trace, step_profiles, summarize
+from common.models import ResidualMLP
 from common.performance.buckets import (
     allreduces_per_backward,
     gradient_storage_bytes,

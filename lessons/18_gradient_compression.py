@@ -42,14 +42,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common.compression.hooks import HOOKS, comm_hook, gradients_through, plain_until_switched
 from common.compression.powersgd import best_rank_error, powersgd_numel
 from common.data import digits_split
+from common.data_parallel.micro_batches import micro_batch_stream
 from common.harness.env import DistInfo, LessonError
 from common.harness.metrics import evaluate
 from common.harness.ranks import print0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.counters import count_collectives
-from common.measure.differences import max_abs_diff, max_abs_diff_all, max_over_ranks
-from common.measure.memory import ResidualMLP, micro_batch_stream
+from common.measure.differences import max_abs_diff, max_abs_diff_all, max_over_ranks, norm_error
+from common.models import ResidualMLP
 
 ONE_BUCKET_MB = 100.0  # >= 2.2 MB of gradient: one bucket
 RESUME_STEPS, RESUME_AT = 12, 6  # section 4's PowerSGD run, checkpointed after step 6
@@ -104,11 +105,6 @@ def hook_gradients(run: Run, hook, state, passes: int = 1) -> tuple[list, int]:
     model = fresh_ddp(run)[1]
     model.register_comm_hook(state, hook)
     return gradients_through(model, run.batch, passes)
-
-
-def norm_error(g, plain) -> float:
-    """|g - plain| / |plain| (Frobenius norms, as in the SVD bound of section 3), the worst over ranks."""
-    return max_over_ranks(((g - plain).norm() / plain.norm()).item())
 
 
 # ---------------------------------------------------------------------- 1. what a hook receives

@@ -49,24 +49,20 @@ from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.bandwidth import ring_bytes_sent, time_calls
 from common.measure.differences import max_abs_diff_all, nan_max
-from common.measure.memory import ResidualMLP, saved_activation_bytes
-from common.models import DigitsCNN
+from common.measure.memory import saved_activation_bytes
+from common.models import DigitsCNN, ResidualMLP
+from common.planning.assumptions import NAMED, Assumptions, PlanError
 from common.planning.cli import add_planner_args, bytes_table, planner_inputs, report_plan
 from common.planning.closed_forms import closed_forms
 from common.planning.cost_model import (
     GPT,
     digits_transformer_tp_bytes,
-    fit_alpha_beta,
-    gpt_flops,
     gpt_params,
-    mfu,
-    residual_mlp_flops,
     residual_mlp_layout_bytes,
-    ring_time,
     transformer_layer_activations,
 )
 from common.planning.measured import gap_over_ranks, measure_layouts, measure_tensor_parallel
-from common.planning.planner import NAMED, Assumptions, PlanError
+from common.planning.step_time import fit_alpha_beta, gpt_flops, mfu, residual_mlp_flops, ring_time
 from common.planning.transformer import (
     counted_flops,
     gpt,

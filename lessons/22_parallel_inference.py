@@ -12,7 +12,7 @@ The model: lessons 19-21's causal transformer (common/models.py), initialised fr
 What to look for:
 - The KV cache (common/inference/kv_cache.py): a decode step computes q, k, v for the new token only and reads
   every earlier token's keys and values from the cache. Same tokens as rerunning the whole prefix every step;
-  the FLOPs of both, counted by torch.utils.flop_counter, equal the formula (common.planning.cost_model).
+  the FLOPs of both, counted by torch.utils.flop_counter, equal the formula (common.planning.step_time).
 - Tensor-parallel decoding (common/inference/tp_decode.py): q, k, v and fc1 column-parallel by heads, proj
   and fc2 row-parallel. Tokens equal one process; each rank's filled cache is one process's cache at its
   heads, 1/tp of the bytes; 2 all-reduces per layer per generated token.
@@ -52,8 +52,9 @@ from common.inference.tp_decode import (
 from common.measure.counters import count_collectives
 from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
 from common.models import CausalTransformer
-from common.planning.cost_model import GPT, forward_flops, kv_cache_bytes
+from common.planning.cost_model import GPT, kv_cache_bytes
 from common.planning.serving import LLAMA3_70B, largest_batch
+from common.planning.step_time import forward_flops
 from common.planning.transformer import init_weights
 from common.tensor_parallel.layers import check_tp_degree
 

@@ -64,8 +64,7 @@ from common.libraries.loaders import dealt_in_turn
 from common.libraries.sharding import accelerate_fsdp2_outcome, fabric_fully_shard, shard_run
 from common.measure.counters import CommCounter, count_collectives
 from common.measure.differences import max_abs_diff_all, max_over_ranks
-from common.measure.memory import ResidualMLP
-from common.models import DigitsCNN
+from common.models import DigitsCNN, ResidualMLP
 from common.sharding.fsdp import shard_blocks_then_root
 
 EQUAL = 1e-6  # the same float32 operations in the same order: measured 0

@@ -13,7 +13,8 @@ def stages_vs_one_process(rank: int, world_size: int, width: int = 5, steps: int
     every rank, no communication): the largest parameter difference, the collectives of one step, what the rank
     holds at the end of backward and at rest, and whether the padding stayed 0."""
     from common.measure.counters import count_collectives
-    from common.measure.memory import ResidualMLP, held_bytes
+    from common.measure.memory import held_bytes
+    from common.models import ResidualMLP
     from common.sharding.zero import ZeRO
 
     torch.manual_seed(0)

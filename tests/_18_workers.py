@@ -15,7 +15,7 @@ def _cast_claims(rank: int, world_size: int, make_hook) -> dict:
     from common.harness.env import DistInfo
     from common.harness.results import Report
     from common.harness.session import set_seed
-    from common.measure.memory import ResidualMLP
+    from common.models import ResidualMLP
 
     lesson = importlib.import_module(LESSON)
     info = DistInfo(rank=rank, world_size=world_size, backend="gloo")

@@ -47,7 +47,7 @@ def minimal_19_check(rank: int, world_size: int, bad: float) -> bool:
     """minimal/19_context_parallel.py's check() on every rank, rank 1's diff replaced by `bad`."""
     import runpy
 
-    from common.run.launch import REPO_ROOT
+    from common.run.processes import REPO_ROOT
 
     path = (
         REPO_ROOT / "minimal" / "19_context_parallel.py"

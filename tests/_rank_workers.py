@@ -199,7 +199,7 @@ def load_full_from_rank0_into_meta(rank: int, world_size: int) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.fsdp import fully_shard
 
-    from common.measure.memory import ResidualMLP
+    from common.models import ResidualMLP
 
     torch.manual_seed(1 + rank)  # different values on every rank: only rank 0's may end up loaded
     full = ResidualMLP(8, 2).state_dict() if rank == 0 else {}

@@ -4,6 +4,7 @@ Resuming "exactly" means the resumed run computes the same bits as a run that ne
 than the model: the optimizer's moments, the LR scheduler's position, the GradScaler's scale, every random
 stream a step draws from (torch, numpy, `random`, per-rank `torch.Generator`s, CUDA) on EVERY rank, and where
 the sampler is: its epoch AND how many samples of that epoch were already trained.
+The random streams are captured by common/checkpoint/rng_state.py.
 
     step_000008.pt     torch.save of the state, written by global rank 0 through `common.harness.atomic.atomic_write`
     step_000008.json   the completion marker, written after the .pt is renamed: step, sha256 and size of the .pt,
@@ -19,11 +20,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import random
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn as nn
 from torch.utils.data import DistributedSampler
@@ -35,9 +34,6 @@ from common.measure.differences import max_abs_diff_all, max_over_ranks
 
 __all__ = [
     "ResumableDistributedSampler",
-    "capture_rng",
-    "capture_rng_all_ranks",
-    "restore_rng",
     "model_signature",
     "save_train_state",
     "find_latest",
@@ -99,59 +95,6 @@ class ResumableDistributedSampler(DistributedSampler):
             )
         self.set_epoch(state["epoch"])
         self.seen = state["seen"]
-
-
-def capture_rng(generator: torch.Generator, device: torch.device) -> dict:
-    """This rank's random streams, as tensors and plain containers (what `torch.load(weights_only=True)` reads)."""
-    np_state = np.random.get_state(
-        legacy=False
-    )  # {"state": {"key": uint32 array (624,), "pos"}, ...}
-    state = {
-        "torch": torch.get_rng_state(),
-        "generator": generator.get_state(),
-        "random": random.getstate(),
-        "numpy": {
-            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-            "pos": int(np_state["state"]["pos"]),
-            "has_gauss": int(np_state["has_gauss"]),
-            "gauss": float(np_state["gauss"]),
-        },
-    }
-    if (
-        device.type == "cuda"
-    ):  # dropout on a GPU draws from the device's generator, not torch.get_rng_state()
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def capture_rng_all_ranks(generator: torch.Generator, info: DistInfo) -> list[dict]:
-    """Every rank's `capture_rng`, in rank order, on every rank (all_gather_object): the one writer saves them all."""
-    rng = capture_rng(generator, info.device)
-    if not info.distributed:
-        return [rng]
-    import torch.distributed as dist
-
-    out = [None] * info.world_size
-    dist.all_gather_object(out, rng)
-    return out
-
-
-def restore_rng(state: dict, generator: torch.Generator, device: torch.device) -> None:
-    """Set every stream `capture_rng` saved back exactly (the inverse of `capture_rng`)."""
-    torch.set_rng_state(state["torch"].cpu())
-    generator.set_state(state["generator"].cpu())
-    random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in state["random"]))
-    n = state["numpy"]
-    np.random.set_state(
-        {
-            "bit_generator": "MT19937",
-            "has_gauss": n["has_gauss"],
-            "gauss": n["gauss"],
-            "state": {"key": n["key"].cpu().numpy().astype(np.uint32), "pos": n["pos"]},
-        }
-    )
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
 def model_signature(model: nn.Module) -> dict[str, list[int]]:

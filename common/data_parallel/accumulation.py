@@ -13,10 +13,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from common.data_parallel.micro_batches import micro_batch_stream
 from common.harness.env import LessonError
 from common.harness.results import Report
 from common.measure.differences import max_abs_diff_all, max_over_ranks, nan_max
-from common.measure.memory import ResidualMLP, micro_batch_stream
+from common.models import ResidualMLP
 
 __all__ = [
     "TOL",

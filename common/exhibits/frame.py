@@ -12,7 +12,7 @@ with `@exhibit(...)`. Two ways to keep one exhibit's failure from poisoning the 
 - in-world exhibits run every broken collective in a fresh gloo group (`ctx.group()`) with the short timeout;
   the default group (a long timeout) only gathers the outcomes to rank 0;
 - a failure that kills the process (gloo aborts on a size mismatch), a launcher mistake or a second job runs
-  as a bounded subprocess on rank 0 (`ctx.launch`, `common.run.launch.run_command` with a timeout).
+  as a bounded subprocess on rank 0 (`ctx.launch`, `common.run.processes.run_command` with a timeout).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from common.harness.env import DistInfo
 from common.harness.ranks import gather_to_rank0
 from common.harness.results import Report
 from common.harness.session import gloo_group, rank0_only
-from common.run.launch import LessonTimeout, run_command
+from common.run.processes import LessonTimeout, run_command
 
 __all__ = [
     "Exhibit",

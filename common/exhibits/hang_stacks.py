@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.run.launch import REPO_ROOT
+from common.run.processes import REPO_ROOT
 
 __all__ = ["Hang", "start_hang", "py_spy_dump", "normalise_stack"]
 

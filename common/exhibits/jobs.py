@@ -17,7 +17,7 @@ from pathlib import Path
 from common.exhibits.frame import Ctx, exhibit, first_line
 from common.exhibits.launchers import TORCHRUN, WORKER
 from common.harness.spawn import free_port
-from common.run.launch import REPO_ROOT
+from common.run.processes import REPO_ROOT
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen:

@@ -26,7 +26,8 @@ from common.harness.env import DistInfo
 from common.harness.ranks import max_param_diff_across_ranks
 from common.harness.session import barrier, gloo_group
 from common.models import DigitsCNN
-from common.run.launch import run_command, torchrun_command
+from common.run.launch import torchrun_command
+from common.run.processes import run_command
 
 
 @exhibit(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from common.measure.memory import no_sync_unless
+from common.data_parallel.micro_batches import no_sync_unless
 
 __all__ = [
     "RIGHT",

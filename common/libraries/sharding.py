@@ -18,7 +18,7 @@ from lightning_fabric.strategies import ModelParallelStrategy
 
 from common.harness.env import DistInfo
 from common.measure.counters import count_collectives
-from common.measure.memory import ResidualMLP
+from common.models import ResidualMLP
 from common.sharding.accounting import full_params
 from common.sharding.fsdp import shard_blocks_then_root
 

@@ -22,7 +22,14 @@ from collections.abc import Iterable, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["nan_max", "max_abs_diff", "max_abs_diff_all", "max_over_ranks", "relative_difference"]
+__all__ = [
+    "nan_max",
+    "max_abs_diff",
+    "max_abs_diff_all",
+    "max_over_ranks",
+    "relative_difference",
+    "norm_error",
+]
 
 
 def nan_max(values: Iterable[float], default: float = 0.0) -> float:
@@ -101,3 +108,9 @@ def relative_difference(
     if moved == 0.0:  # nothing moved (a tiny lr): equal or not at all
         return 0.0 if apart == 0.0 else math.inf
     return apart / moved
+
+
+def norm_error(g: torch.Tensor, reference: torch.Tensor) -> float:
+    """|g - reference| / |reference| (Frobenius norms, as in the SVD bound of a best rank-r approximation), the
+    worst over ranks: how far a compressed gradient is from the one it stands for. NaN anywhere gives NaN."""
+    return max_over_ranks(((g - reference).norm() / reference.norm()).item())

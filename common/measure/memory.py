@@ -1,7 +1,5 @@
 """The memory of a training step, measured from tensors (lessons 07 and 08, benchmarks/memory_speed.py).
 
-- `ResidualMLP`: the model of lessons 07 and 08 (no BatchNorm, so micro-batches add up exactly), with optional
-  activation checkpointing per block.
 - `storage_bytes(tensors)`: bytes of the storages behind some tensors, each storage counted once (a view or a
   second reference to the same memory adds nothing), which is what the memory really holds.
 - `held_bytes(params, grads, optimizer)`: the parameters, gradients and optimizer state a rank holds (lessons 08,
@@ -11,28 +9,23 @@
   the same count on CPU and CUDA, a DTensor by its local shard. Every lesson that counts saved bytes uses it.
 - `saved_activation_bytes(model, run)`: `saved_bytes` around one forward, the model's parameters excluded.
 - `residual_mlp_activation_bytes(...)`: the same number from the shapes, to check the measurement exactly.
-- `CountingScaler`: a GradScaler that counts its unscale_/step/update calls.
-- Gradient accumulation, the first memory saving (k micro-batches hold about 1/k of the activations):
-  `no_sync_unless(model, last)` and `micro_batch_stream(...)`, the pieces of lesson 07's loop that lesson 08 reuses.
+
+The model these count, `ResidualMLP`, is in common/models.py; the micro-batches of gradient accumulation, the
+first memory saving, in common/data_parallel/micro_batches.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.checkpoint import checkpoint
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from common.measure.counters import local_shard
-from common.models import mlp
 
 __all__ = [
-    "ResidualMLP",
     "storage_key",
     "storage_bytes",
     "held_bytes",
@@ -40,69 +33,7 @@ __all__ = [
     "saved_bytes",
     "saved_activation_bytes",
     "residual_mlp_activation_bytes",
-    "CountingScaler",
-    "no_sync_unless",
-    "micro_batch_stream",
 ]
-
-
-class ResidualMLP(nn.Module):
-    """A stack of residual GELU MLP blocks for flattened 8x8 digits; no BatchNorm.
-
-    Shapes: x (B, 1, 8, 8) or (B, 64) -> logits (B, 10).
-
-        stem   Linear(64 -> w)                                  (B, w)
-        block  h + Linear(w -> w) . GELU . Linear(w -> w) (h)    (B, w), `depth` times (common.models.mlp)
-        head   GELU . Linear(w -> 10)                            (B, 10)
-
-    Why no BatchNorm: BatchNorm normalises each micro-batch with its own mean and variance, so k micro-batches
-    of 2 are not the same computation as one batch of 16 and accumulation could not equal the global step
-    (lesson 06). LayerNorm would be fine (per sample); plain residual blocks keep the model small.
-
-    With `checkpointing = True` each block runs under `torch.utils.checkpoint.checkpoint(use_reentrant=False)`
-    (https://pytorch.org/docs/stable/checkpoint.html): autograd keeps only the block's input and recomputes
-    the block's forward during backward. Per block that keeps 1 tensor of (B, w) instead of 3 (the first
-    Linear's input, the GELU's input and the second Linear's input).
-    """
-
-    def __init__(
-        self, width: int = 256, depth: int = 4, in_features: int = 64, num_classes: int = 10
-    ):
-        super().__init__()
-        self.stem = nn.Linear(in_features, width)
-        self.blocks = nn.ModuleList(
-            mlp([width, width, width], activation=nn.GELU) for _ in range(depth)
-        )
-        self.head = nn.Sequential(nn.GELU(), nn.Linear(width, num_classes))
-        self.checkpointing = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.stem(x.flatten(1))  # (B, w)
-        for block in self.blocks:
-            if self.checkpointing and torch.is_grad_enabled():
-                # Keeps only `h` (B, w) for backward; the block's inner tensors are recomputed during backward.
-                h = h + checkpoint(block, h, use_reentrant=False)
-            else:
-                h = h + block(h)
-        return self.head(h)
-
-    def bf16_weight_copy_bytes(self) -> int:
-        """Bytes of the bf16 weight copies autocast keeps for backward: it saves a Linear's weight when backward
-        needs it for the input's gradient, so every Linear but the stem, whose input x needs none; 2 bytes each."""
-        return 2 * sum(
-            p.numel()
-            for n, p in self.named_parameters()
-            if n.endswith("weight") and n[:4] != "stem"
-        )
-
-    def activation_bytes(self, x: torch.Tensor, checkpointing: bool = False) -> int:
-        """`saved_activation_bytes` of one forward of a copy of `x`, with or without checkpointing, under the
-        caller's autocast. A copy: a slice x[:b] is a view that keeps (and would count) all of x's storage."""
-        before, self.checkpointing = self.checkpointing, checkpointing
-        try:
-            return saved_activation_bytes(self, lambda: self(x.clone()))
-        finally:
-            self.checkpointing = before
 
 
 def _holder(t: torch.Tensor) -> torch.Tensor:
@@ -259,49 +190,3 @@ def residual_mlp_activation_bytes(
     """
     per_block = 1 if checkpointing else 3
     return element_size * batch * (in_features + width * (per_block * depth + 2))
-
-
-class CountingScaler(torch.amp.GradScaler):
-    """A GradScaler that counts its unscale_/step/update calls: under accumulation each must run once per
-    optimizer step, after the last micro-step (lesson 08 claims it)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.counts = {"unscale_": 0, "step": 0, "update": 0}
-
-    def unscale_(self, optimizer):
-        self.counts["unscale_"] += 1
-        return super().unscale_(optimizer)
-
-    def step(self, optimizer, *args, **kwargs):
-        self.counts["step"] += 1
-        return super().step(optimizer, *args, **kwargs)
-
-    def update(self, new_scale=None):
-        self.counts["update"] += 1
-        return super().update(new_scale)
-
-
-def no_sync_unless(model: nn.Module, last: bool):
-    """`model.no_sync()` on every micro-step but the last under DDP; nothing to skip without DDP.
-
-    Use it around the forward AND the backward: DDP arms its reducer in the forward (lesson 07 counts it).
-    """
-    return model.no_sync() if isinstance(model, DDP) and not last else nullcontext()
-
-
-def micro_batch_stream(
-    dataset: Dataset, micro_batch: int, world_size: int, rank: int, seed: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Rank `rank`'s micro-batches of `micro_batch` samples, forever: its `DistributedSampler` shard, reshuffled
-    at each pass by `set_epoch(epoch)`, the last incomplete micro-batch dropped (so every micro-batch has the
-    same size and k of them average to the mean over k x micro_batch samples)."""
-    sampler = DistributedSampler(
-        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed
-    )
-    loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True)
-    epoch = 0
-    while True:
-        sampler.set_epoch(epoch)
-        yield from loader
-        epoch += 1

@@ -13,8 +13,9 @@ from dataclasses import replace
 
 from common.harness.ranks import print0
 from common.harness.results import Report
+from common.planning.assumptions import NAMED, Assumptions, PlanError, describe, shape_for_params
 from common.planning.cost_model import GPT
-from common.planning.planner import NAMED, Assumptions, PlanError, describe, plan, shape_for_params
+from common.planning.planner import plan
 
 __all__ = [
     "add_planner_args",

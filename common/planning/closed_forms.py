@@ -10,8 +10,10 @@ sends per rank; checkpointing adds a forward, a third of a step's compute.
 
 from __future__ import annotations
 
-from common.planning.cost_model import GPT, gpt_flops, gpt_params
-from common.planning.planner import Assumptions, evaluate_layout
+from common.planning.assumptions import Assumptions
+from common.planning.cost_model import GPT, gpt_params
+from common.planning.planner import evaluate_layout
+from common.planning.step_time import gpt_flops
 
 __all__ = ["closed_forms"]
 

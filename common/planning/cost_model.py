@@ -1,4 +1,4 @@
-"""A cost model of a training step: the bytes a rank holds, the FLOPs it computes, the bytes it sends (lesson 21).
+"""A cost model of a training step: the bytes a rank holds and the bytes it sends (lesson 21).
 
 Every function is a formula of shapes and counts; none allocates a model. Lesson 21 checks them EXACTLY against
 what lessons 08 and 13 measure from tensors (storage bytes, saved activations, collective buffers), then uses them
@@ -21,8 +21,7 @@ sequence s, micro-batch b, hidden h, heads a, tensor-parallel t:
     full recomputation         2 s b h (only the layer's input is kept)
 Bytes one rank sends in the ring model (lesson 02): all-reduce 2 B (N-1)/N, all-gather / reduce-scatter B (N-1)/N,
 `common.measure.bandwidth.ring_bytes_sent`, the one home of these factors.
-Time of a ring collective in the alpha-beta model: steps x alpha + bytes sent x beta (alpha: latency per step,
-beta: seconds per byte = 1 / bandwidth).
+The FLOPs and the time of a step: common/planning/step_time.py.
 """
 
 from __future__ import annotations
@@ -46,14 +45,8 @@ __all__ = [
     "zero_paper_activations",
     "GPT",
     "gpt_params",
-    "gpt_flops",
-    "residual_mlp_flops",
-    "ring_time",
-    "fit_alpha_beta",
-    "mfu",
     "in_flight_micro_batches",
     "kv_cache_bytes",
-    "forward_flops",
 ]
 
 ADAM_MIXED_K = 12  # fp32 master parameters + momentum + variance: 4 + 4 + 4 bytes per parameter
@@ -252,61 +245,6 @@ def gpt_params(c: GPT) -> dict[str, int]:
     return out
 
 
-def gpt_flops(c: GPT, batch: int) -> dict[str, int]:
-    """Matmul FLOPs of one training step (forward + backward) on `batch` sequences of `c.seq` tokens.
-
-    Weights: 2 FLOPs per weight per token forward, 4 backward (input and weight gradients): 6 x W x tokens,
-    W the matmul weights (12 h^2 per layer + the head's h V; embeddings are lookups, biases and norms are not
-    matmuls). Attention: Q K^T and A V, 2 x 2 x b s^2 h per layer forward, x 3 with backward.
-    """
-    tokens = batch * c.seq
-    weights = c.layers * 12 * c.hidden**2 + c.hidden * c.vocab
-    out = {
-        "weights": 6 * weights * tokens,
-        "attention": 12 * batch * c.seq**2 * c.hidden * c.layers,
-    }
-    out["total"] = out["weights"] + out["attention"]
-    return out
-
-
-def residual_mlp_flops(
-    batch: int, width: int, depth: int, in_features: int = 64, classes: int = 10
-) -> int:
-    """Matmul FLOPs of a forward + backward of lesson 08's ResidualMLP: 6 x weights x samples, less the stem's
-    input gradient (2 x 64 w per sample), which backward skips because the data needs no gradient."""
-    weights = in_features * width + 2 * depth * width * width + width * classes
-    return 6 * weights * batch - 2 * in_features * width * batch
-
-
-def ring_time(op: str, buffer_bytes: float, n_ranks: int, alpha: float, beta: float) -> float:
-    """Alpha-beta time of a ring collective: all-reduce 2 (N-1) steps, all-gather / reduce-scatter N-1."""
-    steps = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}[op] * (n_ranks - 1)
-    return steps * alpha + ring_bytes_sent(op, buffer_bytes, n_ranks) * beta
-
-
-def fit_alpha_beta(
-    steps: Sequence[float], sent: Sequence[float], seconds: Sequence[float]
-) -> tuple[float, float]:
-    """Least squares of seconds = alpha x steps + beta x bytes sent, in RELATIVE error (each row divided by its
-    time, so that 1 KiB counts as much as 4 MiB); returns (alpha, beta)."""
-    rows = [(a / t, b / t) for a, b, t in zip(steps, sent, seconds)]  # target: 1 for every row
-    s_aa = sum(a * a for a, _ in rows)
-    s_bb = sum(b * b for _, b in rows)
-    s_ab = sum(a * b for a, b in rows)
-    s_a, s_b = sum(a for a, _ in rows), sum(b for _, b in rows)
-    det = s_aa * s_bb - s_ab * s_ab
-    if det == 0:
-        raise ValueError("fit_alpha_beta needs at least two sizes that differ")
-    return (s_a * s_bb - s_b * s_ab) / det, (s_aa * s_b - s_ab * s_a) / det
-
-
-def mfu(
-    model_flops_per_step: float, step_seconds: float, n_devices: int, peak_flops: float
-) -> float:
-    """Model-FLOPs utilisation: the model's FLOPs per second over what the devices could do at peak."""
-    return model_flops_per_step / (step_seconds * n_devices * peak_flops)
-
-
 def in_flight_micro_batches(schedule: str, stages: int, micro_batches: int, stage: int = 0) -> int:
     """Micro-batches whose activations a pipeline stage holds at its peak: GPipe runs every forward first (all
     m); 1F1B starts backward after `stages - stage` forwards (stage 0 holds pp, the last stage 1)."""
@@ -333,14 +271,3 @@ def kv_cache_bytes(
     if min(layers, kv_heads, head_dim, seq, batch, element_size, tp) < 1:
         raise ValueError("every size of the KV cache must be >= 1")
     return 2 * layers * math.ceil(kv_heads / tp) * head_dim * seq * batch * element_size
-
-
-def forward_flops(c: GPT, batch: int, tokens: int, start: int = 0) -> int:
-    """Matmul FLOPs of one forward of `tokens` new tokens per sequence whose keys start at position `start`
-    (a prefill: start 0; a decode step: tokens 1, start = the tokens cached). Weights: 2 FLOPs per weight per
-    token, 12 h^2 per layer and the head's h V (logits for every new token). Attention: Q K^T and A V over the
-    start + tokens keys, 2 x 2 x tokens x (start + tokens) x h per layer and sequence (the masked part included,
-    as matmul attention computes it). Without a cache, step t reruns the whole prefix: tokens = t, start = 0."""
-    weights = c.layers * 12 * c.hidden**2 + c.hidden * c.vocab
-    attention = 4 * c.layers * tokens * (start + tokens) * c.hidden
-    return batch * (2 * weights * tokens + attention)

@@ -19,7 +19,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.harness.session import set_seed
 from common.measure.counters import CommCounter, count_collectives
-from common.measure.memory import ResidualMLP, held_bytes, saved_activation_bytes, storage_bytes
+from common.measure.memory import held_bytes, saved_activation_bytes, storage_bytes
+from common.models import ResidualMLP
 from common.sharding.accounting import moved_bytes
 from common.sharding.zero import ZeRO, flat_units
 

@@ -105,7 +105,7 @@ def micro_step_timelines(variants=VARIANTS, k: int = 4, seed: int = 0):
 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from common.measure.memory import ResidualMLP
+    from common.models import ResidualMLP
 
     lesson = importlib.import_module("lessons.07_gradient_accumulation")
     torch.manual_seed(seed + dist.get_rank())  # each rank its own micro-batches

@@ -16,9 +16,6 @@ it), and `show(perf=True)` prints only them (in a cell marked `# NBVAL_IGNORE_OU
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,26 +26,14 @@ from pathlib import Path
 
 from common.harness.results import PERF_PREFIX
 from common.run.launch_cache import cache_dir, config_key, log_launch, shareable, shared_launch
+from common.run.processes import REPO_ROOT, LessonTimeout, children_cpu_s, run_command
 
 __all__ = [
-    "REPO_ROOT",
     "LessonRun",
-    "LessonTimeout",
     "lesson_path",
     "torchrun_command",
     "run_lesson",
-    "run_command",
 ]
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-class LessonTimeout(RuntimeError):
-    """A launched lesson did not finish within its timeout; it was killed. `.output` holds what it printed."""
-
-    def __init__(self, message: str, output: str):
-        super().__init__(message)
-        self.output = output
 
 
 @dataclass
@@ -134,66 +119,6 @@ def torchrun_command(
             f"--rdzv-id=lessons-{uuid.uuid4().hex[:12]}",
         ]
     return [*cmd, path, *args]
-
-
-def _env(env: dict | None) -> dict:
-    e = dict(os.environ)
-    # One thread per process: 2 processes on 2 cores must not each start 2 OpenMP threads. torchrun sets this
-    # only when nproc > 1; setting it always also makes 1-process numbers reproducible (reduction order).
-    # Pass env={"OMP_NUM_THREADS": ...} to override, or None to remove a variable.
-    e["OMP_NUM_THREADS"] = "1"
-    e["PYTHONUNBUFFERED"] = "1"
-    e.update(env or {})
-    return {k: v for k, v in e.items() if v is not None}
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (Linux /proc; elsewhere none): torchrun starts each rank in a session of its
-    own, so killing torchrun's process group does not reach them."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue  # the process ended while we looked
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
-def run_command(
-    cmd: Sequence[str],
-    timeout_s: float = 120,
-    env: dict | None = None,
-    cwd: str | Path | None = None,
-) -> subprocess.CompletedProcess:
-    """Run `cmd` in its own process group; on timeout kill it and every process below it, and raise
-    LessonTimeout."""
-    proc = subprocess.Popen(
-        list(cmd),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(env),
-        cwd=cwd or REPO_ROOT,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        for pid in [proc.pid, *_descendants(proc.pid)]:  # torchrun and every rank it started
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise LessonTimeout(f"{' '.join(cmd)} did not finish in {timeout_s} s", out + err) from None
-    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
 
 
 def run_lesson(
@@ -283,9 +208,9 @@ def _launch(
         res_path = Path(tmp) / "results.json"
         full_args = [*args, "--results", str(res_path)] if results else list(args)
         cmd = torchrun_command(path, nproc, full_args)
-        t0, cpu0 = time.perf_counter(), _children_cpu_s()
+        t0, cpu0 = time.perf_counter(), children_cpu_s()
         proc = run_command(cmd, timeout_s, env)
-        wall, cpu = time.perf_counter() - t0, _children_cpu_s() - cpu0
+        wall, cpu = time.perf_counter() - t0, children_cpu_s() - cpu0
         parsed = json.loads(res_path.read_text()) if results and res_path.is_file() else None
     return {
         "command": cmd,
@@ -296,13 +221,3 @@ def _launch(
         "wall_s": wall,
         "cpu_s": cpu,
     }
-
-
-def _children_cpu_s() -> float:
-    """CPU seconds (user + system) of this process's finished children and theirs: torchrun and its ranks."""
-    try:
-        import resource  # Unix only
-    except ImportError:
-        return 0.0
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime

@@ -10,31 +10,22 @@
   all-gather's output is each parameter with its rows padded to a multiple of `shard`:
       sum over parameters of ceil(rows / shard) x shard x (elements per row) x element size.
 - `predicted_step_bytes(...)`: the bytes one training step hands to each collective, from those shapes.
-- `gradient_bytes(model)`: the gradient bytes a rank holds: the sharded ones (`p.grad`) and the unsharded ones
-  FSDP2 keeps on its own objects while gradient sync is off (no public API reports those).
-- `one_step_profile(model, x, y, mine)`: one step's all-gathers, the parameter bytes held after forward (the
-  most over ranks).
 - `param_groups(model)`: FSDP2's FSDPParamGroup of each unit; `exact_mean_gradients(model, x, y)`: the local
   gradients the reduce-scatter would be handed, averaged over ranks in float64 (a reduction's error is
   measured against it). Prefetching: common/sharding/prefetch.py.
 - `meta_sharded(width, depth, mesh, device)`: built on the meta device, sharded, `to_empty`;
   `reset_sharded(model, seed)`: `reset_parameters()` on its DTensors (each rank draws its own shard).
-- `backward_outcome(build, x, y)`: `build()` and one backward, tried (CPUOffloadPolicy): the gradients' device,
-  or the error.
-- `one_backward(model, x, y)`: one backward: the full gradients, the bytes per collective, the gradients' dtype.
 - `full_values(model)`: every parameter in full, then every buffer: what "equal to eager" compares.
-- `train_sharded(model, batches, mine, lr, micro, sync_each)`: SGD on this rank's slices, accumulating;
-  `one_process(model, batches, lr)`: the reference, SGD on each whole global batch; `world_of_one()`: the
-  environment torchrun would set for one process (FSDP2 needs a process group).
 - `init_like_eager(model, seed)`: the sharded model's values equal to `NormalisedMLP(...)` built eagerly after
   `torch.manual_seed(seed)`, holding one full layer at a time; buffers included.
+
+One step measured and training on sharded slices: common/sharding/fsdp_steps.py.
 
 Source: pytorch.org/docs/stable/distributed.fsdp.fully_shard.html; torchtitan's `parallelize_llama`.
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
@@ -44,9 +35,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from common.measure.counters import count_collectives, local_shard
-from common.measure.differences import max_over_ranks
-from common.measure.memory import ResidualMLP, storage_bytes
+from common.models import ResidualMLP
 from common.sharding.accounting import full_params
 
 __all__ = [
@@ -56,18 +45,11 @@ __all__ = [
     "padded_bytes",
     "predicted_step_bytes",
     "init_like_eager",
-    "gradient_bytes",
     "full_values",
-    "one_step_profile",
-    "one_backward",
-    "train_sharded",
-    "one_process",
-    "world_of_one",
     "param_groups",
     "exact_mean_gradients",
     "meta_sharded",
     "reset_sharded",
-    "backward_outcome",
 ]
 
 
@@ -228,104 +210,7 @@ def reset_sharded(model: NormalisedMLP, seed: int) -> NormalisedMLP:
     return model
 
 
-def backward_outcome(build, x: torch.Tensor, y: torch.Tensor) -> str:
-    """`build()` a model, one forward and backward: "ran, gradients on <device type>", or the error raised."""
-    try:
-        model = build()
-        F.cross_entropy(model(x), y).backward()
-        return f"ran, gradients on {next(model.parameters()).grad.device.type}"
-    except Exception as e:  # the behaviour of this build is the value
-        return f"{type(e).__name__}: {e}"
-
-
-def gradient_bytes(model: nn.Module) -> int:
-    """Bytes of the gradients `model` holds on this rank, each storage once: each parameter's `.grad` (a
-    DTensor: its local shard) and, for each FSDP2 unit, the unsharded gradients it accumulates while
-    `set_requires_gradient_sync(False)` (on its FSDPParam objects: `unsharded_param.grad`, or
-    `unsharded_accumulated_grad` when reduce_dtype differs from param_dtype)."""
-    grads = [local_shard(p.grad) for p in model.parameters() if p.grad is not None]
-    for group in param_groups(model):
-        for fp in group.fsdp_params:
-            unsharded = getattr(fp, "_unsharded_param", None)
-            grads += [
-                unsharded.grad if unsharded is not None else None,
-                fp.unsharded_accumulated_grad,
-            ]
-    return storage_bytes(grads)
-
-
 def full_values(model: nn.Module) -> list[torch.Tensor]:
     """Every parameter in full (a DTensor all-gathered: every rank calls it), then every buffer, non-persistent
     ones included: what an initialisation must get right."""
     return [*full_params(model), *(b.detach() for b in model.buffers())]
-
-
-def one_step_profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mine) -> dict:
-    """One forward and backward on this rank's slice `mine(x)[0]`: the all-gathers (all of them, and those in
-    groups smaller than the world), and the parameter bytes the model holds between forward and backward.
-
-    After forward FSDP2 registers on each module what it then holds: the sharded DTensor
-    (reshard_after_forward=True), the gathered tensor (False) or a DTensor sharded over k ranks (an int k).
-    """
-    with count_collectives() as c:
-        loss = F.cross_entropy(model(mine(x)[0]), mine(y)[0])
-        params = storage_bytes(local_shard(p) for p in model.parameters())
-        loss.backward()
-    world, params = dist.get_world_size(), max_over_ranks(params)  # the most any rank holds
-    small = sum(
-        v
-        for (op, ranks), v in c.groups.items()
-        if op.startswith("all_gather") and len(ranks) < world
-    )
-    return {
-        "all_gathers": c.calls.get("all_gather_single", 0),
-        "in_smaller_groups": small,
-        "params": int(params),
-    }
-
-
-def one_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[list, dict]:
-    """One forward and backward on (x, y): the gradients in full (every rank calls it), and {op: bytes} of
-    the collectives with "grad_dtype", the dtype(s) of the gradients the parameters hold."""
-    with count_collectives() as c:
-        F.cross_entropy(model(x), y).backward()
-    grads = [
-        p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-        for p in model.parameters()
-    ]
-    dtype = {
-        str(p.grad.dtype).removeprefix("torch.") for p in model.parameters() if p.grad is not None
-    }
-    return grads, {**c.bytes, "grad_dtype": ",".join(sorted(dtype))}
-
-
-def train_sharded(
-    model: nn.Module, batches: list, mine, lr: float, micro: int = 1, sync_each: bool = False
-) -> None:
-    """SGD, a step per global batch (x, y) of `batches`, each on this rank's slice `mine(x, micro)` cut into
-    `micro` micro-batches (loss / micro); with micro > 1 gradient sync only on the last one (or `sync_each`)."""
-    opt = torch.optim.SGD(model.parameters(), lr=lr)  # on DTensors: updates the local shards
-    for x, y in batches:
-        for i, (xm, ym) in enumerate(zip(mine(x, micro), mine(y, micro))):
-            if micro > 1:  # reduce-scatter only after the last micro-step's backward
-                model.set_requires_gradient_sync(sync_each or i == micro - 1)
-            (F.cross_entropy(model(xm), ym) / micro).backward()
-        opt.step()
-        opt.zero_grad()
-
-
-def one_process(model: nn.Module, batches: list, lr: float) -> list[torch.Tensor]:
-    """The reference: one model, an SGD step on each whole global batch (every rank computing it alike)."""
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    for x, y in batches:
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-    return [p.detach() for p in model.parameters()]
-
-
-def world_of_one() -> None:
-    """Plain `python`: FSDP2 needs a process group, so make a world of one (what torchrun would set)."""
-    if "RANK" not in os.environ:
-        port = str(29400 + os.getpid() % 1000)
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)

@@ -19,7 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common.measure.counters import count_collectives
-from common.measure.memory import ResidualMLP, storage_bytes
+from common.measure.memory import storage_bytes
+from common.models import ResidualMLP
 from common.sharding.fsdp import param_groups
 
 __all__ = ["set_prefetch", "gathered_bytes", "prefetch_profile", "prefetch_runs"]

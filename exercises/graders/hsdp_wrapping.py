@@ -13,7 +13,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from common.measure.counters import count_collectives
 from common.measure.differences import nan_max
-from common.measure.memory import ResidualMLP
+from common.models import ResidualMLP
 from exercises.graders._common import answer_diff, rank_failures
 
 WORLD_SIZE = 4

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.measure.memory import ResidualMLP, storage_bytes
+from common.measure.memory import storage_bytes
+from common.models import ResidualMLP
 from common.sharding.zero import flat_units
 
 WORLD_SIZE = 0

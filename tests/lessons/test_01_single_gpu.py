@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from common.run.launch import lesson_path, run_command, run_lesson
+from common.run.launch import lesson_path, run_lesson
+from common.run.processes import run_command
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 CLAIMS = {"loss_falls", "test_accuracy", "each_test_image_counted_once"}

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.run.launch import REPO_ROOT, run_lesson
+from common.run.launch import run_lesson
+from common.run.processes import REPO_ROOT
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 UNEVEN_LENGTHS = [

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from common.harness.env import LessonError
-from common.run.launch import REPO_ROOT, lesson_path, run_command, run_lesson, torchrun_command
+from common.run.launch import lesson_path, run_lesson, torchrun_command
+from common.run.processes import REPO_ROOT, run_command
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 from tests._nan_on_rank1 import failing_claims, launch_with_nan_on_rank1
 from tests._workers import free_port

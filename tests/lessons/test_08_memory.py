@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from common.measure.memory import residual_mlp_activation_bytes
-from common.run.launch import REPO_ROOT, run_command, run_lesson
+from common.run.launch import run_lesson
+from common.run.processes import REPO_ROOT, run_command
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 LESSON = "08_memory"

@@ -167,7 +167,7 @@ def test_bad_input_fails_on_every_rank(args, message):
 def test_benchmark_runs():
     """benchmarks/pipeline_bubble.py (the real-compute speed-up that left the lesson) still runs: one process, one
     stage (its send/recv path is the lesson's executor, tested above); timings only, as [perf] lines."""
-    from common.run.launch import REPO_ROOT
+    from common.run.processes import REPO_ROOT
 
     run = run_lesson(
         REPO_ROOT / "benchmarks" / "pipeline_bubble.py",

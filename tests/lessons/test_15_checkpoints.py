@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from common.checkpoint.sharded import FULL_MODEL, MARKER
-from common.measure.memory import ResidualMLP
+from common.models import ResidualMLP
 from common.run.launch import run_lesson
 from tests._15_workers import launch_with_nan_on_rank1
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit

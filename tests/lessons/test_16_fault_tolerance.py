@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from common.run.launch import run_command, run_lesson, torchrun_command
+from common.run.launch import run_lesson, torchrun_command
+from common.run.processes import run_command
 from tests._lessons import assert_claims, assert_fails_on_every_rank, assert_lines_fit
 from tests._workers import free_port
 

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from common.harness.env import LessonError
-from common.run.launch import REPO_ROOT, lesson_path, run_command, run_lesson
+from common.run.launch import lesson_path, run_lesson
+from common.run.processes import REPO_ROOT, run_command
 from tests._lessons import DEV, assert_claims, assert_fails_on_every_rank, assert_lines_fit
 
 LESSON = "23_libraries"

@@ -12,7 +12,8 @@ import re
 
 import pytest
 
-from common.run.launch import REPO_ROOT, run_lesson
+from common.run.launch import run_lesson
+from common.run.processes import REPO_ROOT
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
 TIMEOUT_S = 480

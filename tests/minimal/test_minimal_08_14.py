@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from common.harness.grid import grid_layout
-from common.run.launch import REPO_ROOT, run_lesson
+from common.run.launch import run_lesson
+from common.run.processes import REPO_ROOT
 from common.tensor_parallel.layers import MLP
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from common.compression.powersgd import powersgd_numel
-from common.run.launch import REPO_ROOT, run_lesson
+from common.run.launch import run_lesson
+from common.run.processes import REPO_ROOT
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
 SHAPES = [

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from common.run.launch import REPO_ROOT, run_lesson
+from common.run.launch import run_lesson
+from common.run.processes import REPO_ROOT
 from tests._19_workers import minimal_19_check
 from tests._workers import run_world
 

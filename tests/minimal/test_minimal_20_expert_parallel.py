@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from common.expert_parallel.moe import MoE
-from common.run.launch import REPO_ROOT, run_lesson
+from common.run.launch import run_lesson
+from common.run.processes import REPO_ROOT
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
 H, E, N = 32, 4, 64  # the script's shapes

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from common.run.launch import REPO_ROOT, run_lesson
+from common.run.launch import run_lesson
+from common.run.processes import REPO_ROOT
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
 STAGES = {"0": "DDP", "1": "ZeRO-1", "2": "ZeRO-2", "3": "ZeRO-3"}

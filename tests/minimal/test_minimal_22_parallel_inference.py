@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from common.run.launch import REPO_ROOT, run_lesson
+from common.run.launch import run_lesson
+from common.run.processes import REPO_ROOT
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
 TOL = importlib.import_module("lessons.22_parallel_inference").TOL  # the lesson's logits bound

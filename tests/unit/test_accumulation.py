@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from torch.utils.data import TensorDataset
 
 from common.data_parallel.accumulation import grad_accum_steps_for, uneven_sizes
+from common.data_parallel.micro_batches import micro_batch_stream, no_sync_unless
 from common.harness.env import LessonError
 from common.measure.differences import max_abs_diff_all
-from common.measure.memory import ResidualMLP, micro_batch_stream, no_sync_unless
+from common.models import ResidualMLP
 
 lesson = importlib.import_module("lessons.07_gradient_accumulation")
 

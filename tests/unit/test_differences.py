@@ -13,7 +13,7 @@ from common.data_parallel.bn_stats import spread
 from common.harness.env import DistInfo
 from common.harness.results import holds
 from common.measure.differences import max_abs_diff, max_abs_diff_all, max_over_ranks, nan_max
-from common.run.launch import REPO_ROOT
+from common.run.processes import REPO_ROOT
 from common.tensor_parallel.layers import digits_transformer, max_shard_diff, tensor_parallelize
 from tests._10_workers import nan_on_one_rank
 from tests._workers import param_diff, run_world

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from common.run.launch import REPO_ROOT
+from common.run.processes import REPO_ROOT
 from exercises import EXERCISES
 from exercises.graders._common import zh_line
 

@@ -1,8 +1,9 @@
-"""common.run.launch: the argv a multi-node launch gets, and the environment a launched process sees."""
+"""common.run.launch and common.run.processes: the argv a multi-node launch gets, and the environment a launched process sees."""
 
 from __future__ import annotations
 
-from common.run.launch import _env, torchrun_command
+from common.run.launch import torchrun_command
+from common.run.processes import launch_env
 
 
 def _rdzv_id(cmd: list[str]) -> str:
@@ -30,8 +31,8 @@ def test_standalone_command_has_no_rendezvous_id():
 
 def test_env_sets_one_thread_and_none_removes_a_variable(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
-    assert _env(None)["OMP_NUM_THREADS"] == "1"
-    assert _env({"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
-    assert "OMP_NUM_THREADS" not in _env(
+    assert launch_env(None)["OMP_NUM_THREADS"] == "1"
+    assert launch_env({"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
+    assert "OMP_NUM_THREADS" not in launch_env(
         {"OMP_NUM_THREADS": None}
     )  # as in a fresh shell (mp.spawn exhibit)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from common.run import launch_cache
-from common.run.launch import REPO_ROOT, LessonTimeout
+from common.run.processes import REPO_ROOT, LessonTimeout
 
 LESSON = REPO_ROOT / "lessons" / "04_custom_sampler.py"
 

@@ -9,7 +9,6 @@ import torch
 
 from common.measure.differences import max_abs_diff_all
 from common.measure.memory import (
-    ResidualMLP,
     held_bytes,
     residual_mlp_activation_bytes,
     saved_activation_bytes,
@@ -17,6 +16,7 @@ from common.measure.memory import (
     storage_bytes,
 )
 from common.measure.precision import autocast_context
+from common.models import ResidualMLP
 
 
 def test_storage_bytes_counts_each_storage_once():

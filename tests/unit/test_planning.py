@@ -8,23 +8,18 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from common.measure.memory import ResidualMLP
-from common.models import CausalTransformer
+from common.models import CausalTransformer, ResidualMLP
 from common.planning.cost_model import (
     GPT,
-    fit_alpha_beta,
-    gpt_flops,
     gpt_params,
     in_flight_micro_batches,
-    mfu,
     residual_mlp_activations,
-    residual_mlp_flops,
-    ring_time,
     sharded_fp32_bytes,
     transformer_layer_activations,
     zero_mixed_bytes,
     zero_paper_activations,
 )
+from common.planning.step_time import fit_alpha_beta, gpt_flops, mfu, residual_mlp_flops, ring_time
 from common.planning.transformer import matmul_attention
 
 
@@ -112,7 +107,8 @@ def test_alpha_beta_fit_recovers_its_inputs_and_mfu():
 
 
 def test_planner_70b_fits_and_bad_degrees_are_refused():
-    from common.planning.planner import NAMED, Assumptions, PlanError, plan, shape_for_params
+    from common.planning.assumptions import NAMED, Assumptions, PlanError, shape_for_params
+    from common.planning.planner import plan
 
     assert abs(gpt_params(shape_for_params(70e9))["total"] - 70e9) / 70e9 < 0.01
     rows = plan(NAMED["70b"], Assumptions(gpus=64))
@@ -169,7 +165,8 @@ def test_planner_rows_hold_the_lessons_closed_forms():
 
 
 def test_planner_zero3_memory_at_cp2_is_half_of_cp1_and_the_gradient_dtype_is_an_assumption():
-    from common.planning.planner import NAMED, Assumptions, describe, evaluate_layout
+    from common.planning.assumptions import NAMED, Assumptions, describe
+    from common.planning.planner import evaluate_layout
 
     c, a = NAMED["7b"], Assumptions(gpus=8, global_batch=64)
 
@@ -197,7 +194,8 @@ def test_planner_zero3_memory_at_cp2_is_half_of_cp1_and_the_gradient_dtype_is_an
 
 
 def test_planner_megatron_zero1_fit_map_cell_tp8_pp1_does_not_fit_with_fp32_gradients():
-    from common.planning.planner import NAMED, Assumptions, evaluate_layout
+    from common.planning.assumptions import NAMED, Assumptions
+    from common.planning.planner import evaluate_layout
 
     bf16 = evaluate_layout(NAMED["70b"], Assumptions(gpus=64), 8, 8, 1, 1, 1, False)
     fp32 = evaluate_layout(NAMED["70b"], Assumptions(gpus=64, grad_bytes=4), 8, 8, 1, 1, 1, False)
@@ -206,7 +204,8 @@ def test_planner_megatron_zero1_fit_map_cell_tp8_pp1_does_not_fit_with_fp32_grad
 
 
 def test_planner_expresses_llama3_405b_128k_stage_and_names_the_constraint():
-    from common.planning.planner import Assumptions, PlanError, plan, shape_for_params
+    from common.planning.assumptions import Assumptions, PlanError, shape_for_params
+    from common.planning.planner import plan
 
     c = shape_for_params(405e9, seq=131072)
     a = Assumptions(
@@ -285,7 +284,8 @@ def test_the_comparison_sees_non_persistent_buffers_and_the_recipe_has_the_state
 def test_data_parallel_runs_on_nvlink_while_the_job_fits_in_one_node():
     """DDP on 8 GPUs of one node: the step is compute + one ring all-reduce of the bf16 gradients on NVLink,
     14 alpha + 2 (7/8) 2 Psi / B_nvlink; spread over two nodes of 4 the same bytes cross the network."""
-    from common.planning.planner import NAMED, Assumptions, evaluate_layout
+    from common.planning.assumptions import NAMED, Assumptions
+    from common.planning.planner import evaluate_layout
 
     c = NAMED["7b"]
     for per_node, link_gbps in ((8, 3600.0), (4, 400.0)):
@@ -304,7 +304,8 @@ def test_data_parallel_runs_on_nvlink_while_the_job_fits_in_one_node():
 def test_a_recomputed_forward_passes_the_cp_ring_once_more():
     """Ring attention: K and V go around the ring once forward and twice backward; full checkpointing adds the
     recomputed forward's pass: 4/3 of the bytes."""
-    from common.planning.planner import NAMED, Assumptions, evaluate_layout
+    from common.planning.assumptions import NAMED, Assumptions
+    from common.planning.planner import evaluate_layout
 
     c, a = NAMED["7b"], Assumptions(gpus=8, global_batch=64)
     plain, ckpt = (evaluate_layout(c, a, 4, 1, 1, 2, 1, ck)["sent"]["cp"] for ck in (False, True))

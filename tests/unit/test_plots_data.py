@@ -4,7 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from common.data_parallel.seeding import describe_pairs
-from common.measure.memory import ResidualMLP, residual_mlp_activation_bytes
+from common.measure.memory import residual_mlp_activation_bytes
+from common.models import ResidualMLP
 from common.plots.data_movement import micro_step_timelines, one_process_group, saved_bytes_timeline
 
 

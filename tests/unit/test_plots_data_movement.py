@@ -7,7 +7,7 @@ import matplotlib
 matplotlib.use("Agg")
 import torch  # noqa: E402
 
-from common.measure.memory import ResidualMLP  # noqa: E402
+from common.models import ResidualMLP  # noqa: E402
 from common.plots.hang import parse_py_spy, shared_depth  # noqa: E402
 from common.plots.zero import record_holdings, zero_probe  # noqa: E402
 from common.sharding.zero import ZeRO, flat_units  # noqa: E402

@@ -45,7 +45,7 @@ from common.data_parallel.weighted_sampler import (
 from common.harness.env import DistInfo, LessonError
 from common.harness.metrics import evaluate
 from common.harness.session import set_seed
-from common.run.launch import REPO_ROOT
+from common.run.processes import REPO_ROOT
 
 sizes = st.integers(0, 200)
 worlds = st.integers(1, 8)

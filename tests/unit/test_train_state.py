@@ -14,19 +14,19 @@ import numpy as np
 import pytest
 import torch
 
+from common.checkpoint.rng_state import capture_rng, restore_rng
 from common.checkpoint.train_state import (
     ResumableDistributedSampler,
-    capture_rng,
     check_same_run,
     find_latest,
     leftovers,
     load_train_state,
     model_signature,
-    restore_rng,
     roundtrip,
     save_train_state,
 )
-from common.fault_tolerance.faults import parse_faults, timeline
+from common.fault_tolerance.faults import parse_faults
+from common.fault_tolerance.timeline import timeline
 from common.harness.env import DistInfo, LessonError
 
 SIG = {"w": [2, 2]}

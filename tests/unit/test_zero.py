@@ -14,7 +14,8 @@ from common.checkpoint.sharded import MARKER, check_complete
 from common.checkpoint.train_state import model_signature
 from common.harness.env import LessonError
 from common.measure.differences import relative_difference
-from common.measure.memory import ResidualMLP, held_bytes
+from common.measure.memory import held_bytes
+from common.models import ResidualMLP
 from common.sharding.accounting import activation_bytes, moved_bytes
 from common.sharding.zero import ZeRO, check_stages, check_world_size
 from tests._13_workers import stages_vs_one_process
