@@ -38,24 +38,26 @@ from __future__ import annotations
 import argparse
 import os
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
 from common.data import digits_split
 from common.data_parallel.samplers import UnpaddedDistributedSampler
 from common.data_parallel.seeding import describe_pairs, distinct_streams, seeding_demo
 from common.exhibits.uneven import (
+    all_reduce_inside_join,
     all_reduce_inside_join_child,
     ddp_eval_with_empty_shard,
     train_without_join,
 )
-from common.harness.env import LessonError
-from common.harness.metrics import evaluate
+from common.harness.env import DistInfo, LessonError
+from common.harness.metrics import evaluate, one_process_eval, shard_sums
 from common.harness.ranks import (
     all_gather_objects,
     all_reduce_sum,
@@ -107,19 +109,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@dataclass
+class Run:
+    """What the sections share: options, rank, report, the digits splits, and the model every rank starts
+    from, unwrapped and as it trains (DDP with 2+ ranks; the same module in one process)."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    train_set: TensorDataset  # (1438, 1, 8, 8) images, (1438,) labels
+    test_set: TensorDataset  # (359, 1, 8, 8), (359,)
+    raw_model: DigitsCNN
+    model: torch.nn.Module  # DDP(raw_model), or raw_model itself
+
+
 # 1. Evaluation without padding ------------------------------------------------------------------------------
-@torch.no_grad()
-def shard_sums(model, dataset, sampler, device) -> list[float]:
-    """(loss_sum, correct, count) of `model` over the samples `sampler` gives this rank."""
-    sums = [0.0, 0.0, 0.0]
-    for x, y in DataLoader(dataset, batch_size=128, sampler=sampler):
-        logits, y = model(x.to(device)), y.to(device)  # logits (B, 10)
-        sums[0] += F.cross_entropy(logits, y, reduction="sum").item()
-        sums[1] += (logits.argmax(1) == y).sum().item()
-        sums[2] += len(y)
-    return sums
-
-
 def evaluate_unpadded(raw_model, dataset, info) -> dict:
     """The code to copy: each rank its unpadded shard, the UNWRAPPED model, (sum, count) reduced,
     divided once."""
@@ -160,58 +164,42 @@ def train_with_join(model, raw_model, loader, info) -> dict:
     return {"steps": steps, "loss": loss_sum / count, "count": int(count)}
 
 
-def all_reduce_inside_join(model, raw_model, loader, info) -> None:
-    """The mistake (run in a child world): train_with_join with a user all-reduce inside the loop. Rank 0 runs
-    out first; its Join shadows DDP's collectives, which do not line up with rank 1's 1-element all-reduce."""
-    optimizer = torch.optim.SGD(raw_model.parameters(), lr=0.05)
-    with Join([model]) if info.distributed else nullcontext():
-        for x, y in loader:
-            loss = F.cross_entropy(model(x.to(info.device)), y.to(info.device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            dist.all_reduce(loss.detach())  # breaks: a collective Join knows nothing about
-
-
-def uneven_loader(train_set, info, args) -> DataLoader:
+def uneven_loader(run: Run) -> DataLoader:
     """Rank r's join_batches + r batches, as when each rank reads its own shard file and the files differ."""
-    sampler = DistributedSampler(train_set, info.world_size, info.rank, seed=args.seed)  # shuffled
-    mine = list(sampler)[: (args.join_batches + info.rank) * args.batch_size]
-    return DataLoader(Subset(train_set, mine), args.batch_size)
+    W, r, b = run.info.world_size, run.info.rank, run.args.batch_size
+    sampler = DistributedSampler(run.train_set, W, r, seed=run.args.seed)  # shuffled
+    mine = list(sampler)[: (run.args.join_batches + r) * b]
+    return DataLoader(Subset(run.train_set, mine), b)
 
 
-def evaluation(raw_model, test_set, info, args, report: Report) -> None:
+def evaluation(run: Run) -> None:
     """1. Evaluation of the (untrained, accuracy about 0.1) model: the exact ways must agree."""
-    print0(f"\n1. Evaluation on {len(test_set)} test images")
-    ev = evaluate_unpadded(raw_model, test_set, info)
-    report.claim(
+    print0(f"\n1. Evaluation on {len(run.test_set)} test images")
+    ev = evaluate_unpadded(run.raw_model, run.test_set, run.info)
+    run.report.claim(
         "unpadded_counts_every_image_once",
         ev["count"],
         "==",
-        len(test_set),
+        len(run.test_set),
         "  UnpaddedDistributedSampler shards {shards}, (sum, count) reduced: {value} images",
-        shards=report.record("eval_shards", all_gather_objects(ev["shard"], info)),
+        shards=run.report.record("eval_shards", all_gather_objects(ev["shard"], run.info)),
     )
-    xs, ys = test_set.tensors  # one process, the whole test set: the reference
-    with torch.no_grad():
-        logits = raw_model(xs.to(info.device)).cpu()  # (359, 10)
-    single = {
-        "loss": F.cross_entropy(logits, ys).item(),
-        "accuracy": (logits.argmax(1) == ys).double().mean(),
-    }
+    # one process, the whole test set: the reference; logits (359, 10)
+    single, logits = one_process_eval(run.raw_model, run.test_set, run.info.device)
     # evaluated BEFORE training: loss about ln 10 = 2.303 and accuracy about 0.1 are chance on 10 digits
-    report.value(
+    run.report.value(
         "eval_unpadded",
         {k: ev[k] for k in ("loss", "accuracy", "count")},
         "  the untrained model (no step yet, 10 classes): loss {value[loss]:.6f} (ln 10 = 2.3026)"
         "  accuracy {value[accuracy]:.6f} (chance: 0.1)",
     )
-    for name, other in (
-        ("one_process", single),
-        ("metrics_evaluate", evaluate(raw_model, test_set, info)),
-    ):
+    references = {
+        "one_process": single,
+        "metrics_evaluate": evaluate(run.raw_model, run.test_set, run.info),
+    }
+    for name, other in references.items():
         for key, bound in (("loss", 1e-5), ("accuracy", 1e-12)):
-            report.claim(
+            run.report.claim(
                 f"unpadded_equals_{name}_{key}",
                 abs(ev[key] - other[key]),
                 "<=",
@@ -220,32 +208,34 @@ def evaluation(raw_model, test_set, info, args, report: Report) -> None:
                 key=key,
                 ref=name,
             )
-    report.claim(
+    W = run.info.world_size
+    run.report.claim(
         "padding_counted_as_data",
-        padding_counted_as_data(raw_model, test_set, info),
+        padding_counted_as_data(run.raw_model, run.test_set, run.info),
         "==",
-        info.world_size * -(-len(test_set) // info.world_size),
+        W * -(-len(run.test_set) // W),
         "  DistributedSampler's padding counted as data: {value} images",
     )
-    one_image(raw_model, test_set, logits, info, args, report)
+    one_image(run, logits)
 
 
-def one_image(raw_model, test_set, logits, info, args, report: Report) -> None:
+def one_image(run: Run, logits: torch.Tensor) -> None:
     """1, continued: 1 test image (with 2 ranks, rank 1's shard is empty), unwrapped and through DDP."""
-    tiny = Subset(test_set, [0])
-    t = evaluate_unpadded(raw_model, tiny, info)
-    one = F.cross_entropy(logits[:1], test_set.tensors[1][:1]).item()
-    report.claim(
+    tiny = Subset(run.test_set, [0])
+    t = evaluate_unpadded(run.raw_model, tiny, run.info)
+    one = F.cross_entropy(logits[:1], run.test_set.tensors[1][:1]).item()
+    run.report.claim(
         "tiny_eval_unwrapped_equals_one_process",
         abs(t["loss"] - one),
         "<=",
         1e-5,
         "  1 test image, shards {shards}: |loss - 1 process| {value:.1e} unwrapped",
-        shards=all_gather_objects(t["shard"], info),
+        shards=all_gather_objects(t["shard"], run.info),
     )
-    if info.world_size > 1:
-        hang = all_gather_objects(ddp_eval_with_empty_shard(tiny, info, args.hang_timeout_s), info)
-        report.claim(
+    if run.info.world_size > 1:
+        outcome = ddp_eval_with_empty_shard(tiny, run.info, run.args.hang_timeout_s)
+        hang = all_gather_objects(outcome, run.info)
+        run.report.claim(
             "ddp_eval_empty_shard_times_out",
             int(hang[0]["outcome"] == "timed out"),
             "==",
@@ -254,16 +244,16 @@ def one_image(raw_model, test_set, logits, info, args, report: Report) -> None:
         )
 
 
-def uneven_shards(model, raw_model, train_set, info, args, report: Report) -> None:
+def uneven_shards(run: Run) -> None:
     """2. Uneven shards: Join, then (2+ ranks) the plain loop and a user all-reduce inside Join."""
-    print0(f"\n2. Uneven shards: rank r holds {args.join_batches} + r batches of {args.batch_size}")
-    loader = uneven_loader(train_set, info, args)
-    out = train_with_join(model, raw_model, loader, info)
-    want = [args.join_batches + r for r in range(info.world_size)]
-    steps = report.value(
-        "join_steps", all_gather_objects(out["steps"], info), "  with Join: steps per rank {value}"
-    )
-    report.claim(
+    k, b = run.args.join_batches, run.args.batch_size
+    print0(f"\n2. Uneven shards: rank r holds {k} + r batches of {b}")
+    loader = uneven_loader(run)
+    out = train_with_join(run.model, run.raw_model, loader, run.info)
+    want = [k + r for r in range(run.info.world_size)]
+    per_rank = all_gather_objects(out["steps"], run.info)
+    steps = run.report.value("join_steps", per_rank, "  with Join: steps per rank {value}")
+    run.report.claim(
         "join_every_rank_finishes",
         int(steps == want),
         "==",
@@ -271,32 +261,33 @@ def uneven_shards(model, raw_model, train_set, info, args, report: Report) -> No
         "  ... = {want}: {value}",
         want=want,
     )
-    report.claim(
+    run.report.claim(
         "join_replicas_identical",
-        max_param_diff_across_ranks(raw_model, info),
+        max_param_diff_across_ranks(run.raw_model, run.info),
         "==",
         0.0,
         "  max parameter difference across ranks {value:.1e}",
     )
-    report.claim(
+    run.report.claim(
         "loss_reduced_after_loop",
         out["count"],
         "==",
-        sum(want) * args.batch_size,
+        sum(want) * b,
         "  mean training loss {loss:.4f} reduced after the loop over {value} samples",
         loss=out["loss"],
     )
-    if info.world_size > 1:
-        without_join(loader, info, args, report)
+    if run.info.world_size > 1:
+        without_join(run, loader)
 
 
-def without_join(loader, info, args, report: Report) -> None:
+def without_join(run: Run, loader: DataLoader) -> None:
     """2, continued (2+ ranks): the same loop without Join, and a user all-reduce inside Join."""
-    plain = all_gather_objects(train_without_join(loader, info, args.hang_timeout_s), info)
-    outcomes = report.record("no_join", [h["outcome"] for h in plain])
+    timeout_s = run.args.hang_timeout_s
+    plain = all_gather_objects(train_without_join(loader, run.info, timeout_s), run.info)
+    outcomes = run.report.record("no_join", [h["outcome"] for h in plain])
     # rank 0 (fewest batches) leaves; every rank r > 0 waits in its extra step (W = 2: rank 1, the last)
-    last_waits = int(outcomes == ["finished"] + ["timed out"] * (info.world_size - 1))
-    report.claim(
+    last_waits = int(outcomes == ["finished"] + ["timed out"] * (run.info.world_size - 1))
+    run.report.claim(
         "no_join_last_rank_times_out",
         last_waits,
         "==",
@@ -305,7 +296,7 @@ def without_join(loader, info, args, report: Report) -> None:
         outcomes=outcomes,
         steps=[h["steps"] for h in plain],
     )
-    report.claim(
+    run.report.claim(
         "no_join_wait_bounded",
         max(h["seconds"] for h in plain),
         "<=",
@@ -313,17 +304,17 @@ def without_join(loader, info, args, report: Report) -> None:
         "without Join, seconds until every rank left the loop: {value:.2f}",
         perf=True,
     )
-    with rank0_only(info, "the child world of the all_reduce-inside-Join demo") as mine:
+    with rank0_only(run.info, "the child world of the all_reduce-inside-Join demo") as mine:
         if mine:
-            errors = all_reduce_inside_join_child(args.seed, args.hang_timeout_s)
-            report.claim(
+            errors = all_reduce_inside_join_child(run.args.seed, timeout_s)
+            run.report.claim(
                 "user_all_reduce_inside_join_fails",
                 int(bool(errors)),
                 "==",
                 1,
                 "  dist.all_reduce(loss) inside Join: the child world failed in gloo: {value}",
             )
-            report.perf("child_world_error", errors, "the child world's gloo error: {value}")
+            run.report.perf("child_world_error", errors, "the child world's gloo error: {value}")
 
 
 def timeouts(report: Report) -> None:
@@ -348,36 +339,36 @@ def timeouts(report: Report) -> None:
     )
 
 
-def seeding(info, args, report: Report) -> None:
+def seeding(run: Run) -> None:
     """3. Seeding augmentations. The code to copy, after the model is built from one seed on every rank:
     `generator = seed_data_rngs(seed, rank)`, then `DataLoader(..., generator=generator)`."""
-    world_size, n, k = info.world_size, args.aug_samples, args.workers
-    print0(
-        f"\n3. Seeding: {world_size} rank(s), {n} samples per rank, 0 and {k} DataLoader workers"
+    W, n, k = run.info.world_size, run.args.aug_samples, run.args.workers
+    print0(f"\n3. Seeding: {W} rank(s), {n} samples per rank, 0 and {k} DataLoader workers")
+    demo = seeding_demo(
+        run.args.seed, run.info.rank, n, k, lambda obj: all_gather_objects(obj, run.info)
     )
-    demo = seeding_demo(args.seed, info.rank, n, k, lambda obj: all_gather_objects(obj, info))
-    for workers, (run, rerun) in demo["rank_seed"].items():
-        report.claim(
+    for workers, (first, rerun) in demo["rank_seed"].items():
+        run.report.claim(
             f"seed_data_rngs_distinct_{workers}_workers",
-            min(distinct_streams(run)),
+            min(distinct_streams(first)),
             "==",
-            world_size * max(workers, 1),
+            W * max(workers, 1),
             "  seed_data_rngs, {workers} workers: distinct torch/numpy/random streams {distinct}",
             workers=workers,
-            distinct=distinct_streams(run),
+            distinct=distinct_streams(first),
         )
-        report.claim(
+        run.report.claim(
             f"seed_data_rngs_rerun_identical_{workers}_workers",
-            int(run == rerun),
+            int(first == rerun),
             "==",
             1,
             "  ... and a rerun reproduces every stream: {value}",
         )
     fixed = {workers: runs[0] for workers, runs in demo["rank_seed"].items()}
-    report.record(
+    run.report.record(
         "seeding", {"same_seed": demo["same_seed"], "rank_seed": fixed[k], "zero_workers": fixed[0]}
     )
-    seeding_mistakes(demo, world_size, k, report)
+    seeding_mistakes(demo, W, k, run.report)
 
 
 def seeding_mistakes(demo: dict, world_size: int, k: int, report: Report) -> None:
@@ -428,22 +419,21 @@ def main() -> None:
         # norm="none": each step's only collective is the gradient all-reduce (BatchNorm across ranks: 06)
         raw_model = DigitsCNN(norm="none").to(info.device)  # identical on every rank: the same seed
         model = DDP(raw_model) if info.distributed else raw_model
+        run = Run(args, info, Report(info), train_set, test_set, raw_model, model)
         if args.child:  # the child world launched in section 2: the failure, nothing else
-            loader = uneven_loader(train_set, info, args)
-            return all_reduce_inside_join(model, raw_model, loader, info)
-        report = Report(info)
-        report.value(
+            return all_reduce_inside_join(model, raw_model, uneven_loader(run), info)
+        run.report.value(
             "world_size",
             info.world_size,
             "world_size {value}  backend {backend}  seed {seed}",
             backend=info.backend or "none",
             seed=args.seed,
         )
-        evaluation(raw_model, test_set, info, args, report)
-        uneven_shards(model, raw_model, train_set, info, args, report)
-        timeouts(report)
-        seeding(info, args, report)
-        report.finish(args.results)
+        evaluation(run)
+        uneven_shards(run)
+        timeouts(run.report)
+        seeding(run)
+        run.report.finish(args.results)
 
 
 if __name__ == "__main__":

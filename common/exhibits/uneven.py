@@ -10,6 +10,7 @@ with a short timeout, so that the wait ends; the one that aborts its process run
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -246,8 +247,22 @@ def train_without_join(loader, info: DistInfo, timeout_s: float) -> dict:
     return out
 
 
+def all_reduce_inside_join(model, raw_model, loader, info) -> None:
+    """The mistake (run in lesson 05's child world): its train_with_join with a user all-reduce inside the
+    loop. Rank 0 runs out first; its Join shadows DDP's collectives, which do not line up with rank 1's
+    1-element all-reduce."""
+    optimizer = torch.optim.SGD(raw_model.parameters(), lr=0.05)
+    with Join([model]) if info.distributed else nullcontext():
+        for x, y in loader:
+            loss = F.cross_entropy(model(x.to(info.device)), y.to(info.device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            dist.all_reduce(loss.detach())  # breaks: a collective Join knows nothing about
+
+
 def all_reduce_inside_join_child(seed: int, timeout_s: float) -> list[str]:
-    """Launch lesson 05's child world: 2 gloo processes run its `all_reduce_inside_join`.
+    """Launch lesson 05's child world: 2 gloo processes run `all_reduce_inside_join`.
 
     Its own torchrun, because the failing process aborts (which would end the caller's world). Returns the
     gloo errors it printed, [] if it exited 0."""

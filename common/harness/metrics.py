@@ -13,12 +13,12 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
 from common.harness.env import DistInfo, LessonError
 from common.harness.ranks import all_reduce_sum
 
-__all__ = ["is_padding", "evaluate"]
+__all__ = ["is_padding", "evaluate", "shard_sums", "one_process_eval"]
 
 
 def is_padding(dataset_len: int, world_size: int, rank: int) -> torch.Tensor:
@@ -75,3 +75,29 @@ def evaluate(model: nn.Module, dataset: Dataset, info: DistInfo, batch_size: int
     model.train(was_training)
     loss_sum, correct, count = all_reduce_sum([loss_sum, correct, count], info)
     return {"loss": loss_sum / count, "accuracy": correct / count, "count": int(count)}
+
+
+@torch.no_grad()
+def shard_sums(model: nn.Module, dataset: Dataset, sampler: Sampler, device) -> list[float]:
+    """(loss_sum, correct, count) of `model` over the samples `sampler` gives this rank (lesson 05): sums, so
+    that `all_reduce_sum` adds them over ranks, an empty shard's [0, 0, 0] included, and one division follows."""
+    sums = [0.0, 0.0, 0.0]
+    for x, y in DataLoader(dataset, batch_size=128, sampler=sampler):
+        logits, y = model(x.to(device)), y.to(device)  # logits (B, 10)
+        sums[0] += F.cross_entropy(logits, y, reduction="sum").item()
+        sums[1] += (logits.argmax(1) == y).sum().item()
+        sums[2] += len(y)
+    return sums
+
+
+@torch.no_grad()
+def one_process_eval(model: nn.Module, dataset: TensorDataset, device) -> tuple[dict, torch.Tensor]:
+    """The reference a sharded evaluation must equal: `model` on the whole of `dataset` in one forward, in this
+    process alone. Returns ({"loss", "accuracy"}, logits (N, classes) on the CPU)."""
+    xs, ys = dataset.tensors
+    logits = model(xs.to(device)).cpu()
+    single = {
+        "loss": F.cross_entropy(logits, ys).item(),
+        "accuracy": (logits.argmax(1) == ys).double().mean(),
+    }
+    return single, logits
