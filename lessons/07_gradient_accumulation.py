@@ -26,21 +26,24 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import TensorDataset
 
 from common.data import digits_split
 from common.data_parallel.accumulation import (
     TOL,
     Proof,
     checked_grad_accum_steps,
+    draw_global_batch,
     replay_accumulation,
     uneven_sizes,
 )
 from common.data_parallel.micro_batches import micro_batch_stream, no_sync_unless
-from common.harness.env import read_torchrun_env
+from common.harness.env import DistInfo, read_torchrun_env
 from common.harness.metrics import evaluate
 from common.harness.ranks import global_mean, max_param_diff_across_ranks, print0
 from common.harness.results import Report
@@ -53,9 +56,35 @@ from common.harness.session import (
 )
 from common.measure.counters import CommCounter
 from common.measure.differences import max_abs_diff_all, max_over_ranks
+from common.measure.memory import storage_bytes
 from common.measure.precision import PRECISIONS, autocast_context
 from common.models import ResidualMLP
 from common.performance.buckets import predicted_buckets
+
+
+@dataclass
+class Run:
+    """What every section shares: the options, this rank, the report, the model (`model` is the DDP wrapper
+    under torchrun, `raw_model` the ResidualMLP inside), its initial weights, the all-reduce counter, the
+    digits, and the global batch every rank draws, with this rank's k micro-batches of it."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    model: torch.nn.Module
+    raw_model: ResidualMLP
+    init_state: dict
+    counter: CommCounter
+    train_set: TensorDataset  # (1438, 1, 8, 8), every rank
+    test_set: TensorDataset  # (359, 1, 8, 8)
+    gx: torch.Tensor  # (G, 1, 8, 8): the global batch, the same on every rank
+    gy: torch.Tensor  # (G,)
+    mine: list  # k index tensors (m,): micro-step j holds samples (j*W + rank)*m ... + m
+
+    @property
+    def micro(self) -> list:
+        """This rank's k micro-batches of the global batch: (x (m, 1, 8, 8), y (m,)) each."""
+        return [(self.gx[i], self.gy[i]) for i in self.mine]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -152,85 +181,85 @@ def accumulate_clip_each_micro_step(
             acted.append(bool(norm > clip))
 
 
-def one_round(proof: Proof, micro, gx, gy, param_bytes: int) -> tuple[int, float]:
+def one_round(run: Run, proof: Proof) -> tuple[int, float]:
     """Section 1: the references, and the pattern against them; returns (calls of one all-reduce round, the
     clip that acts: half the global gradient's norm)."""
     # DDP rebuilds its buckets after the first synchronised backward: warm up once, then count one round.
-    proof.run(accumulate, micro[:1])
-    round_calls, round_bytes = proof.run(accumulate, micro[:1])[2:]
+    proof.run(accumulate, run.micro[:1])
+    round_calls, round_bytes = proof.run(accumulate, run.micro[:1])[2:]
     # the reference: one forward on the global batch, no DDP
-    proof.ref = proof.run(accumulate, [(gx, gy)], on=proof.raw_model)
+    proof.ref = proof.run(accumulate, [(run.gx, run.gy)], on=run.raw_model)
     clip = 0.5 * torch.linalg.vector_norm(torch.cat([t.flatten() for t in proof.ref[0]])).item()
-    proof.ref_clip = proof.run(accumulate, [(gx, gy)], clip, on=proof.raw_model)
+    proof.ref_clip = proof.run(accumulate, [(run.gx, run.gy)], clip, on=run.raw_model)
     print0(
         "\n1. accumulated micro-steps vs one SGD step on the global batch: max |difference| over ranks"
     )
-    proof.check("accumulate", accumulate, micro, True, calls=round_calls)
-    if proof.info.distributed:
-        proof.report.claim(
+    proof.check("accumulate", accumulate, run.micro, True, calls=round_calls)
+    if run.info.distributed:
+        run.report.claim(
             "buckets",
             round_calls,
             "==",
-            predicted_buckets(proof.model),
+            predicted_buckets(run.model),
             "  one all-reduce round = {value} bucket all-reduces, as DDP's bucketing rule predicts ...",
         )
         # with the default bucket_cap_mb: a first bucket of 1 MiB, then up to 25 MiB
-        proof.report.claim(
+        run.report.claim(
             "bucket_bytes_equal_parameter_bytes",
             round_bytes,
             "==",
-            param_bytes,
+            storage_bytes(run.raw_model.parameters()),
             "  ... of {value} bytes, each parameter's gradient once (buckets of 1, then 25 MiB)",
         )
     return round_calls, clip
 
 
-def other_variants(proof: Proof, micro, mine, gx, gy, round_calls: int) -> None:
+def other_variants(run: Run, proof: Proof, round_calls: int) -> None:
     """Section 2: the other right ways, the wrong scalings, and uneven micro-batches."""
-    k = proof.args.grad_accum_steps
+    k = run.args.grad_accum_steps
     print0("\n2. other variants: right ones within 1e-5, wrong ones move the parameters by >= 1e-3")
-    if proof.info.distributed:
+    if run.info.distributed:
         proof.check(
-            "require_grad_sync", accumulate_require_grad_sync, micro, True, calls=round_calls
+            "require_grad_sync", accumulate_require_grad_sync, run.micro, True, calls=round_calls
         )
-        proof.check("always_sync", accumulate_always_sync, micro, True, calls=k * round_calls)
+        proof.check("always_sync", accumulate_always_sync, run.micro, True, calls=k * round_calls)
         proof.check(
             "backward_only_no_sync",
             accumulate_backward_only_no_sync,
-            micro,
+            run.micro,
             True,
             calls=k * round_calls,
         )
-    proof.check("no_divide", accumulate_no_divide, micro, False)
-    proof.check("running_divide", accumulate_running_divide, micro, False)
+    proof.check("no_divide", accumulate_no_divide, run.micro, False)
+    proof.check("running_divide", accumulate_running_divide, run.micro, False)
     # The same samples split [n-k+1, 1, 1, ...]: mean / k overweights the lone samples; sum / samples is
     # exact.
-    local_idx = torch.cat(mine)
-    sizes = proof.report.value(
+    local_idx = torch.cat(run.mine)
+    sizes = run.report.value(
         "uneven_sizes", uneven_sizes(len(local_idx), k), "  uneven micro-batch sizes {value}:"
     )
-    uneven = [(gx[c], gy[c]) for c in torch.split(local_idx, sizes)]
+    uneven = [(run.gx[c], run.gy[c]) for c in torch.split(local_idx, sizes)]
     proof.check("uneven_mean_over_k", accumulate, uneven, False)
     proof.check("uneven_sample_weighted", accumulate_sample_weighted, uneven, True)
 
 
-def clip_variants(proof: Proof, micro, clip: float) -> None:
+def clip_variants(run: Run, proof: Proof, clip: float) -> None:
     """Section 2, end: clipping once after the sync, at each micro-step, and hiding a missing / k."""
-    report, k = proof.report, proof.args.grad_accum_steps
-    report.value(
+    k = run.args.grad_accum_steps
+    run.report.value(
         "proof_clip", clip, "  with clipping at {value:.4f} = half the global gradient norm:"
     )
-    proof.check("clip_after_sync", accumulate, micro, True, clip)
+    proof.check("clip_after_sync", accumulate, run.micro, True, clip)
     acted: list[bool] = []
     each = functools.partial(accumulate_clip_each_micro_step, clip=clip, acted=acted)
-    g, p = proof.check("clip_each_micro_step", each, micro, None, clip)
+    g, p = proof.check("clip_each_micro_step", each, run.micro, None, clip)
     # The mistake shows only if the clip cut a partial gradient before the last micro-step (with k = 2 and
     # small micro-batches the half-sum can stay under it); otherwise both variants clip the same sum. A
     # barely-cut partial sum moves the step less than the other mistakes do (7.4e-4 at --micro-batch 2
     # --global-batch 8), so the bound is the right variants' own (TOL): a wrong step lies outside it.
     line = "  {variant:<24} {value:.1e}"
     if max_over_ranks(float(any(acted))):
-        report.claim(
+        run.report.claim(
             "clip_each_micro_step_changes_the_step",
             p,
             ">=",
@@ -239,16 +268,16 @@ def clip_variants(proof: Proof, micro, clip: float) -> None:
             variant="clip_each_micro_step",
         )
     else:
-        report.value(
+        run.report.value(
             "clip_each_micro_step_params",
             p,
             line + " (no partial gradient reached the clip before the last micro-step: no claim)",
             variant="clip_each_micro_step",
         )
-    g, p = proof.check("no_divide_clip", accumulate_no_divide, micro, None, clip)
+    g, p = proof.check("no_divide_clip", accumulate_no_divide, run.micro, None, clip)
     # no / k gives k x the gradient; the clip rescales it AND the right one (norm 2 x clip) to norm `clip`,
     # in the same direction: the step comes out right, hiding the mistake while the norm exceeds the clip
-    report.claim(
+    run.report.claim(
         "no_divide_clip_params_equal",
         p,
         "<=",
@@ -258,7 +287,7 @@ def clip_variants(proof: Proof, micro, clip: float) -> None:
         k=k,
         clip=clip,
     )
-    report.claim(
+    run.report.claim(
         "no_divide_clip_grads_differ",
         g,
         ">=",
@@ -267,30 +296,26 @@ def clip_variants(proof: Proof, micro, clip: float) -> None:
     )
 
 
-def comm_by_k(proof: Proof, micro, round_calls: int, param_bytes: int) -> None:
+def comm_by_k(run: Run, proof: Proof, round_calls: int) -> None:
     """Section 3: per optimizer step, (k, calls, bytes) with no_sync and (calls, bytes) syncing always."""
     rows = []
     for kk in (1, 2, 4, 8):
-        with_no_sync = proof.run(accumulate, micro[:1] * kk)[2:]
-        always = proof.run(accumulate_always_sync, micro[:1] * kk)[2:]
+        with_no_sync = proof.run(accumulate, run.micro[:1] * kk)[2:]
+        always = proof.run(accumulate_always_sync, run.micro[:1] * kk)[2:]
         rows.append((kk, *with_no_sync, *always))
-    head = (
-        f"  {'k':>2}  {'no_sync: calls':>14} {'bytes':>10}  {'sync every micro-step: calls':>28} "
-    )
-    head += f"{'bytes':>10}"
+    head = "   k  no_sync: calls      bytes  sync every micro-step: calls      bytes"
     table = [head] + [
         f"  {kk:>2}  {c1:>14} {b1:>10}  {c2:>28} {b2:>10}" for kk, c1, b1, c2, b2 in rows
     ]
-    proof.report.value(
+    run.report.value(
         "comm_by_k",
         rows,
         "\n3. all-reduce calls and bytes per optimizer step of k micro-steps, on each rank:\n{table}",
         table="\n".join(table),
     )
-    off = sum(
-        r[1:] != (round_calls, param_bytes, r[0] * round_calls, r[0] * param_bytes) for r in rows
-    )
-    proof.report.claim(
+    B = storage_bytes(run.raw_model.parameters())  # one all-reduce round sends each gradient once
+    off = sum(r[1:] != (round_calls, B, r[0] * round_calls, r[0] * B) for r in rows)
+    run.report.claim(
         "comm_by_k_rows_off",
         off,
         "==",
@@ -299,44 +324,46 @@ def comm_by_k(proof: Proof, micro, round_calls: int, param_bytes: int) -> None:
     )
 
 
-def train(model, raw_model, init_state, counter, train_set, args, info, report: Report) -> None:
+def train(run: Run) -> None:
     """Section 4: lesson 03's loop with accumulation, the pattern to copy; then its claims."""
-    dev, k, W = info.device, args.grad_accum_steps, info.world_size
-    raw_model.load_state_dict(init_state)
-    optimizer = torch.optim.SGD(raw_model.parameters(), lr=args.lr, momentum=0.9)
+    k, W = run.args.grad_accum_steps, run.info.world_size
+    run.raw_model.load_state_dict(run.init_state)
+    optimizer = torch.optim.SGD(run.raw_model.parameters(), lr=run.args.lr, momentum=0.9)
     # fp16 only: bf16 needs none
-    scaler = torch.amp.GradScaler(dev.type, enabled=args.precision == "fp16")
-    batches = micro_batch_stream(train_set, args.micro_batch, W, info.rank, args.seed)
-    counter.reset()
+    scaler = torch.amp.GradScaler(run.info.device.type, enabled=run.args.precision == "fp16")
+    batches = micro_batch_stream(
+        run.train_set, run.args.micro_batch, W, run.info.rank, run.args.seed
+    )
+    run.counter.reset()
     loss_sum, seen, history = 0.0, 0.0, []
     print0(
-        f"\n4. training ({args.precision}): lesson 03's loop with accumulation, the pattern to copy"
+        f"\n4. training ({run.args.precision}): lesson 03's loop with accumulation, the pattern to copy"
     )
-    for step in range(args.steps):
+    for step in range(run.args.steps):
         for micro_step in range(k):
-            x, y = (t.to(dev) for t in next(batches))  # (m, 1, 8, 8), (m,)
-            with no_sync_unless(model, last=micro_step == k - 1):  # forward AND backward inside
-                with autocast_context(dev, args.precision):
-                    loss = F.cross_entropy(model(x), y)  # mean over this micro-batch
+            x, y = (t.to(run.info.device) for t in next(batches))  # (m, 1, 8, 8), (m,)
+            with no_sync_unless(run.model, last=micro_step == k - 1):  # forward AND backward inside
+                with autocast_context(run.info.device, run.args.precision):
+                    loss = F.cross_entropy(run.model(x), y)  # mean over this micro-batch
                 scaler.scale(loss / k).backward()  # / k: backward adds k means into .grad
             loss_sum, seen = loss_sum + loss.item() * len(y), seen + len(y)
         scaler.unscale_(optimizer)  # once per optimizer step (a no-op when the scaler is disabled)
         # after the sync: the global gradient's norm
-        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.clip)
+        torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), run.args.clip)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)  # frees .grad memory instead of writing zeros
-        if (step + 1) % 10 == 0 or step + 1 == args.steps:
-            history.append({"step": step + 1, "train_loss": global_mean(loss_sum, seen, info)})
-            report.value(
+        if (step + 1) % 10 == 0 or step + 1 == run.args.steps:
+            history.append({"step": step + 1, "train_loss": global_mean(loss_sum, seen, run.info)})
+            run.report.value(
                 "train_loss",
                 history[-1]["train_loss"],
                 "step {step:>3}  train_loss {value:.4f}",
                 step=step + 1,
             )
             loss_sum = seen = 0.0
-    report.record("history", history)
-    report.claim(
+    run.report.record("history", history)
+    run.report.claim(
         "train_loss_falls",
         history[0]["train_loss"] - history[-1]["train_loss"],
         ">=",
@@ -349,90 +376,70 @@ def main() -> None:
     args = parse_args()
     with distributed_session(args) as info:
         W, k, m, G = info.world_size, args.grad_accum_steps, args.micro_batch, args.global_batch
-        dev = info.device
         report = Report(info)
         # (1438, 1, 8, 8) and (359, 1, 8, 8), every rank
         train_set, test_set = digits_split(path=args.data)
         set_seed(args.seed)
-        raw_model = ResidualMLP().to(dev)
+        raw_model = ResidualMLP().to(info.device)
         init_state = copy.deepcopy(raw_model.state_dict())
         # .to(device) -> DDP; raw_model is what we read and save. The counter is a comm hook counting buckets.
-        model = raw_model
-        if info.distributed:
-            model = DDP(raw_model, device_ids=[info.local_rank] if dev.type == "cuda" else None)
+        model = DDP(raw_model, device_ids=info.device_ids) if info.distributed else raw_model
         counter = CommCounter().register(model) if info.distributed else CommCounter()
-        param_bytes = sum(p.numel() * p.element_size() for p in raw_model.parameters())
-        for name, v in dict(
-            world_size=W, global_batch=G, micro_batch=m, grad_accum_steps=k
-        ).items():
+        batch = draw_global_batch(train_set, args, info)  # (G, 1, 8, 8), (G,), k x (m,) indices
+        run = Run(
+            args, info, report, model, raw_model, init_state, counter, train_set, test_set, *batch
+        )
+        sizes = dict(world_size=W, global_batch=G, micro_batch=m, grad_accum_steps=k)
+        for name, v in sizes.items():
             report.record(name, v)
+        n_params = sum(p.numel() for p in raw_model.parameters())
         report.value(
-            "n_params",
-            param_bytes // 4,
-            "ResidualMLP (width 256, depth 4): {value} fp32 parameters\n"
-            "global batch {G} = micro_batch {m} x world_size {W} x grad_accum_steps {k}",
-            G=G,
-            m=m,
-            W=W,
-            k=k,
+            "n_params", n_params, "ResidualMLP (width 256, depth 4): {value} fp32 parameters"
         )
-        # Every rank draws the same global batch; rank r's micro-step j holds samples (j*W + r)*m ... + m.
-        g = torch.Generator().manual_seed(args.seed + 1)
-        idx = torch.randperm(len(train_set), generator=g)[:G]
-        gx, gy = (
-            train_set.tensors[0][idx].to(dev),
-            train_set.tensors[1][idx].to(dev),
-        )  # (G, 1, 8, 8), (G,)
-        mine = [
-            torch.arange((j * W + info.rank) * m, (j * W + info.rank + 1) * m) for j in range(k)
-        ]
-        micro = [(gx[i], gy[i]) for i in mine]
+        print0(f"global batch {G} = micro_batch {m} x world_size {W} x grad_accum_steps {k}")
+        # one SGD step of each variant from init_state, against the reference step set in section 1
         proof = Proof(model, raw_model, init_state, counter, args, info, report)
-        round_calls, clip = one_round(proof, micro, gx, gy, param_bytes)
-        other_variants(proof, micro, mine, gx, gy, round_calls)
-        clip_variants(proof, micro, clip)
+        round_calls, clip = one_round(run, proof)
+        other_variants(run, proof, round_calls)
+        clip_variants(run, proof, clip)
         if info.distributed:
-            comm_by_k(proof, micro, round_calls, param_bytes)
-        train(model, raw_model, init_state, counter, train_set, args, info, report)
-        final_claims(
-            raw_model, init_state, counter, round_calls, train_set, test_set, args, info, report
-        )
+            comm_by_k(run, proof, round_calls)
+        train(run)
+        final_claims(run, round_calls)
         report.finish(args.results)
 
 
-def final_claims(
-    raw_model, init_state, counter, round_calls, train_set, test_set, args, info, report
-):
+def final_claims(run: Run, round_calls: int) -> None:
     """After training: one round per step, identical replicas, the test metrics, the one-process replay."""
-    if info.distributed:
-        report.claim(
+    if run.info.distributed:
+        run.report.claim(
             "train_allreduce_calls_per_step",
-            counter.calls / args.steps,
+            run.counter.calls / run.args.steps,
             "==",
             round_calls,
             "all-reduce calls per optimizer step while training: {value:g} (one round)",
         )
-    report.claim(
+    run.report.claim(
         "max_param_diff_across_ranks",
-        max_param_diff_across_ranks(raw_model, info),
+        max_param_diff_across_ranks(run.raw_model, run.info),
         "==",
         0.0,
         "max parameter difference across ranks {value:.1e}",
     )  # same gradient, same step
-    final = evaluate(raw_model, test_set, info)
-    report.value("final_test_loss", final["loss"], "final test_loss {value:.4f}")
-    report.value("final_test_accuracy", final["accuracy"], "final test_acc {value:.4f}")
+    final = evaluate(run.raw_model, run.test_set, run.info)
+    run.report.value("final_test_loss", final["loss"], "final test_loss {value:.4f}")
+    run.report.value("final_test_accuracy", final["accuracy"], "final test_acc {value:.4f}")
     # the loop itself, against one process on the same global batches (a replay in fp32)
-    with rank0_only(info, "the one-process replay of the training run") as mine:
+    with rank0_only(run.info, "the one-process replay of the training run") as mine:
         if mine:
             replayed = replay_accumulation(
-                train_set, init_state, args, info.world_size, info.device
+                run.train_set, run.init_state, run.args, run.info.world_size, run.info.device
             )
-            report.claim(
+            run.report.claim(
                 "training_loop_equals_one_process_replay",
-                max_abs_diff_all(raw_model.parameters(), replayed),
+                max_abs_diff_all(run.raw_model.parameters(), replayed),
                 "<=",
-                TOL if args.precision == "fp32" else 1e-2,
+                TOL if run.args.precision == "fp32" else 1e-2,
                 "training loop vs a one-process replay of its global batches: {value:.1e} "
                 "(1e-2 under autocast)",
             )

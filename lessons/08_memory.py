@@ -406,9 +406,7 @@ def main() -> None:
         set_seed(args.seed)
         raw_model = ResidualMLP(args.width, args.depth).to(dev)
         init_state = copy.deepcopy(raw_model.state_dict())
-        model = raw_model
-        if info.distributed:
-            model = DDP(raw_model, device_ids=[info.local_rank] if dev.type == "cuda" else None)
+        model = DDP(raw_model, device_ids=info.device_ids) if info.distributed else raw_model
         counter = CommCounter().register(model) if info.distributed else CommCounter()
         idx = (torch.arange(B) + info.rank * B) % len(train_set)  # this rank's micro-batch
         x = train_set.tensors[0][idx].to(dev)  # (B, 1, 8, 8)

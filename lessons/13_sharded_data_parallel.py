@@ -113,7 +113,7 @@ def train(model, step, data, grads_of=None) -> tuple[list[float], int]:
 
 
 def ddp(model, info, **kw) -> DDP:
-    return DDP(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None, **kw)
+    return DDP(model, device_ids=info.device_ids, **kw)
 
 
 @dataclass

@@ -172,8 +172,7 @@ def build(args, info, report, train_set) -> Run:
     """Model, optimizer, scheduler, scaler, sampler and RNG streams, as at step 0 (the same on every call)."""
     set_seed(args.seed)  # the same initial weights on every rank
     raw_model = make_model(args.width, 0.0 if args.no_random_draws else 0.1).to(info.device)
-    device_ids = [info.local_rank] if info.device.type == "cuda" else None
-    model = DDP(raw_model, device_ids=device_ids) if info.distributed else raw_model
+    model = DDP(raw_model, device_ids=info.device_ids) if info.distributed else raw_model
     opt = torch.optim.AdamW(raw_model.parameters(), lr=args.lr)
     sampler = ResumableDistributedSampler(
         train_set,

@@ -143,7 +143,7 @@ def wrap(raw_model, info, **ddp_kwargs):
     """DDP with DDP's own defaults unless a knob says otherwise; a CUDA model names its device."""
     return DDP(
         raw_model,
-        device_ids=[info.local_rank] if info.device.type == "cuda" else None,
+        device_ids=info.device_ids,
         **ddp_kwargs,
     )
 

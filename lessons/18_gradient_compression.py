@@ -96,8 +96,7 @@ def fresh_ddp(run: Run, bucket_cap_mb: float = ONE_BUCKET_MB):
     """(raw model, DDP model) from the common start; one bucket unless `bucket_cap_mb` says otherwise."""
     raw = ResidualMLP().to(run.info.device)
     raw.load_state_dict(run.init_state)
-    device_ids = [run.info.local_rank] if run.info.device.type == "cuda" else None
-    return raw, DDP(raw, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb)
+    return raw, DDP(raw, device_ids=run.info.device_ids, bucket_cap_mb=bucket_cap_mb)
 
 
 def hook_gradients(run: Run, hook, state, passes: int = 1) -> tuple[list, int]:

@@ -23,6 +23,7 @@ __all__ = [
     "TOL",
     "grad_accum_steps_for",
     "checked_grad_accum_steps",
+    "draw_global_batch",
     "Proof",
     "replay_accumulation",
     "uneven_sizes",
@@ -81,6 +82,20 @@ def checked_grad_accum_steps(args, world_size: int) -> int:
             "samples into micro-batches of different sizes"
         )
     return k
+
+
+def draw_global_batch(
+    train_set, args, info
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """The global batch every rank draws alike (args: global_batch, micro_batch, grad_accum_steps, seed):
+    x (G, 1, 8, 8), y (G,) on info.device, and this rank's k index tensors (m,) into it: rank r's
+    micro-step j holds samples (j*W + r)*m ... + m."""
+    W, k, m, G = info.world_size, args.grad_accum_steps, args.micro_batch, args.global_batch
+    g = torch.Generator().manual_seed(args.seed + 1)
+    idx = torch.randperm(len(train_set), generator=g)[:G]
+    gx, gy = train_set.tensors[0][idx].to(info.device), train_set.tensors[1][idx].to(info.device)
+    mine = [torch.arange((j * W + info.rank) * m, (j * W + info.rank + 1) * m) for j in range(k)]
+    return gx, gy, mine
 
 
 class Proof:

@@ -58,6 +58,11 @@ class DistInfo:
         """True when a process group exists (any torchrun launch, even with one process)."""
         return self.backend is not None
 
+    @property
+    def device_ids(self) -> list[int] | None:
+        """What DDP's `device_ids` takes: [local_rank] on a GPU, None on the CPU (lesson 03 shows it inline)."""
+        return [self.local_rank] if self.device.type == "cuda" else None
+
 
 def read_torchrun_env(env: dict | None = None) -> tuple[int, int, int, int]:
     """Read (rank, local_rank, world_size, local_world_size) from torchrun's variables.
