@@ -385,7 +385,8 @@ def main() -> None:
         # .to(device) -> DDP; raw_model is what we read and save. The counter is a comm hook counting buckets.
         model = DDP(raw_model, device_ids=info.device_ids) if info.distributed else raw_model
         counter = CommCounter().register(model) if info.distributed else CommCounter()
-        batch = draw_global_batch(train_set, args, info)  # (G, 1, 8, 8), (G,), k x (m,) indices
+        # (G, 1, 8, 8), (G,), and this rank's k index tensors (m,)
+        batch = draw_global_batch(train_set, k, m, args.seed, info)
         run = Run(
             args, info, report, model, raw_model, init_state, counter, train_set, test_set, *batch
         )

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -48,7 +49,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from common.data import digits_split
-from common.data_parallel.accumulation import Proof, uneven_sizes
+from common.data_parallel.accumulation import draw_global_batch, uneven_sizes
 from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.ranks import print0
 from common.harness.results import Report
@@ -58,6 +59,7 @@ from common.libraries.accumulation import (
     RIGHT_UNEVEN,
     accelerate_variant,
     fabric_variant,
+    library_proofs,
     no_sync_variant,
 )
 from common.libraries.loaders import dealt_in_turn
@@ -101,6 +103,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@dataclass
+class Run:
+    """What the sections share: the options, this rank, the report, the digits with their indices."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    train_set: TensorDataset  # (1438, 1, 8, 8) images, (1438,) labels, (1438,) each sample's index
+
+
+@dataclass
+class Trained:
+    """One run of lesson 03's epoch: the model inside the wrapper, the sample indices of every step this rank
+    read, its bucket all-reduces (the comm hook), the loader, the wrapper, the collectives Python saw."""
+
+    raw: torch.nn.Module
+    order: list
+    calls: int
+    loader: object
+    model: torch.nn.Module
+    py_calls: dict = field(default_factory=dict)
+
+
 def indexed(dataset: TensorDataset) -> TensorDataset:
     """The digits with each sample's index as a third tensor: every run records the order it read."""
     x, y = dataset.tensors  # (1438, 1, 8, 8), (1438,)
@@ -120,24 +145,23 @@ def fit(model, optimizer, loader, backward, epochs: int, device) -> list[list[in
     return order
 
 
-def by_hand(args, info: DistInfo, train_set, batches=None):
+def by_hand(run: Run, batches=None) -> Trained:
     """Lesson 03: DistributedSampler(seed) + set_epoch + DDP; or, with `batches`, DDP fed those batches."""
-    set_seed(args.seed)
-    raw = DigitsCNN(image_size=8).to(info.device)
-    model = DDP(raw) if info.distributed else raw
-    opt = torch.optim.SGD(raw.parameters(), lr=args.lr, momentum=0.9)
+    set_seed(run.args.seed)
+    raw = DigitsCNN(image_size=8).to(run.info.device)
+    model = DDP(raw) if run.info.distributed else raw
+    opt = torch.optim.SGD(raw.parameters(), lr=run.args.lr, momentum=0.9)
     sampler = DistributedSampler(
-        train_set, info.world_size, info.rank, shuffle=True, seed=args.seed
+        run.train_set, run.info.world_size, run.info.rank, shuffle=True, seed=run.args.seed
     )
     if batches is None:
-        loader = EpochLoader(DataLoader(train_set, batch_size=args.batch_size, sampler=sampler))
+        loader = EpochLoader(DataLoader(run.train_set, run.args.batch_size, sampler=sampler))
     else:
-        loader = [train_set[torch.tensor(b)] for b in batches]  # one epoch of given batches
-    counter = CommCounter().register(model) if info.distributed else CommCounter()
-    order = fit(
-        model, opt, loader, lambda loss: loss.backward(), 1 if batches else args.epochs, info.device
-    )
-    return raw, order, counter.calls, loader, model
+        loader = [run.train_set[torch.tensor(b)] for b in batches]  # one epoch of given batches
+    counter = CommCounter().register(model) if run.info.distributed else CommCounter()
+    epochs = 1 if batches else run.args.epochs
+    order = fit(model, opt, loader, lambda loss: loss.backward(), epochs, run.info.device)
+    return Trained(raw, order, counter.calls, loader, model)
 
 
 class EpochLoader:
@@ -152,40 +176,43 @@ class EpochLoader:
         return iter(self.loader)
 
 
-def with_accelerate(args, info: DistInfo, train_set):
+def with_accelerate(run: Run) -> tuple[Accelerator, Trained]:
     """accelerator.prepare(model, optimizer, loader) on a plain shuffled DataLoader."""
-    accelerator = Accelerator(cpu=info.device.type == "cpu")
-    set_seed(args.seed)
+    accelerator = Accelerator(cpu=run.info.device.type == "cpu")
+    set_seed(run.args.seed)
     raw = DigitsCNN(image_size=8)
-    opt = torch.optim.SGD(raw.parameters(), lr=args.lr, momentum=0.9)
-    loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True)
+    opt = torch.optim.SGD(raw.parameters(), lr=run.args.lr, momentum=0.9)
+    loader = DataLoader(run.train_set, batch_size=run.args.batch_size, shuffle=True)
     model, opt, loader = accelerator.prepare(raw, opt, loader)
-    counter = CommCounter().register(model) if info.distributed else CommCounter()
+    counter = CommCounter().register(model) if run.info.distributed else CommCounter()
     # Python-level calls: the comm hook's all-reduces and the library's own
     with count_collectives() as c:
-        order = fit(model, opt, loader, accelerator.backward, args.epochs, info.device)
-    return accelerator, raw, model, loader, order, counter.calls, c.calls
+        order = fit(model, opt, loader, accelerator.backward, run.args.epochs, run.info.device)
+    return accelerator, Trained(raw, order, counter.calls, loader, model, c.calls)
 
 
-def with_fabric(args, info: DistInfo, train_set):
-    """fabric.setup(model, optimizer) and fabric.setup_dataloaders(loader), the same plain loader."""
-    strategy = "ddp" if info.distributed else "auto"  # "ddp" on 1 device would make a group of 1
-    fabric = Fabric(accelerator=info.device.type, devices=info.world_size, strategy=strategy)
-    fabric.launch()  # under torchrun: joins the process group that is already there
-    default = fabric.setup_dataloaders(DataLoader(train_set, shuffle=True)).sampler
-    default_seed = getattr(default, "seed", None)  # before seed_everything: PL_GLOBAL_SEED unset
-    fabric.seed_everything(args.seed, verbose=False)  # sets PL_GLOBAL_SEED: the sampler's seed
-    raw = DigitsCNN(image_size=8)
-    opt = torch.optim.SGD(raw.parameters(), lr=args.lr, momentum=0.9)
-    model, opt = fabric.setup(raw, opt)
-    loader = fabric.setup_dataloaders(
-        DataLoader(train_set, batch_size=args.batch_size, shuffle=True)
+def with_fabric(run: Run) -> tuple[Fabric, Trained, int | None]:
+    """fabric.setup(model, optimizer) and fabric.setup_dataloaders(loader), the same plain loader; and the
+    seed Fabric's sampler takes before seed_everything."""
+    strategy = (
+        "ddp" if run.info.distributed else "auto"
+    )  # "ddp" on 1 device would make a group of 1
+    fabric = Fabric(
+        accelerator=run.info.device.type, devices=run.info.world_size, strategy=strategy
     )
+    fabric.launch()  # under torchrun: joins the process group that is already there
+    default = fabric.setup_dataloaders(DataLoader(run.train_set, shuffle=True)).sampler
+    default_seed = getattr(default, "seed", None)  # before seed_everything: PL_GLOBAL_SEED unset
+    fabric.seed_everything(run.args.seed, verbose=False)  # sets PL_GLOBAL_SEED: the sampler's seed
+    raw = DigitsCNN(image_size=8)
+    opt = torch.optim.SGD(raw.parameters(), lr=run.args.lr, momentum=0.9)
+    model, opt = fabric.setup(raw, opt)
+    loader = fabric.setup_dataloaders(DataLoader(run.train_set, run.args.batch_size, shuffle=True))
     ddp = model._forward_module
-    counter = CommCounter().register(ddp) if info.distributed else CommCounter()
+    counter = CommCounter().register(ddp) if run.info.distributed else CommCounter()
     with count_collectives() as c:
-        order = fit(model, opt, loader, fabric.backward, args.epochs, info.device)
-    return fabric, raw, model, loader, order, counter.calls, c.calls, default_seed
+        order = fit(model, opt, loader, fabric.backward, run.args.epochs, run.info.device)
+    return fabric, Trained(raw, order, counter.calls, loader, model, c.calls), default_seed
 
 
 def first_batch(loader) -> list[int]:
@@ -196,7 +223,7 @@ def first_batch(loader) -> list[int]:
 HEAD = ("device", "backend")  # the same for every row: printed once, in the heading
 
 
-def describe(report: Report, name: str, model, sampler, reshuffles: bool, info) -> None:
+def describe(run: Run, name: str, model, sampler, reshuffles: bool) -> None:
     """Section 1's table row: what prepare / setup put around the model and the loader."""
     row = {
         "wrapper": type(getattr(model, "_forward_module", model)).__name__,
@@ -204,154 +231,133 @@ def describe(report: Report, name: str, model, sampler, reshuffles: bool, info) 
         "seed": getattr(sampler, "seed", "-"),
         "drop_last": getattr(sampler, "drop_last", "-"),
         "set_epoch": reshuffles,
-        "device": str(info.device),
-        "backend": dist.get_backend() if info.distributed else "none",
+        "device": str(run.info.device),
+        "backend": dist.get_backend() if run.info.distributed else "none",
     }
-    report.record(f"{name}_setup", row)
+    run.report.record(f"{name}_setup", row)
     print0(f"  {name:<11}" + "".join(f" {k} {v}" for k, v in row.items() if k not in HEAD))
 
 
-def section1(args, info: DistInfo, report: Report, train_set):
+def section1(run: Run) -> tuple[dict[str, Trained], Fabric]:
+    """Lesson 03's epoch by hand, through Accelerate and through Fabric: what each put around the model
+    and the loader. Returns the three runs by name, and the Fabric that section 2 reuses."""
     print0("1. lesson 03's training: by hand, through Accelerate, through Fabric")
-    ddp_raw, ddp_order, ddp_calls, ddp_loader, ddp_model = by_hand(args, info, train_set)
-    accelerator, acc_raw, acc_model, acc_loader, acc_order, acc_calls, acc_py = with_accelerate(
-        args, info, train_set
-    )
-    fabric, fab_raw, fab_model, fab_loader, fab_order, fab_calls, fab_py, seed0 = with_fabric(
-        args, info, train_set
-    )
+    ddp = by_hand(run)
+    accelerator, acc = with_accelerate(run)
+    fabric, fab, seed0 = with_fabric(run)
     # the next pass's first batch against epoch 0's: a new order each epoch, or not
-    acc_new = first_batch(acc_loader) != acc_order[0]
-    fab_new = first_batch(fab_loader) != fab_order[0]
-    plain = DataLoader(train_set, batch_size=args.batch_size, sampler=ddp_loader.loader.sampler)
+    acc_new = first_batch(acc.loader) != acc.order[0]
+    fab_new = first_batch(fab.loader) != fab.order[0]
+    sampler = ddp.loader.loader.sampler
+    plain = DataLoader(run.train_set, batch_size=run.args.batch_size, sampler=sampler)
     plain_new = first_batch(plain) != first_batch(plain)  # no set_epoch between the two passes
-    inner = acc_loader.batch_sampler  # BatchSamplerShard around the DataLoader's own BatchSampler
-    backend = dist.get_backend() if info.distributed else "none"
-    print0(f"  what prepare / setup returned (all on {info.device}, backend {backend}):")
-    describe(report, "by_hand", ddp_model, ddp_loader.loader.sampler, True, info)
-    describe(report, "accelerate", acc_model, inner, acc_new, info)
-    report.record(
-        "accelerate_inner_sampler", type(getattr(inner, "batch_sampler", inner).sampler).__name__
-    )
-    describe(report, "fabric", fab_model, fab_loader.sampler, fab_new, info)
-    if info.distributed:  # one process: Fabric keeps the RandomSampler, inserts nothing
-        library_samplers(args, info, report, train_set, accelerator, fabric)
+    inner = acc.loader.batch_sampler  # BatchSamplerShard around the DataLoader's own BatchSampler
+    backend = dist.get_backend() if run.info.distributed else "none"
+    print0(f"  what prepare / setup returned (all on {run.info.device}, backend {backend}):")
+    describe(run, "by_hand", ddp.model, sampler, True)
+    describe(run, "accelerate", acc.model, inner, acc_new)
+    inner_sampler = type(getattr(inner, "batch_sampler", inner).sampler).__name__
+    run.report.record("accelerate_inner_sampler", inner_sampler)
+    describe(run, "fabric", fab.model, fab.loader.sampler, fab_new)
+    if run.info.distributed:  # one process: Fabric keeps the RandomSampler, inserts nothing
+        library_samplers(run, accelerator, fabric)
         text = "  Fabric calls set_epoch for you: {value} (a bare DataLoader over the same "
         text += "sampler, no set_epoch: {plain})"
-        report.claim("fabric_calls_set_epoch", int(fab_new), "==", 1, text, plain=int(plain_new))
+        run.report.claim(
+            "fabric_calls_set_epoch", int(fab_new), "==", 1, text, plain=int(plain_new)
+        )
         sentence = "  Fabric's sampler seed without seed_everything: {value}"
-        report.claim("fabric_default_sampler_seed", seed0, "==", 0, sentence)
-    return (
-        (ddp_raw, ddp_order, ddp_calls),
-        (acc_raw, acc_order, acc_calls, acc_py),
-        (fab_raw, fab_order, fab_calls, fab_py),
-        (accelerator, fabric),
-    )
+        run.report.claim("fabric_default_sampler_seed", seed0, "==", 0, sentence)
+    return {"ddp": ddp, "accelerate": acc, "fabric": fab}, fabric
 
 
-def library_samplers(args, info: DistInfo, report: Report, train_set, accelerator, fabric):
+def library_samplers(run: Run, accelerator: Accelerator, fabric: Fabric) -> None:
     """How each library's loader picks a rank's samples, from loaders made for the purpose."""
     # unshuffled, so that the batch each rank reads says which of the loader's batches it was
-    plain = accelerator.prepare(DataLoader(train_set, batch_size=args.batch_size))
+    plain = accelerator.prepare(DataLoader(run.train_set, batch_size=run.args.batch_size))
     read = [i.tolist() for _, _, i in plain]
-    off, checked = dealt_in_turn(read, info.rank, info.world_size, len(train_set))
+    off, checked = dealt_in_turn(read, run.info.rank, run.info.world_size, len(run.train_set))
     text = "  Accelerate deals whole batches in turn (rank r: r, r + W, ...): {value:g} of {n} off"
-    report.claim("accelerate_deals_batches_in_turn", max_over_ranks(off), "==", 0, text, n=checked)
+    off = max_over_ranks(off)
+    run.report.claim("accelerate_deals_batches_in_turn", off, "==", 0, text, n=checked)
     # a seed other than the default 0: the sampler's seed can only come from seed_everything
-    fabric.seed_everything(args.seed + 1, verbose=False)
-    probe = fabric.setup_dataloaders(DataLoader(train_set, shuffle=True)).sampler
-    fabric.seed_everything(args.seed, verbose=False)
+    seed = run.args.seed + 1
+    fabric.seed_everything(seed, verbose=False)
+    probe = fabric.setup_dataloaders(DataLoader(run.train_set, shuffle=True)).sampler
+    fabric.seed_everything(run.args.seed, verbose=False)
     text = "  Fabric's DistributedSampler seed after seed_everything({seed}): {value}"
-    seed = getattr(probe, "seed", None)
     claim = "fabric_sampler_seed_from_seed_everything"
-    report.claim(claim, seed, "==", args.seed + 1, text, seed=args.seed + 1)
+    run.report.claim(claim, getattr(probe, "seed", None), "==", seed, text, seed=seed)
 
 
-def compare(args, info: DistInfo, report: Report, train_set, ddp, acc, fab) -> None:
+def compare(run: Run, runs: dict[str, Trained]) -> None:
     """Parameters and collectives of the three runs; Accelerate's order replayed by hand."""
-    ddp_raw, ddp_order, ddp_calls = ddp
-    acc_raw, acc_order, acc_calls, acc_py = acc
-    fab_raw, fab_order, fab_calls, fab_py = fab
+    ddp, acc, fab = runs["ddp"], runs["accelerate"], runs["fabric"]
     # the sum of Fabric's parameters: minimal/23_libraries.py, plain torch, ends at the same number
-    report.record("fabric_param_sum", sum(p.detach().double().sum() for p in fab_raw.parameters()))
+    fab_sum = sum(p.detach().double().sum() for p in fab.raw.parameters())
+    run.report.record("fabric_param_sum", fab_sum)
     diff = lambda a, b: max_over_ranks(max_abs_diff_all(a.parameters(), b.parameters()))  # noqa: E731
     same_order = lambda a, b: max_over_ranks(float(a != b)) == 0  # noqa: E731
     print0("  max |parameter difference| from lesson 03's run, worst over ranks:")
-    fab_same = same_order(fab_order, ddp_order)
+    fab_same = same_order(fab.order, ddp.order)
     sentence = "  Fabric vs by hand: {value:.1e} (same order of samples: {same})"
-    if info.distributed:  # seed_everything(seed) gave its DistributedSampler our seed
-        report.claim(
-            "fabric_equals_ddp", diff(fab_raw, ddp_raw), "<=", EQUAL, sentence, same=fab_same
-        )
+    if run.info.distributed:  # seed_everything(seed) gave its DistributedSampler our seed
+        apart = diff(fab.raw, ddp.raw)
+        run.report.claim("fabric_equals_ddp", apart, "<=", EQUAL, sentence, same=fab_same)
     else:
-        report.value("fabric_vs_ddp", diff(fab_raw, ddp_raw), sentence, same=fab_same)
-    report.claim(
+        run.report.value("fabric_vs_ddp", diff(fab.raw, ddp.raw), sentence, same=fab_same)
+    run.report.claim(
         "accelerate_order_differs",
-        diff(acc_raw, ddp_raw),
+        diff(acc.raw, ddp.raw),
         ">=",
         1e-4,
         "  Accelerate vs by hand: {value:.1e} (same order: {same}): its order, not its "
         "arithmetic ...",
-        same=same_order(acc_order, ddp_order),
+        same=same_order(acc.order, ddp.order),
     )
-    replay = by_hand(args, info, train_set, batches=acc_order)
+    replay = by_hand(run, batches=acc.order)
     text = "  ... DDP fed Accelerate's batches ends {value:.1e} from it"
-    report.claim("accelerate_equals_ddp_same_batches", diff(acc_raw, replay[0]), "<=", EQUAL, text)
-    if info.distributed:
-        compare_collectives(args, report, ddp_calls, acc_calls, acc_py, fab_calls, fab_py)
+    apart = diff(acc.raw, replay.raw)
+    run.report.claim("accelerate_equals_ddp_same_batches", apart, "<=", EQUAL, text)
+    if run.info.distributed:
+        compare_collectives(run, runs)
 
 
-def compare_collectives(args, report: Report, ddp_calls, acc_calls, acc_py, fab_calls, fab_py):
+def compare_collectives(run: Run, runs: dict[str, Trained]) -> None:
     """The bucket all-reduces (counted by the comm hook) and the libraries' own collectives."""
+    ddp, acc, fab = runs["ddp"], runs["accelerate"], runs["fabric"]
     print0(
         "  collectives per run, this rank (gradient buckets by the comm hook, then Python-level):"
     )
     text = "  bucket all-reduces: by hand {bound}, Accelerate {value}"
-    report.claim("accelerate_allreduces_equal_ddp", acc_calls, "==", ddp_calls, text)
+    run.report.claim("accelerate_allreduces_equal_ddp", acc.calls, "==", ddp.calls, text)
     text = "  bucket all-reduces: by hand {bound}, Fabric {value}"
-    report.claim("fabric_allreduces_equal_ddp", fab_calls, "==", ddp_calls, text)
-    extra = {k: v for k, v in acc_py.items() if k != "all_reduce"}
-    report.claim(
+    run.report.claim("fabric_allreduces_equal_ddp", fab.calls, "==", ddp.calls, text)
+    extra = {k: v for k, v in acc.py_calls.items() if k != "all_reduce"}
+    run.report.claim(
         "accelerate_rng_broadcasts",
         extra.get("broadcast", 0),
         "==",
-        args.epochs,
+        run.args.epochs,
         "  the libraries' own: Accelerate {acc} (rank 0's RNG state, each epoch), Fabric {fab}",
         acc=extra,
-        fab={k: v for k, v in fab_py.items() if k != "all_reduce"},
+        fab={k: v for k, v in fab.py_calls.items() if k != "all_reduce"},
     )
 
 
 # -------- 2. accumulation: the library's context manager against lesson 07's no_sync
-def section2(args, info: DistInfo, report: Report, train_set, fabric) -> None:
-    W, k, m = info.world_size, args.grad_accum_steps, args.micro_batch
+def section2(run: Run, fabric: Fabric) -> None:
+    W, k, m = run.info.world_size, run.args.grad_accum_steps, run.args.micro_batch
     print0(
         f"\n2. accumulation, k = {k} micro-steps of {m} on {W} ranks vs one SGD step on the "
         f"global batch of {k * m * W}: max |difference|"
     )
-    set_seed(args.seed)
+    set_seed(run.args.seed)
     init = copy.deepcopy(ResidualMLP().state_dict())
-    g = torch.Generator().manual_seed(args.seed + 1)
-    idx = torch.randperm(len(train_set), generator=g)[: k * m * W]
-    gx, gy = train_set.tensors[0][idx].to(info.device), train_set.tensors[1][idx].to(info.device)
-    # rank r's micro-step j holds the global batch's samples (j W + r) m ... + m (lesson 07)
-    micro = [(gx[s : s + m], gy[s : s + m]) for s in ((j * W + info.rank) * m for j in range(k))]
-    accelerator = Accelerator(cpu=info.device.type == "cpu", gradient_accumulation_steps=k)
-    # SGD without momentum at lr 0.1: a step scaled by 1/k moves the parameters >= 1e-3 (lesson 07's bound)
-    proof_args = argparse.Namespace(lr=0.1, grad_accum_steps=k)
-    runs = {}
-    for lib in ("ddp", "accelerate", "fabric"):
-        raw = ResidualMLP().to(info.device)
-        raw.load_state_dict(init)
-        if lib == "ddp":
-            model = DDP(raw) if info.distributed else raw
-        elif lib == "accelerate":
-            model = accelerator.prepare(raw)
-        else:
-            model = fabric.setup(raw)
-        ddp = getattr(model, "_forward_module", model)
-        counter = CommCounter().register(ddp) if info.distributed else CommCounter()
-        runs[lib] = Proof(model, raw, init, counter, proof_args, info, report)
+    gx, gy, mine = draw_global_batch(run.train_set, k, m, run.args.seed, run.info)
+    micro = [(gx[i], gy[i]) for i in mine]  # rank r's micro-step j: samples (j W + r) m ... + m
+    accelerator = Accelerator(cpu=run.info.device.type == "cpu", gradient_accumulation_steps=k)
+    runs = library_proofs(init, accelerator, fabric, run.info, run.report)
     ref = runs["ddp"]
     ref.run(no_sync_variant("divide_by_k", k, k * m), micro)  # DDP rebuilds its buckets once
     ref.ref = ref.run(no_sync_variant("divide_by_k", 1, 1), [(gx, gy)], on=ref.raw_model)
@@ -376,39 +382,37 @@ def section2(args, info: DistInfo, report: Report, train_set, fabric) -> None:
     for lib, proof in runs.items():
         for how, right in RIGHT_UNEVEN[lib].items():
             proof.check(f"{lib}_{how}_uneven", make[lib](how), uneven, right)
-    report.record("accumulation_right", RIGHT)
-    report.record("round_allreduce_calls", calls)
+    run.report.record("accumulation_right", RIGHT)
+    run.report.record("round_allreduce_calls", calls)
 
 
 # -------- 3. sharding: Fabric's ModelParallelStrategy and Accelerate's config against fully_shard
-def section3(args, info: DistInfo, report: Report, train_set) -> None:
-    W = info.world_size
+def section3(run: Run) -> None:
+    W = run.info.world_size
     print0("\n3. sharding through the library vs fully_shard by hand (lesson 13), 3 Adam steps")
-    set_seed(args.seed)
+    set_seed(run.args.seed)
     init = copy.deepcopy(ResidualMLP(33, 2).state_dict())
-    x, y = train_set.tensors[0][: 48 * W], train_set.tensors[1][: 48 * W]
-    starts = range(16 * info.rank, 48 * W, 16 * W)  # 3 batches of 16 per rank
+    x, y = run.train_set.tensors[0][: 48 * W], run.train_set.tensors[1][: 48 * W]
+    starts = range(16 * run.info.rank, 48 * W, 16 * W)  # 3 batches of 16 per rank
     mine = [(x[s : s + 16], y[s : s + 16]) for s in starts]
-    meshes, fab_params, fab_calls = fabric_fully_shard(info, init, mine)
+    meshes, fab_params, fab_calls = fabric_fully_shard(run.info, init, mine)
     # by hand: the mesh Accelerate's ParallelismConfig(dp_shard_size=W) builds, fully_shard on it
     config = ParallelismConfig(dp_shard_size=W)
-    mesh = config.build_device_mesh(info.device.type)
-    hand = ResidualMLP(33, 2).to(info.device)
+    mesh = config.build_device_mesh(run.info.device.type)
+    hand = ResidualMLP(33, 2).to(run.info.device)
     hand.load_state_dict(init)
     hand = shard_blocks_then_root(hand, mesh["dp_shard"])
     hand_params, hand_calls = shard_run(hand, torch.optim.Adam(hand.parameters(), lr=1e-3), mine)
-    report.record("fabric_default_mesh", meshes[0])
-    report.record("fabric_mesh", meshes[1])
-    report.record("accelerate_mesh", (mesh.mesh_dim_names, tuple(mesh.shape)))
+    run.report.record("fabric_default_mesh", meshes[0])
+    run.report.record("fabric_mesh", meshes[1])
+    names = run.report.record("accelerate_mesh", (mesh.mesh_dim_names, tuple(mesh.shape)))
     print0(f"  Fabric's mesh, default sizes: {meshes[0]}")
     print0(f"  Fabric's mesh, data_parallel_size={W}, tensor_parallel_size=1: {meshes[1]}")
-    print0(
-        f"  Accelerate's ParallelismConfig(dp_shard_size={W}): {report.recorded('accelerate_mesh')}"
-    )
+    print0(f"  Accelerate's ParallelismConfig(dp_shard_size={W}): {names}")
     diff = max_over_ranks(max_abs_diff_all(fab_params, hand_params))
     sentence = "  Fabric's fully_shard vs by hand: {value:.1e}"
-    report.claim("fabric_fsdp_equals_fully_shard", diff, "<=", EQUAL, sentence)
-    report.claim(
+    run.report.claim("fabric_fsdp_equals_fully_shard", diff, "<=", EQUAL, sentence)
+    run.report.claim(
         "fabric_fsdp_collectives_equal",
         int(fab_calls == hand_calls),
         "==",
@@ -417,29 +421,29 @@ def section3(args, info: DistInfo, report: Report, train_set) -> None:
         hand=", ".join(f"{k} {v}" for k, v in sorted(hand_calls.items())),
     )
     text = "  Fabric's default data_parallel size: {value} (every rank on tensor_parallel)"
-    report.claim("fabric_default_data_parallel_size", meshes[0][1][0], "==", 1, text)
-    outcome, refused = accelerate_fsdp2_outcome(info)
+    run.report.claim("fabric_default_data_parallel_size", meshes[0][1][0], "==", 1, text)
+    outcome, refused = accelerate_fsdp2_outcome(run.info)
     cut = outcome.find("but got")  # the refusal's point, at the end of a long message
     short = f"{outcome.split(':')[0]}: ... {outcome[cut:]}" if cut > 0 else outcome[:80]
     text = "  Accelerate's FSDP2 plugin here: {short}"
-    report.value("accelerate_fsdp2", outcome, text, short=short)
-    if info.device.type == "cpu":  # a fresh Accelerator with it, not the DDP of an earlier state
+    run.report.value("accelerate_fsdp2", outcome, text, short=short)
+    # a fresh Accelerator with it, not the DDP of an earlier state
+    if run.info.device.type == "cpu":
         text = "  ... refused on this CPU (ValueError, ... but got MULTI_CPU): {value}"
-        report.claim("accelerate_fsdp2_refused_on_cpu", int(refused), "==", 1, text)
+        run.report.claim("accelerate_fsdp2_refused_on_cpu", int(refused), "==", 1, text)
 
 
 def main() -> None:
     args = parse_args()
     with distributed_session(args) as info:
-        report = Report(info)
-        train_set = indexed(digits_split()[0])
-        report.record("world_size", info.world_size)
-        ddp, acc, fab, (accelerator, fabric) = section1(args, info, report, train_set)
-        compare(args, info, report, train_set, ddp, acc, fab)
-        section2(args, info, report, digits_split()[0], fabric)
+        run = Run(args, info, Report(info), indexed(digits_split()[0]))
+        run.report.record("world_size", info.world_size)
+        runs, fabric = section1(run)
+        compare(run, runs)
+        section2(run, fabric)
         if info.distributed:
-            section3(args, info, report, digits_split()[0])
-        report.finish(args.results)
+            section3(run)
+        run.report.finish(args.results)
 
 
 if __name__ == "__main__":

@@ -85,14 +85,14 @@ def checked_grad_accum_steps(args, world_size: int) -> int:
 
 
 def draw_global_batch(
-    train_set, args, info
+    train_set, k: int, micro_batch: int, seed: int, info
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """The global batch every rank draws alike (args: global_batch, micro_batch, grad_accum_steps, seed):
-    x (G, 1, 8, 8), y (G,) on info.device, and this rank's k index tensors (m,) into it: rank r's
-    micro-step j holds samples (j*W + r)*m ... + m."""
-    W, k, m, G = info.world_size, args.grad_accum_steps, args.micro_batch, args.global_batch
-    g = torch.Generator().manual_seed(args.seed + 1)
-    idx = torch.randperm(len(train_set), generator=g)[:G]
+    """The global batch of k x micro_batch x world_size samples every rank draws alike (from `seed` + 1):
+    x (G, 1, 8, 8), y (G,) on info.device, and this rank's k index tensors (micro_batch,) into it: rank r's
+    micro-step j holds samples (j W + r) m ... + m (lessons 07 and 23)."""
+    W, m = info.world_size, micro_batch
+    g = torch.Generator().manual_seed(seed + 1)
+    idx = torch.randperm(len(train_set), generator=g)[: k * m * W]
     gx, gy = train_set.tensors[0][idx].to(info.device), train_set.tensors[1][idx].to(info.device)
     mine = [torch.arange((j * W + info.rank) * m, (j * W + info.rank + 1) * m) for j in range(k)]
     return gx, gy, mine

@@ -11,9 +11,15 @@ gives one SGD step on the global batch under each.
 
 from __future__ import annotations
 
-import torch.nn.functional as F
+import argparse
 
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from common.data_parallel.accumulation import Proof
 from common.data_parallel.micro_batches import no_sync_unless
+from common.measure.counters import CommCounter
+from common.models import ResidualMLP
 
 __all__ = [
     "RIGHT",
@@ -22,6 +28,7 @@ __all__ = [
     "no_sync_variant",
     "accelerate_variant",
     "fabric_variant",
+    "library_proofs",
 ]
 
 
@@ -87,3 +94,27 @@ RIGHT_UNEVEN = {
     "accelerate": {"nothing": False},
     "fabric": {"divide_by_k": False, "by_samples": True},
 }
+
+
+def library_proofs(init: dict, accelerator, fabric, info, report) -> dict:
+    """Lesson 07's `Proof` around the same ResidualMLP (from `init`) three ways: "ddp" (DDP by hand),
+    "accelerate" (`accelerator.prepare`) and "fabric" (`fabric.setup`), each counting its bucket all-reduces.
+    The step: SGD without momentum at lr 0.1, where a step scaled by 1/k moves the parameters by >= 1e-3
+    (lesson 07's bound for a wrong variant)."""
+    proof_args = argparse.Namespace(
+        lr=0.1, grad_accum_steps=accelerator.gradient_accumulation_steps
+    )
+    proofs = {}
+    for lib in ("ddp", "accelerate", "fabric"):
+        raw = ResidualMLP().to(info.device)
+        raw.load_state_dict(init)
+        if lib == "ddp":
+            model = DDP(raw) if info.distributed else raw
+        elif lib == "accelerate":
+            model = accelerator.prepare(raw)
+        else:
+            model = fabric.setup(raw)
+        ddp = getattr(model, "_forward_module", model)
+        counter = CommCounter().register(ddp) if info.distributed else CommCounter()
+        proofs[lib] = Proof(model, raw, init, counter, proof_args, info, report)
+    return proofs
