@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
 
 import torch
 
 from common.data import load_digits
-from common.harness.env import LessonError, read_torchrun_env
+from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.grid import Grid
 from common.harness.ranks import all_gather_objects, all_reduce_sum
 from common.harness.results import Report
@@ -47,6 +48,7 @@ from common.inference.tp_decode import (
     count_flops,
     greedy_decode,
     ms_per_token,
+    phase_costs,
     recompute_decode,
 )
 from common.measure.counters import count_collectives
@@ -92,6 +94,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@dataclass
+class Run:
+    """What the sections share: options, rank, report, the tp grid, the model (from the seed), prompts."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    grid: Grid
+    model: CausalTransformer
+    prompt: torch.Tensor  # (B, P) pixel tokens 0..16
+
+
 def build(args: argparse.Namespace) -> tuple[CausalTransformer, torch.Tensor]:
     """The shared transformer from the seed alone, and the first P pixels of the first B digits (B, P)."""
     model = CausalTransformer(VOCAB, args.hidden, args.heads, args.layers, MAX_LEN).eval()
@@ -100,19 +114,21 @@ def build(args: argparse.Namespace) -> tuple[CausalTransformer, torch.Tensor]:
     return model, (images * 16).round().long().flatten(1)[:, : args.prompt_len]
 
 
-def one_process(report: Report, args, model, prompt) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
+def one_process(run: Run) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
     """Section 1: the cache against rerunning the whole prefix, tokens, logits and FLOPs. Returns the
     tokens, their logits and the filled cache (every head), what tp is held to."""
-    P, N, B = args.prompt_len, args.new_tokens, args.batch_size
-    (ref_tokens, ref_logits), ref_flops = count_flops(lambda: recompute_decode(model, prompt, N))
-    whole = TPDecoder(model, args.heads)
+    P, N, B = run.args.prompt_len, run.args.new_tokens, run.args.batch_size
+    (ref_tokens, ref_logits), ref_flops = count_flops(
+        lambda: recompute_decode(run.model, run.prompt, N)
+    )
+    whole = TPDecoder(run.model, run.args.heads)
     cache = whole.new_cache(B, P + N)
-    (tokens, logits), flops = count_flops(lambda: greedy_decode(whole, prompt, N, cache=cache))
-    report.record("tokens", tokens.tolist())
-    report.record("logits", logits.tolist())  # (B, N, vocab): what minimal/22 is held to
-    report.value("prompt", prompt[0].tolist(), "prompt 0 (pixels 0..{P}): {value}", P=P - 1)
-    report.value("generated", tokens[0].tolist(), "  continued greedily:  {value}")
-    report.claim(
+    (tokens, logits), flops = count_flops(lambda: greedy_decode(whole, run.prompt, N, cache=cache))
+    run.report.record("tokens", tokens.tolist())
+    run.report.record("logits", logits.tolist())  # (B, N, vocab): what minimal/22 is held to
+    run.report.value("prompt", run.prompt[0].tolist(), "prompt 0 (pixels 0..{P}): {value}", P=P - 1)
+    run.report.value("generated", tokens[0].tolist(), "  continued greedily:  {value}")
+    run.report.claim(
         "cache_tokens_equal_recompute",
         int((tokens != ref_tokens).sum()),
         "==",
@@ -121,17 +137,17 @@ def one_process(report: Report, args, model, prompt) -> tuple[torch.Tensor, torc
         n=N,
         B=B,
     )
-    report.claim(
+    run.report.claim(
         "cache_logits_within_bound",
         max_abs_diff(logits, ref_logits),
         "<=",
         TOL,
         "  max |logits with cache - without| = {value:.1e}",
     )
-    c = GPT(args.layers, args.hidden, args.heads, VOCAB, MAX_LEN)
+    c = GPT(run.args.layers, run.args.hidden, run.args.heads, VOCAB, MAX_LEN)
     cached = forward_flops(c, B, P) + sum(forward_flops(c, B, 1, P + t) for t in range(N - 1))
     full = sum(forward_flops(c, B, P + t) for t in range(N))
-    report.claim(
+    run.report.claim(
         "cache_flops_equal_formula",
         flops,
         "==",
@@ -139,7 +155,7 @@ def one_process(report: Report, args, model, prompt) -> tuple[torch.Tensor, torc
         "  FLOPs counted with the cache {value:.4g} = prefill + {m} steps of 1 token (formula)",
         m=N - 1,
     )
-    report.claim(
+    run.report.claim(
         "recompute_flops_equal_formula",
         ref_flops,
         "==",
@@ -147,62 +163,63 @@ def one_process(report: Report, args, model, prompt) -> tuple[torch.Tensor, torc
         "  FLOPs counted without {value:.4g} = {n} forwards of the whole prefix (formula)",
         n=N,
     )
-    report.value(
+    run.report.value(
         "flops_per_token",
         {"cache": flops / (B * N), "recompute": ref_flops / (B * N)},
-        "  per generated token: {cache:.4g} with the cache, {recompute:.4g} without ({ratio:.1f}x)",
-        cache=flops / (B * N),
-        recompute=ref_flops / (B * N),
+        "  per generated token: {value[cache]:.4g} with the cache, {value[recompute]:.4g} without "
+        "({ratio:.1f}x)",
         ratio=ref_flops / flops,
     )
     return tokens, logits, cache
 
 
-def tensor_parallel(report: Report, grid: Grid, args, model, prompt, want) -> TPDecoder:
+def tensor_parallel(run: Run, want) -> TPDecoder:
     """Section 2: heads over the tp ranks against one process; the cache's bytes; the all-reduces."""
-    tp, rank, group = grid.size("tp"), grid.coords["tp"], grid.group("tp")
-    P, N, B = args.prompt_len, args.new_tokens, args.batch_size
-    dec = TPDecoder(model, args.heads, rank, tp, group)
+    tp, rank, group = run.grid.size("tp"), run.grid.coords["tp"], run.grid.group("tp")
+    P, N, B = run.args.prompt_len, run.args.new_tokens, run.args.batch_size
+    dec = TPDecoder(run.model, run.args.heads, rank, tp, group)
     cache = dec.new_cache(B, P + N)  # (B, heads / tp, P + N, hd) per layer, keys and values
     with count_collectives() as seen:
-        tokens, logits = greedy_decode(dec, prompt, N, cache=cache)
+        tokens, logits = greedy_decode(dec, run.prompt, N, cache=cache)
     # which of one process's heads this rank's filled cache holds, found from the numbers
     heads, gap = match_heads(cache, want[2])
-    report.record("cache_heads", all_gather_objects(heads, grid.info))  # rank -> its heads
-    report.record("cache_bytes", all_gather_objects(cache.nbytes(), grid.info))
+    run.report.record("cache_heads", all_gather_objects(heads, run.info))  # rank -> its heads
+    run.report.record("cache_bytes", all_gather_objects(cache.nbytes(), run.info))
     if tp == 1:
-        report.value(
+        run.report.value(
             "tp_cache_bytes", cache.nbytes(), "2. tp=1: the whole cache here, {value} bytes"
         )
-        report.value("all_reduce_calls", seen.calls.get("all_reduce", 0), "  all-reduces: {value}")
+        calls = seen.calls.get("all_reduce", 0)
+        run.report.value("all_reduce_calls", calls, "  all-reduces: {value}")
         return dec
-    report.claim(
+    run.report.claim(
         "tp_tokens_equal_one_process",
-        int(all_reduce_sum([int((tokens != want[0]).sum())], grid.info)[0]),
+        int(all_reduce_sum([int((tokens != want[0]).sum())], run.info)[0]),
         "==",
         0,
         "2. tp={tp}: {heads}/{tp} heads a rank; token mismatches against one process: {value}",
         tp=tp,
-        heads=args.heads,
+        heads=run.args.heads,
     )
-    report.claim(
+    run.report.claim(
         "tp_logits_within_bound",
         max_over_ranks(max_abs_diff(logits, want[1])),
         "<=",
         TOL,
         "  max |logits tp - one process| over ranks = {value:.1e}",
     )
-    first = rank * args.heads // tp
-    split = list(range(first, first + args.heads // tp))  # the heads this rank's q, k, v rows are
-    report.claim(
+    first = rank * run.args.heads // tp
+    # the heads this rank's q, k, v rows are
+    split = list(range(first, first + run.args.heads // tp))
+    run.report.claim(
         "cache_heads_match_one_process",
         max_over_ranks(gap if heads == split else math.inf),  # other heads than its rows: inf
         "<=",
         TOL,
         "  each rank's filled cache = heads {heads} of one process's: max |diff| {value:.1e}",
-        heads=report.recorded("cache_heads"),
+        heads=run.report.recorded("cache_heads"),
     )
-    report.claim(
+    run.report.claim(
         "cache_bytes_are_one_over_tp",
         max_over_ranks(abs(cache.nbytes() * tp - want[2].nbytes())),
         "==",
@@ -211,15 +228,15 @@ def tensor_parallel(report: Report, grid: Grid, args, model, prompt, want) -> TP
         mine=cache.nbytes(),
         whole=want[2].nbytes(),
     )
-    all_reduces(report, grid, args, seen)
+    all_reduces(run, seen)
     return dec
 
 
-def all_reduces(report: Report, grid: Grid, args, seen) -> None:
+def all_reduces(run: Run, seen) -> None:
     """The all-reduces of the whole generation (1 prefill + N - 1 decode forwards), counted at the calls."""
-    N, L = args.new_tokens, args.layers
-    per_rank = all_gather_objects(seen.calls.get("all_reduce", 0) / (L * N), grid.info)
-    report.claim(
+    N, L = run.args.new_tokens, run.args.layers
+    per_rank = all_gather_objects(seen.calls.get("all_reduce", 0) / (L * N), run.info)
+    run.report.claim(
         "two_all_reduces_per_layer_per_token",
         per_rank[0] if len(set(per_rank)) == 1 else math.nan,  # ranks that disagree: NaN fails
         "==",
@@ -227,9 +244,9 @@ def all_reduces(report: Report, grid: Grid, args, seen) -> None:
         "  all-reduces per layer per generated token: {value:g} (attention's proj, the MLP's fc2)",
     )
     # rows through the layers: prefill P, then 1 a step
-    tokens = args.batch_size * (args.prompt_len + N - 1)
-    predicted = 2 * L * tokens * args.hidden * 4  # each all-reduce: (B, T, d) fp32
-    report.claim(
+    tokens = run.args.batch_size * (run.args.prompt_len + N - 1)
+    predicted = 2 * L * tokens * run.args.hidden * 4  # each all-reduce: (B, T, d) fp32
+    run.report.claim(
         "all_reduce_bytes_equal_prediction",
         max_over_ranks(abs(seen.bytes.get("all_reduce", 0) - predicted)),
         "==",
@@ -239,37 +256,22 @@ def all_reduces(report: Report, grid: Grid, args, seen) -> None:
     )
 
 
-def phases(report: Report, grid: Grid, args, model, dec: TPDecoder, prompt) -> None:
+def phases(run: Run, dec: TPDecoder) -> None:
     """Section 3: prefill (P tokens, one forward) against one decode step, on this rank's shards."""
-    P, B = args.prompt_len, args.batch_size
-    cache = dec.new_cache(B, P + 1)
-    weights = sum(p.numel() * p.element_size() for p in dec.parameters())  # this rank's shards
-    out = {}
-    for phase, tokens, start in (("prefill", prompt, 0), ("decode", prompt[:, -1:], P)):
-        with count_collectives() as seen, torch.no_grad():
-            _, flops = count_flops(lambda t=tokens, s=start: dec(t, s, cache))
-        T = tokens.shape[1]
-        # bytes read: this rank's weights + the cache rows touched
-        read = weights + cache.nbytes() * (start + T) // cache.max_len
-        out[phase] = {"flops": flops / (B * T), "intensity": flops / read}
-        out[phase]["bytes"] = seen.bytes.get("all_reduce", 0)
-        out[phase]["calls"] = seen.calls.get("all_reduce", 0)
-        # [(op, bytes)] in call order: layer by layer, attention then MLP
-        out[phase]["log"] = seen.log
-    report.record("phases", out)
+    P = run.args.prompt_len
+    out = phase_costs(dec, run.prompt)  # {phase: FLOPs per token and per byte, all-reduces}
+    run.report.record("phases", out)
     pre, dec_ = out["prefill"], out["decode"]
-    report.value(
+    run.report.value(
         "flops_per_token_by_phase",
         [pre["flops"], dec_["flops"]],
-        "3. FLOPs per token on a rank: prefill {a:.4g}, decode {b:.4g}; all-reduce bytes per forward "
-        "{c} and {d}",
-        a=pre["flops"],
-        b=dec_["flops"],
+        "3. FLOPs per token on a rank: prefill {value[0]:.4g}, decode {value[1]:.4g}; all-reduce bytes "
+        "per forward {c} and {d}",
         c=pre["bytes"],
         d=dec_["bytes"],
     )
-    if grid.size("tp") > 1:
-        report.claim(
+    if run.grid.size("tp") > 1:
+        run.report.claim(
             "prefill_sends_prompt_times_decode",
             max_over_ranks(
                 abs(pre["bytes"] - P * dec_["bytes"]) + abs(pre["calls"] - dec_["calls"])
@@ -283,7 +285,7 @@ def phases(report: Report, grid: Grid, args, model, dec: TPDecoder, prompt) -> N
     # fp32 weights and cache in both phases; a prefill forward does about P decode steps' FLOPs over
     # about the same bytes: ratio = P, off by one key and one cache row (decode's), at most ~1/P
     ratio = pre["intensity"] / dec_["intensity"]
-    report.claim(
+    run.report.claim(
         "prefill_intensity_is_P_times_decode",
         max_over_ranks(abs(ratio / P - 1)),
         "<=",
@@ -297,21 +299,23 @@ def phases(report: Report, grid: Grid, args, model, dec: TPDecoder, prompt) -> N
         P=P,
         ridge=H100["flops"] / H100["bytes_per_s"],
     )
-    timing(report, grid, args, model, dec, prompt)
+    timing(run, dec)
 
 
-def timing(report: Report, grid: Grid, args, model, dec: TPDecoder, prompt) -> None:
+def timing(run: Run, dec: TPDecoder) -> None:
     """Time per generated token at this tp and at tp 1, as [perf] lines (this CPU, gloo)."""
-    tp = grid.size("tp")
-    per_token = {"tp1": ms_per_token(TPDecoder(model, args.heads), prompt, args.new_tokens)}
+    tp, N = run.grid.size("tp"), run.args.new_tokens
+    per_token = {"tp1": ms_per_token(TPDecoder(run.model, run.args.heads), run.prompt, N)}
     text = "ms per token: tp=1 {a:.2f} (CPU)"
     if tp > 1:
-        per_token["tp"] = ms_per_token(dec, prompt, args.new_tokens)
+        per_token["tp"] = ms_per_token(dec, run.prompt, N)
         text = (
             "ms per token: tp=1 {a:.2f}, tp={tp} {b:.2f} (CPU, gloo: all-reduce latency dominates)"
         )
-    report.perf("ms_per_token", per_token, text, a=per_token["tp1"], b=per_token.get("tp"), tp=tp)
-    report.value(
+    run.report.perf(
+        "ms_per_token", per_token, text, a=per_token["tp1"], b=per_token.get("tp"), tp=tp
+    )
+    run.report.value(
         "on_a_gpu",
         None,
         "  on a GPU (not measured here): a decode step reads weights/tp + cache/tp from HBM, so tp divides\n"
@@ -320,28 +324,28 @@ def timing(report: Report, grid: Grid, args, model, dec: TPDecoder, prompt) -> N
     )
 
 
-def planner(report: Report, grid: Grid, args) -> None:
+def planner(run: Run) -> None:
     """Section 4: the planner's KV-cache bytes against the cache measured on this rank; then Llama-3-70B."""
-    tp, P, N, B = grid.size("tp"), args.prompt_len, args.new_tokens, args.batch_size
-    hd = args.hidden // args.heads
-    predicted = kv_cache_bytes(args.layers, args.heads, hd, P + N, B, 4, tp)
-    measured = report.recorded("cache_bytes")[grid.coords["tp"]]
-    report.claim(
+    tp, P, N, B = run.grid.size("tp"), run.args.prompt_len, run.args.new_tokens, run.args.batch_size
+    hd = run.args.hidden // run.args.heads
+    predicted = kv_cache_bytes(run.args.layers, run.args.heads, hd, P + N, B, 4, tp)
+    measured = run.report.recorded("cache_bytes")[run.grid.coords["tp"]]
+    run.report.claim(
         "planner_kv_bytes_equal_measured",
         max_over_ranks(abs(measured - predicted)),
         "==",
         0,
         "4. planner: 2 x {L} layers x {h} heads x {hd} x {S} positions x {B} x 4 B = {p} a rank\n"
         "  |measured - planner| = {value}",
-        L=args.layers,
-        h=args.heads // tp,
+        L=run.args.layers,
+        h=run.args.heads // tp,
         hd=hd,
         S=P + N,
         B=B,
         p=predicted,
     )
     c = LLAMA3_70B
-    report.value("llama_source", c.source, "  {model} ({source})", model=c.name, source=c.source)
+    run.report.value("llama_source", c.source, "  {model} ({value})", model=c.name)
     for seq in (2048, 8192):  # 8192: Llama 3's context (max_position_embeddings)
         fit = largest_batch(c, tp=8, seq=seq)
         usable, weights = fit["usable_gb"] * 1e9, fit["weights_gb"] * 1e9
@@ -349,7 +353,7 @@ def planner(report: Report, grid: Grid, args) -> None:
             kv_cache_bytes(c.layers, c.kv_heads, c.head_dim, seq, fit["batch"] + i, 2, 8)
             for i in (0, 1)
         ]
-        report.claim(
+        run.report.claim(
             f"llama_batch_at_{seq}",
             int(weights + cache[0] <= usable < weights + cache[1]),
             "==",
@@ -358,7 +362,7 @@ def planner(report: Report, grid: Grid, args) -> None:
             batch=fit["batch"],
             seq=seq,
         )
-    report.value(
+    run.report.value(
         "llama_fit",
         {
             "params": fit["params"],
@@ -366,20 +370,17 @@ def planner(report: Report, grid: Grid, args) -> None:
             "kv_per_token": fit["bytes_per_token"],
             "room_gb": fit["room_gb"],
         },
-        "  {p:.4g} parameters: {w:.2f} GB of bf16 weights a GPU, {room:.2f} GB left for the cache;\n"
-        "  {kv} bytes of cache a token a GPU (1 of 8 kv heads)",
-        p=fit["params"],
-        w=fit["weights_gb"],
-        room=fit["room_gb"],
-        kv=fit["bytes_per_token"],
+        "  {value[params]:.4g} parameters: {value[weights_gb]:.2f} GB of bf16 weights a GPU, "
+        "{value[room_gb]:.2f} GB left for the cache;\n"
+        "  {value[kv_per_token]} bytes of cache a token a GPU (1 of 8 kv heads)",
     )
 
 
-def batch_composition(report: Report, grid: Grid, args, dec: TPDecoder, prompt) -> None:
+def batch_composition(run: Run, dec: TPDecoder) -> None:
     """Section 5: four prompts of different lengths, each decoded alone and as its row of one left-padded
     batch; every row compared."""
-    N, P = args.new_tokens, args.prompt_len
-    mine = prompt[0, : P - 4]
+    N, P = run.args.new_tokens, run.args.prompt_len
+    mine = run.prompt[0, : P - 4]
     others = [
         load_digits()[0][i].mul(16).round().long().flatten()[:n] for i, n in ((20, P), (21, P - 2))
     ]
@@ -390,7 +391,7 @@ def batch_composition(report: Report, grid: Grid, args, dec: TPDecoder, prompt) 
     batch_tokens, batch_logits = greedy_decode(dec, tokens, N, positions, valid)
     gap = nan_max(max_abs_diff(batch_logits[i], a[1][0]) for i, a in enumerate(alone))
     lengths, width = [len(p) for p in prompts], tokens.shape[1]
-    report.value(
+    run.report.value(
         "batch_logit_difference",
         max_over_ranks(gap),
         "5. prompts of {lengths} tokens alone, then left-padded to {width} in one batch ({pads} pads):\n"
@@ -400,16 +401,16 @@ def batch_composition(report: Report, grid: Grid, args, dec: TPDecoder, prompt) 
         pads=width * len(prompts) - sum(lengths),
     )
     mismatches = sum(int((batch_tokens[i] != a[0][0]).sum()) for i, a in enumerate(alone))
-    report.claim(
+    run.report.claim(
         "batched_tokens_equal_alone",
-        int(all_reduce_sum([mismatches], grid.info)[0]),
+        int(all_reduce_sum([mismatches], run.info)[0]),
         "==",
         0,
         "  token mismatches over the {B} rows x {N} tokens: {value}",
         B=len(prompts),
         N=N,
     )
-    report.claim(
+    run.report.claim(
         "batched_logits_within_bound",
         max_over_ranks(gap),
         "<=",
@@ -422,7 +423,7 @@ def batch_composition(report: Report, grid: Grid, args, dec: TPDecoder, prompt) 
         masked=width - lengths[0],
     )
     top2 = torch.cat([a[1][0] for a in alone]).topk(2, -1).values  # (rows x N, 2)
-    report.value(
+    run.report.value(
         "smallest_top2_margin",
         (top2[:, 0] - top2[:, 1]).min().item(),
         "  the smallest gap between the best two logits: {value:.2e} "
@@ -436,12 +437,12 @@ def main(argv=None) -> None:
         report = Report(info)
         grid = Grid(info, tp=info.world_size)
         report.value("grid", grid.describe(), "\n".join(grid.describe()))
-        model, prompt = build(args)
-        want = one_process(report, args, model, prompt)  # 1. the cache
-        dec = tensor_parallel(report, grid, args, model, prompt, want)  # 2. heads over tp
-        phases(report, grid, args, model, dec, prompt)  # 3. prefill vs decode
-        planner(report, grid, args)  # 4. how much cache fits
-        batch_composition(report, grid, args, dec, prompt)  # 5. alone vs in a batch
+        run = Run(args, info, report, grid, *build(args))
+        want = one_process(run)  # 1. the cache
+        dec = tensor_parallel(run, want)  # 2. heads over tp
+        phases(run, dec)  # 3. prefill vs decode
+        planner(run)  # 4. how much cache fits
+        batch_composition(run, dec)  # 5. alone vs in a batch
         report.finish(args.results)
 
 

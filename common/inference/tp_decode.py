@@ -25,11 +25,19 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.inference.kv_cache import KVCache, cached_attention
+from common.measure.counters import count_collectives
 from common.models import CausalTransformer
 from common.planning.transformer import matmul_attention
 from common.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
-__all__ = ["TPDecoder", "count_flops", "greedy_decode", "ms_per_token", "recompute_decode"]
+__all__ = [
+    "TPDecoder",
+    "count_flops",
+    "greedy_decode",
+    "ms_per_token",
+    "recompute_decode",
+    "phase_costs",
+]
 
 
 def _rows(full: nn.Linear, part: int, d: int) -> nn.Linear:
@@ -164,3 +172,24 @@ def ms_per_token(decoder: TPDecoder, prompt: torch.Tensor, new_tokens: int) -> f
     start = time.perf_counter()
     greedy_decode(decoder, prompt, new_tokens)
     return (time.perf_counter() - start) / new_tokens * 1e3
+
+
+def phase_costs(dec: TPDecoder, prompt: torch.Tensor) -> dict:
+    """Prefill (the P prompt tokens in one forward) against one decode step (the last token at position P),
+    on this rank's shards: {"prefill": ..., "decode": ...}, each with the FLOPs per token, the FLOPs per byte
+    read (this rank's weights + the cache rows touched), the all-reduce bytes and calls of the forward, and
+    the log of its collectives [(op, bytes)] in call order (layer by layer, attention then MLP)."""
+    B, P = prompt.shape
+    cache = dec.new_cache(B, P + 1)
+    weights = sum(p.numel() * p.element_size() for p in dec.parameters())  # this rank's shards
+    out = {}
+    for phase, tokens, start in (("prefill", prompt, 0), ("decode", prompt[:, -1:], P)):
+        with count_collectives() as seen, torch.no_grad():
+            _, flops = count_flops(lambda t=tokens, s=start: dec(t, s, cache))
+        T = tokens.shape[1]
+        read = weights + cache.nbytes() * (start + T) // cache.max_len
+        out[phase] = {"flops": flops / (B * T), "intensity": flops / read}
+        out[phase]["bytes"] = seen.bytes.get("all_reduce", 0)
+        out[phase]["calls"] = seen.calls.get("all_reduce", 0)
+        out[phase]["log"] = seen.log
+    return out
