@@ -34,12 +34,11 @@ https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_to_all_si
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
-import warnings
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_nn
 
 from common.expert_parallel.model import (
     digit_tokens,
@@ -47,10 +46,10 @@ from common.expert_parallel.model import (
     next_token_loss,
 )
 from common.expert_parallel.moe import (
-    AllToAll,
     ExpertParallelMoE,
     MoE,
     all_to_all_traffic,
+    all_to_all_vs_torch,
     check_moe_options,
     kept_choices_only,
 )
@@ -62,7 +61,7 @@ from common.expert_parallel.training import (
     param_gap,
     reduce_grads,
 )
-from common.harness.env import LessonError, read_torchrun_env
+from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.grid import Grid
 from common.harness.ranks import all_reduce_sum, print0
 from common.harness.results import Report
@@ -120,26 +119,38 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def routing(report: Report, args: argparse.Namespace) -> None:
+@dataclasses.dataclass
+class Run:
+    """What the sections share: options, rank, report, the grid (in section 4 a copy with the 2 x 2 mesh)."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    grid: Grid
+
+
+def routing(run: Run) -> None:
     """Section 1 (one process, the same on every rank): top-k, the histogram, capacity and the drops."""
-    set_seed(args.seed)
-    moe = MoE(args.hidden, args.experts, args.top_k, args.capacity_factor)
-    x = torch.randn(args.tokens, args.hidden)  # (N, H)
+    set_seed(run.args.seed)
+    moe = MoE(run.args.hidden, run.args.experts, run.args.top_k, run.args.capacity_factor)
+    x = torch.randn(run.args.tokens, run.args.hidden)  # (N, H)
     y = moe(x)
     s = moe.stats
-    report.value(
+    run.report.value(
         "histogram",
         s["counts"].tolist(),
         "routing {a.tokens} tokens, top-{a.top_k} of {a.experts} experts: assignments per expert "
         "{value}, capacity C = {cap}",
-        a=args,
+        a=run.args,
         cap=s["cap"],
     )
-    exact = args.capacity_factor * args.tokens * args.top_k / args.experts  # C before rounding
+    # C before rounding
+    exact = run.args.capacity_factor * run.args.tokens * run.args.top_k / run.args.experts
     # computed here, not by common.expert_parallel.moe.capacity, which the layer and its reference share
     cap = math.ceil(exact)
-    kept = torch.bincount(s["idx"][s["keep"]], minlength=args.experts)  # counted from the keep mask
-    report.claim(
+    # counted from the keep mask
+    kept = torch.bincount(s["idx"][s["keep"]], minlength=run.args.experts)
+    run.report.claim(
         "kept_equals_min_count_capacity",
         max_abs_diff(kept, s["counts"].clamp(max=cap)),
         "==",
@@ -150,7 +161,7 @@ def routing(report: Report, args: argparse.Namespace) -> None:
         exact=exact,
         cap=cap,
     )
-    report.claim(
+    run.report.claim(
         "dropped_counted_exactly",
         s["dropped"],
         "==",
@@ -158,16 +169,16 @@ def routing(report: Report, args: argparse.Namespace) -> None:
         "  assignments dropped (not kept by the mask): {value} = sum over experts of "
         "max(0, count - C)",
     )
-    dropped(report, args, moe, x, y)
+    dropped(run, moe, x, y)
 
 
-def dropped(report: Report, args: argparse.Namespace, moe: MoE, x: torch.Tensor, y) -> None:
+def dropped(run: Run, moe: MoE, x: torch.Tensor, y) -> None:
     """A dropped choice adds nothing; a token whose every choice was dropped gets its residual."""
     s = moe.stats
     if s["dropped"]:
-        report.claim(
+        run.report.claim(
             "dropped_choices_add_nothing",
-            max_abs_diff(y, kept_choices_only(moe, x, s["keep"], args.top_k)),
+            max_abs_diff(y, kept_choices_only(moe, x, s["keep"], run.args.top_k)),
             "<=",
             TOL,
             "  {lost} tokens lost a choice; max |layer output - sum over the kept choices only| = "
@@ -175,12 +186,12 @@ def dropped(report: Report, args: argparse.Namespace, moe: MoE, x: torch.Tensor,
             lost=int((~s["keep"]).any(-1).sum()),
         )
     gone = ~s["keep"].any(-1)  # tokens with every choice dropped
-    report.value(
+    run.report.value(
         "tokens_fully_dropped", int(gone.sum()), "  tokens whose every choice was dropped: {value}"
     )
     if gone.any():
         block_out = x + y  # the block's residual: x + moe(x)
-        report.claim(
+        run.report.claim(
             "dropped_token_passes_through",
             max_abs_diff(block_out[gone], x[gone]),
             "==",
@@ -190,13 +201,13 @@ def dropped(report: Report, args: argparse.Namespace, moe: MoE, x: torch.Tensor,
         )
 
 
-def layer_vs_one_process(report: Report, grid: Grid, args: argparse.Namespace) -> None:
+def layer_vs_one_process(run: Run) -> None:
     """Section 2: the MoE layer with experts over the ep ranks vs the same MoE in one process, fwd and bwd."""
-    ep, ep_rank, group = grid.size("ep"), grid.coords["ep"], grid.group("ep")
-    set_seed(args.seed)
-    full = MoE(args.hidden, args.experts, args.top_k, args.capacity_factor)
+    ep, ep_rank, group = run.grid.size("ep"), run.grid.coords["ep"], run.grid.group("ep")
+    set_seed(run.args.seed)
+    full = MoE(run.args.hidden, run.args.experts, run.args.top_k, run.args.capacity_factor)
     split = ExpertParallelMoE(full, ep_rank, ep, group if ep > 1 else None)
-    X = torch.randn(ep, args.tokens, args.hidden)  # every rank's tokens; rank r owns X[r]
+    X = torch.randn(ep, run.args.tokens, run.args.hidden)  # every rank's tokens; rank r owns X[r]
     xf = X.clone().requires_grad_()
     ys, want = one_process_layer(full, xf)  # want[r, d]: the rows rank r should send rank d
     xs = X[ep_rank].clone().requires_grad_()
@@ -212,7 +223,7 @@ def layer_vs_one_process(report: Report, grid: Grid, args: argparse.Namespace) -
         expert_grads(full, split),
         max_abs_diff(split.router.weight.grad, full.router.weight.grad),
     ]
-    report.claim(
+    run.report.claim(
         "layer_equals_one_process",
         max_over_ranks(nan_max(gaps)),
         "<=",
@@ -221,40 +232,39 @@ def layer_vs_one_process(report: Report, grid: Grid, args: argparse.Namespace) -
         "{value:.1e}",
         ep=ep,
     )
-    rows_sent(report, grid, split, want)
+    rows_sent(run, split, want)
     calls = (fwd.calls.get("all_to_all_single", 0), bwd.calls.get("all_to_all_single", 0))
-    report.claim(
+    run.report.claim(
         "all_to_alls_forward_backward",
         int(calls == ((4, 2) if ep > 1 else (0, 0))),
         "==",
         1,
-        "  all_to_all_single calls: forward {fwd} (split sizes, rows, expert ids, combine),\n"
-        "  backward {bwd} (combine and dispatch, splits swapped): {value}",
-        fwd=calls[0],
-        bwd=calls[1],
+        "  all_to_all_single calls: forward {calls[0]} (split sizes, rows, expert ids, combine),\n"
+        "  backward {calls[1]} (combine and dispatch, splits swapped): {value}",
+        calls=calls,
     )
     moved = sum(b for what, _, b, _ in traffic + traffic_back if what in FEATURE_CALLS)
-    formula = 4 * (want.sum() - want.trace()).item() * args.hidden * xs.element_size()
-    report.claim(
+    formula = 4 * (want.sum() - want.trace()).item() * run.args.hidden * xs.element_size()
+    run.report.claim(
         "bytes_equal_formula",
-        all_reduce_sum([moved], grid.info)[0],
+        all_reduce_sum([moved], run.info)[0],
         "==",
         formula,
         "  feature bytes sent to other ranks, counted at the calls: {value:.0f}\n"
         "  = 4 (dispatch, combine, and both backward) x rows that leave their rank x H x 4",
     )
     rows_in = want.sum(0).double()  # rows each rank's experts process
-    report.value(
+    run.report.value(
         "busiest_rank_over_mean",
         (rows_in.max() / rows_in.mean()).item(),
         "  load: the busiest rank's rows / the mean = {value:.3f} (1.0 = balanced)",
     )
 
 
-def rows_sent(report: Report, grid: Grid, split: ExpertParallelMoE, want: torch.Tensor) -> None:
+def rows_sent(run: Run, split: ExpertParallelMoE, want: torch.Tensor) -> None:
     """The split sizes each rank really passed to all_to_all_single, gathered, against the routing histogram
     of the one-process MoE; and where every token's choices went (recorded for the notebook's picture)."""
-    ep, group = grid.size("ep"), grid.group("ep")
+    ep, group = run.grid.size("ep"), run.grid.group("ep")
     sent = [split.stats["send"].clone() for _ in range(ep)]
     if ep > 1:
         dist.all_gather(sent, split.stats["send"], group=group)
@@ -264,9 +274,10 @@ def rows_sent(report: Report, grid: Grid, split: ExpertParallelMoE, want: torch.
     every = [dest.clone() for _ in range(ep)]
     if ep > 1:
         dist.all_gather(every, dest, group=group)
-    report.record("destinations", torch.stack(every).tolist())  # [rank][token][choice]
-    report.value("rows_sent", sent.tolist(), "  rows sent, rank (row) -> rank (column): {value}")
-    report.claim(
+    run.report.record("destinations", torch.stack(every).tolist())  # [rank][token][choice]
+    text = "  rows sent, rank (row) -> rank (column): {value}"
+    run.report.value("rows_sent", sent.tolist(), text)
+    run.report.claim(
         "rows_sent_equal_histogram",
         max_abs_diff(sent.double(), want.double()),
         "==",
@@ -275,23 +286,11 @@ def rows_sent(report: Report, grid: Grid, split: ExpertParallelMoE, want: torch.
     )
 
 
-def against_torch(report: Report, grid: Grid, hidden: int) -> None:
+def against_torch(run: Run) -> None:
     """Our AllToAll vs torch.distributed.nn.functional.all_to_all_single: the same rows and gradients."""
-    ep, ep_rank, group = grid.size("ep"), grid.coords["ep"], grid.group("ep")
-    send = [(ep_rank + d) % 3 + 1 for d in range(ep)]  # uneven splits, different on every rank
-    recv = [(s + ep_rank) % 3 + 1 for s in range(ep)]  # what rank s sends me: its send[ep_rank]
-    x = torch.randn(sum(send), hidden)
-    ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
-    y1 = AllToAll.apply(ours, recv, send, group, "check")
-    with warnings.catch_warnings():  # torch 2.13: deprecated, pointing to _functional_collectives
-        warnings.simplefilter("ignore", FutureWarning)
-        out = torch.empty(sum(recv), hidden)
-        y2 = dist_nn.all_to_all_single(out, theirs, recv, send, group=group)
-    weight = torch.randn(sum(recv), hidden)
-    (y1 * weight).sum().backward()
-    (y2 * weight).sum().backward()
-    gap = nan_max([max_abs_diff(y1, y2), max_abs_diff(ours.grad, theirs.grad)])
-    report.claim(
+    ep, ep_rank, group = run.grid.size("ep"), run.grid.coords["ep"], run.grid.group("ep")
+    gap = all_to_all_vs_torch(group, ep_rank, ep, run.args.hidden)
+    run.report.claim(
         "torch_all_to_all_agrees",
         max_over_ranks(gap),
         "==",
@@ -302,38 +301,42 @@ def against_torch(report: Report, grid: Grid, hidden: int) -> None:
     )
 
 
-def train(report: Report, grid: Grid, args: argparse.Namespace, tag: str, steps: int) -> None:
+def train(run: Run, tag: str, steps: int) -> None:
     """Sections 3 and 4: train the EP model on this rank's sequences and the one-process model on every rank's
     (each with its own capacity, as the ranks have); losses and parameters compared."""
-    dp, ep = grid.size("dp"), grid.size("ep")
-    world, me = dp * ep, grid.coords["dp"] * ep + grid.coords["ep"]  # my chunk of the global batch
-    set_seed(args.seed)
-    moe = MoE(args.hidden, args.experts, args.top_k, args.capacity_factor)
-    full, split = build_pair(args.hidden, args.heads, moe, grid)
-    opts = [torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9) for m in (full, split)]
+    dp, ep = run.grid.size("dp"), run.grid.size("ep")
+    world = dp * ep
+    me = run.grid.coords["dp"] * ep + run.grid.coords["ep"]  # my chunk of the global batch
+    set_seed(run.args.seed)
+    moe = MoE(run.args.hidden, run.args.experts, run.args.top_k, run.args.capacity_factor)
+    full, split = build_pair(run.args.hidden, run.args.heads, moe, run.grid)
+    opts = [torch.optim.SGD(m.parameters(), lr=run.args.lr, momentum=0.9) for m in (full, split)]
     tokens, test = digit_tokens(), digit_tokens(train=False)[:64]  # (1438, 64), (64, 64)
-    g = torch.Generator().manual_seed(args.seed)  # the same global batch on every rank
+    g = torch.Generator().manual_seed(run.args.seed)  # the same global batch on every rank
     gaps = []
     # every rank evaluates the same held-out digits (the all-to-alls need every rank)
     with torch.no_grad():
         test_before = next_token_loss(split, test).item()
     for _step in range(steps):
-        batch = tokens[torch.randint(len(tokens), (world * args.batch_size,), generator=g)]
-        batch = batch.view(world, args.batch_size, -1)  # (world, B, 64): rank r trains on batch[r]
+        batch = tokens[torch.randint(len(tokens), (world * run.args.batch_size,), generator=g)]
+        batch = batch.view(
+            world, run.args.batch_size, -1
+        )  # (world, B, 64): rank r trains on batch[r]
         losses = [
-            next_token_loss(full, b) + args.aux_weight * moe_of(full).stats["aux"] for b in batch
+            next_token_loss(full, b) + run.args.aux_weight * moe_of(full).stats["aux"]
+            for b in batch
         ]
         ref = sum(losses) / world
-        loss = next_token_loss(split, batch[me]) + args.aux_weight * moe_of(split).stats["aux"]
+        loss = next_token_loss(split, batch[me]) + run.args.aux_weight * moe_of(split).stats["aux"]
         for model, opt, objective in ((full, opts[0], ref), (split, opts[1], loss / world)):
             opt.zero_grad()
             objective.backward()  # the EP loss is divided by world: the all-reduced sum is the global mean
             if model is split:
                 with count_collectives() as reduced:
-                    reduce_grads(split, grid)
+                    reduce_grads(split, run.grid)
             opt.step()
-        gaps.append(abs(all_reduce_sum([loss.item() / world], grid.info)[0] - ref.item()))
-    report.claim(
+        gaps.append(abs(all_reduce_sum([loss.item() / world], run.info)[0] - ref.item()))
+    run.report.claim(
         f"{tag}_training_equals_one_process",
         max_over_ranks(nan_max(gaps)),
         "<=",
@@ -342,51 +345,49 @@ def train(report: Report, grid: Grid, args: argparse.Namespace, tag: str, steps:
         tag=tag,
         steps=steps,
     )
-    report.claim(
+    run.report.claim(
         f"{tag}_params_equal_one_process",
         max_over_ranks(param_gap(full, split)),
         "<=",
         TOL,
         "  max |parameter - one-process parameter| after training = {value:.1e}",
     )
-    held_out_loss(report, tag, steps, split, test, test_before)
-    gradient_reductions(report, grid, tag, reduced)
-
-
-def held_out_loss(
-    report: Report, tag: str, steps: int, split, test: torch.Tensor, before: float
-) -> None:
-    """The EP model's held-out loss after training over before: a claim from 30 steps on, else a value."""
     with torch.no_grad():
         after = next_token_loss(split, test).item()
+    held_out_loss(run, tag, steps, test_before, after)
+    gradient_reductions(run, tag, reduced)
+
+
+def held_out_loss(run: Run, tag: str, steps: int, before: float, after: float) -> None:
+    """The EP model's held-out loss after training over before: a claim from 30 steps on, else a value."""
     text = (
         "  held-out next-pixel loss of the EP model {before:.3f} -> {after:.3f}: ratio {value:.2f}"
     )
     # measured: 0.65-0.77 at the smallest settings (H = 8, lr 0.01, B = 1), 0.93 at 10 steps
     if steps >= 30:
-        report.claim(
+        run.report.claim(
             f"{tag}_test_loss_falls", after / before, "<=", 0.9, text, before=before, after=after
         )
     else:
-        report.value(f"{tag}_test_loss_ratio", after / before, text, before=before, after=after)
+        run.report.value(f"{tag}_test_loss_ratio", after / before, text, before=before, after=after)
 
 
-def gradient_reductions(report: Report, grid: Grid, tag: str, reduced) -> None:
+def gradient_reductions(run: Run, tag: str, reduced) -> None:
     """The all-reduces of one step's gradients, by group: experts in dp, the rest in the world, none in ep."""
-    dp, world = grid.size("dp"), grid.size("dp") * grid.size("ep")
+    dp, world = run.grid.size("dp"), run.grid.size("dp") * run.grid.size("ep")
     expected = {
-        ("all_reduce", tuple(grid.ranks_in("dp"))): int(dp > 1),
+        ("all_reduce", tuple(run.grid.ranks_in("dp"))): int(dp > 1),
         ("all_reduce", tuple(range(world))): int(world > 1),
     }
     expected = {k: v for k, v in expected.items() if v}
-    report.claim(
+    run.report.claim(
         f"{tag}_gradient_reductions",
         int(reduced.groups == expected),
         "==",
         1,
         "  gradient all-reduces per step: experts in dp {dp_ranks} {in_dp}, the rest in the world "
         "{in_world}, in ep 0: {value}",
-        dp_ranks=grid.ranks_in("dp"),
+        dp_ranks=run.grid.ranks_in("dp"),
         in_dp=int(dp > 1),
         in_world=int(world > 1),
     )
@@ -397,14 +398,14 @@ BALANCE = dict(
 )
 
 
-def balance(report: Report) -> None:
+def balance(run: Run) -> None:
     """Section 5 (one process, fixed settings: no option changes them, so its claim holds or fails for the
     code, never for an option): the Switch balance loss, trained with and without it on a few seeds."""
     b = BALANCE
     ratios, hists = balance_runs(**b)
-    report.record("balance_histograms", {str(k): v for k, v in hists.items()})
+    run.report.record("balance_histograms", {str(k): v for k, v in hists.items()})
     rounded = {str(k): [round(r, 3) for r in v] for k, v in ratios.items()}
-    report.value(
+    run.report.value(
         "balance_imbalance",
         rounded,
         "balance loss, {steps} steps x {seeds} seeds: busiest expert / mean on held-out digits\n"
@@ -414,7 +415,7 @@ def balance(report: Report) -> None:
         before=hists[b["seeds"][0]]["before"],
     )
     better = sum(with_ < without for with_, without in zip(ratios[b["weight"]], ratios[0.0]))
-    report.claim(
+    run.report.claim(
         "balance_loss_evens_the_histogram",
         better,
         "==",
@@ -428,22 +429,21 @@ def balance(report: Report) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     with distributed_session(args) as info:
-        report = Report(info)
-        grid = Grid(info, dp=1, ep=info.world_size)
-        report.value("grid", grid.describe(), "\n".join(grid.describe()))
-        routing(report, args)  # 1. top-k, capacity, drops
-        layer_vs_one_process(report, grid, args)  # 2. the layer over ep ranks
-        if grid.size("ep") > 1:
-            against_torch(report, grid, args.hidden)
-        train(report, grid, args, "ep", args.steps)  # 3. training with ep
+        run = Run(args, info, Report(info), Grid(info, dp=1, ep=info.world_size))
+        run.report.value("grid", run.grid.describe(), "\n".join(run.grid.describe()))
+        routing(run)  # 1. top-k, capacity, drops
+        layer_vs_one_process(run)  # 2. the layer over ep ranks
+        if run.grid.size("ep") > 1:
+            against_torch(run)
+        train(run, "ep", args.steps)  # 3. training with ep
         if info.world_size == 4:  # 4. ep x dp
             mesh = Grid(info, dp=2, ep=2)
-            report.value("grid_2d", mesh.describe(), "\n".join(mesh.describe()))
-            train(report, mesh, args, "ep_dp", 10)
+            run.report.value("grid_2d", mesh.describe(), "\n".join(mesh.describe()))
+            train(dataclasses.replace(run, grid=mesh), "ep_dp", 10)
         else:
             print0("dp x ep: launch 4 processes for the 2 x 2 mesh")
-        balance(report)  # 5. the balance loss
-        report.finish(args.results)
+        balance(run)  # 5. the balance loss
+        run.report.finish(args.results)
 
 
 if __name__ == "__main__":

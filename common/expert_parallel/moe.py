@@ -23,13 +23,17 @@ capacity factor) and DeepSeek-V3 drop no token at all, and pay with uneven exper
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
 import torch.nn as nn
 import torch.nn.functional as F
+
+from common.measure.differences import max_abs_diff, nan_max
 
 __all__ = [
     "Expert",
@@ -45,6 +49,7 @@ __all__ = [
     "all_to_all_traffic",
     "check_moe_options",
     "kept_choices_only",
+    "all_to_all_vs_torch",
 ]
 
 
@@ -275,3 +280,21 @@ def kept_choices_only(moe: MoE, x: torch.Tensor, keep: torch.Tensor, k: int) -> 
                 row = row + weights[t, j] * moe.experts[idx[t, j]](x[t])
         rows.append(row)
     return torch.stack(rows)
+
+
+def all_to_all_vs_torch(group, rank: int, size: int, hidden: int) -> float:
+    """`AllToAll` against torch.distributed.nn.functional.all_to_all_single, uneven splits differing by rank:
+    max |difference| of the rows received and of the input gradients, on this rank (lesson 20)."""
+    send = [(rank + d) % 3 + 1 for d in range(size)]  # uneven splits, different on every rank
+    recv = [(s + rank) % 3 + 1 for s in range(size)]  # what rank s sends me: its send[rank]
+    x = torch.randn(sum(send), hidden)
+    ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y1 = AllToAll.apply(ours, recv, send, group, "check")
+    with warnings.catch_warnings():  # torch 2.13: deprecated, pointing to _functional_collectives
+        warnings.simplefilter("ignore", FutureWarning)
+        out = torch.empty(sum(recv), hidden)
+        y2 = dist_nn.all_to_all_single(out, theirs, recv, send, group=group)
+    weight = torch.randn(sum(recv), hidden)
+    (y1 * weight).sum().backward()
+    (y2 * weight).sum().backward()
+    return nan_max([max_abs_diff(y1, y2), max_abs_diff(ours.grad, theirs.grad)])
