@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import copy
 import textwrap
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -60,14 +61,14 @@ from common.context_parallel.training import (
 )
 from common.context_parallel.ulysses import ulysses_attention
 from common.data import PIXEL_VOCAB, digit_sequences, next_token_targets
-from common.harness.env import LessonError, read_torchrun_env
+from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.grid import Grid
 from common.harness.ranks import all_gather_objects
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
 from common.measure.counters import count_collectives
 from common.measure.differences import max_abs_diff, max_abs_diff_all, max_over_ranks, nan_max
-from common.measure.memory import saved_bytes
+from common.measure.memory import saved_bytes_of
 from common.models import CausalTransformer
 from common.planning.transformer import matmul_attention
 
@@ -119,31 +120,33 @@ def check_args(args: argparse.Namespace, cp: int) -> None:
             )
 
 
+@dataclass
+class Run:
+    """What the sections share: options, rank, report, the grid (one cp group: S/cp tokens a rank)."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    grid: Grid
+
+
 def qkv(args, B: int, S: int, device) -> list[torch.Tensor]:
     """q, k, v of the whole sequence (B, H, S, D=8), the same on every rank (same seed)."""
     g = torch.Generator().manual_seed(args.seed)
     return [torch.randn(B, args.heads, S, 8, generator=g).to(device) for _ in range(3)]
 
 
-def saved_by(fn, tensors) -> int:
-    """Bytes autograd saves for backward when `fn` runs on copies of `tensors` that require grad."""
-    leaves = [t.detach().clone().requires_grad_() for t in tensors]
-    with saved_bytes() as saved:
-        fn(*leaves)
-    return saved.bytes
-
-
-def activation_memory(report: Report, grid: Grid, args) -> None:
+def activation_memory(run: Run) -> None:
     """Section 1: bytes saved for backward by attention, against S and against cp."""
-    cp, cp_rank, group, dev = grid.size("cp"), grid.coords["cp"], grid.group("cp"), grid.info.device
-    B, S = 2, args.seq_len
+    cp, cp_rank, dev = run.grid.size("cp"), run.grid.coords["cp"], run.info.device
+    B, S = 2, run.args.seq_len
     # attention written out (the S x S scores and their softmax are tensors autograd keeps), fixed S
-    naive = {s: saved_by(matmul_attention, qkv(args, B, s, dev)) for s in NAIVE_S}
+    naive = {s: saved_bytes_of(matmul_attention, qkv(run.args, B, s, dev)) for s in NAIVE_S}
     (s1, b1), (s2, b2) = naive.items()
     sizes = f"at S={s1}: {b1}, at S={s2}: {b2}"
     text = "attention written out, B={B} H={a.heads} D=8: bytes saved for backward {sizes}"
-    report.value("naive_saved_bytes", naive, text, B=B, a=args, sizes=sizes)
-    report.claim(
+    run.report.value("naive_saved_bytes", naive, text, B=B, a=run.args, sizes=sizes)
+    run.report.claim(
         "naive_attention_bytes_grow_with_s_squared",
         b2 / b1,
         ">=",
@@ -151,12 +154,13 @@ def activation_memory(report: Report, grid: Grid, args) -> None:
         "  doubling S multiplies them by {value:.2f} (the S x S softmax dominates; linear: 2)",
     )
     split = Split("zigzag", cp)
-    whole = qkv(args, B, S, dev)
-    one = saved_by(partial(ring_attention, split=Split("zigzag", 1)), whole)
+    whole = qkv(run.args, B, S, dev)
+    one = saved_bytes_of(partial(ring_attention, split=Split("zigzag", 1)), whole)
     mine = [split.take(t, cp_rank, 2) for t in whole]
-    per_rank = saved_by(partial(ring_attention, split=split, group=group), mine)
-    want = B * args.heads * (S // cp) * (4 * 8 + 1) * 4  # q, k, v, out: D floats a token; lse 1
-    report.claim(
+    ring = partial(ring_attention, split=split, group=run.grid.group("cp"))
+    per_rank = saved_bytes_of(ring, mine)
+    want = B * run.args.heads * (S // cp) * (4 * 8 + 1) * 4  # q, k, v, out: D floats a token; lse 1
+    run.report.claim(
         "ring_saved_bytes_per_rank",
         per_rank,
         "==",
@@ -165,7 +169,7 @@ def activation_memory(report: Report, grid: Grid, args) -> None:
         "  (q, k, v, out and the log-sum-exp; no S x S matrix)",
         cp=cp,
     )
-    report.claim(
+    run.report.claim(
         "ring_saved_bytes_fall_with_cp",
         per_rank * cp / one,
         "==",
@@ -175,13 +179,14 @@ def activation_memory(report: Report, grid: Grid, args) -> None:
     )
 
 
-def ring_run(args, grid: Grid, kind: str, dout_seed: int = 1) -> dict:
+def ring_run(run: Run, kind: str, dout_seed: int = 1) -> dict:
     """Ring attention with `kind` split vs SDPA on the whole sequence, forward and backward."""
-    cp, cp_rank, group, dev = grid.size("cp"), grid.coords["cp"], grid.group("cp"), grid.info.device
-    split = Split(kind, cp)
-    whole = [t.requires_grad_() for t in qkv(args, 2, args.seq_len, dev)]
+    cp_rank, group = run.grid.coords["cp"], run.grid.group("cp")
+    split = Split(kind, run.grid.size("cp"))
+    whole = [t.requires_grad_() for t in qkv(run.args, 2, run.args.seq_len, run.info.device)]
     ref = F.scaled_dot_product_attention(*whole, is_causal=True)
-    dout = torch.randn(ref.shape, generator=torch.Generator().manual_seed(dout_seed)).to(dev)
+    dout = torch.randn(ref.shape, generator=torch.Generator().manual_seed(dout_seed))
+    dout = dout.to(run.info.device)
     ref.backward(dout)
     mine = [split.take(t.detach(), cp_rank, 2).requires_grad_() for t in whole]
     stats = RingStats(blocks=[])  # keep the key block in hand at each step, as it arrived
@@ -195,26 +200,26 @@ def ring_run(args, grid: Grid, kind: str, dout_seed: int = 1) -> dict:
     return {"diff": diff, "stats": stats, "block": block, "held": held}
 
 
-def ring_equals_full(report: Report, grid: Grid, args) -> dict:
+def ring_equals_full(run: Run) -> dict:
     """Section 2: ring attention = SDPA on the whole sequence; the bytes each rank sends, counted."""
-    cp = grid.size("cp")
-    runs = {kind: ring_run(args, grid, kind) for kind in ("zigzag", "contiguous")}
-    for kind, run in runs.items():
-        report.claim(
+    cp = run.grid.size("cp")
+    rings = {kind: ring_run(run, kind) for kind in ("zigzag", "contiguous")}
+    for kind, ring in rings.items():
+        run.report.claim(
             f"ring_{kind}_equals_sdpa",
-            run["diff"],
+            ring["diff"],
             "<=",
             TOL,
             "ring attention, {kind} split, cp={cp}, S={S}: max |ring - SDPA on the whole sequence|\n"
             "  over output and q, k, v gradients = {value:.1e}",
             kind=kind,
             cp=cp,
-            S=args.seq_len,
+            S=run.args.seq_len,
         )
-    held = all_gather_objects(runs["zigzag"]["held"], grid.info)  # held[r][s]: -1 if nobody's
+    held = all_gather_objects(rings["zigzag"]["held"], run.info)  # held[r][s]: -1 if nobody's
     lines = [f"  rank {r}, steps 0..{cp - 1}: the blocks of ranks {h}" for r, h in enumerate(held)]
-    report.value("ring_held", held, "\n".join(lines))
-    report.claim(
+    run.report.value("ring_held", held, "\n".join(lines))
+    run.report.claim(
         "ring_holds_rank_r_minus_s",
         off_schedule(held, cp),
         "==",
@@ -222,8 +227,8 @@ def ring_equals_full(report: Report, grid: Grid, args) -> dict:
         "  (rank r, step s) where the block in hand, matched by its values, is not rank (r - s) mod "
         "cp's: {value}",
     )
-    sent, block = runs["zigzag"]["stats"].sent, runs["zigzag"]["block"]
-    report.claim(
+    sent, block = rings["zigzag"]["stats"].sent, rings["zigzag"]["block"]
+    run.report.claim(
         "ring_forward_bytes_sent",
         sent["forward"] / block,
         "==",
@@ -233,7 +238,7 @@ def ring_equals_full(report: Report, grid: Grid, args) -> dict:
         sent=sent["forward"],
         block=block,
     )
-    report.claim(
+    run.report.claim(
         "ring_backward_bytes_sent",
         sent["backward"] / block,
         "==",
@@ -242,17 +247,17 @@ def ring_equals_full(report: Report, grid: Grid, args) -> dict:
         "  + cp blocks of their gradients dk, dv (they travel on until they are home)",
         sent=sent["backward"],
     )
-    return runs
+    return rings
 
 
-def load_balance(report: Report, grid: Grid, args, runs: dict) -> None:
+def load_balance(run: Run, rings: dict) -> None:
     """Section 3: unmasked query-key pairs per rank, counted by the ring itself, for both splits."""
-    cp, S, pairs = grid.size("cp"), args.seq_len, {}
+    cp, S, pairs = run.grid.size("cp"), run.args.seq_len, {}
     for kind in ("contiguous", "zigzag"):
-        pairs[kind] = all_gather_objects(runs[kind]["stats"].pairs, grid.info)
+        pairs[kind] = all_gather_objects(rings[kind]["stats"].pairs, run.info)
         text = "{kind} split: unmasked query-key pairs per rank {value}"
-        report.value(f"pairs_{kind}", pairs[kind], text, kind=kind)
-        report.claim(
+        run.report.value(f"pairs_{kind}", pairs[kind], text, kind=kind)
+        run.report.claim(
             f"pairs_{kind}_total",
             sum(pairs[kind]),
             "==",
@@ -269,41 +274,37 @@ def load_balance(report: Report, grid: Grid, args, runs: dict) -> None:
         else:
             want = 1.0
             text = "  max/min = {value}: chunks r and 2cp-1-r hold the same pairs on every rank"
-        report.claim(f"pairs_{kind}_max_over_min", ratio, "==", want, text)
+        run.report.claim(f"pairs_{kind}_max_over_min", ratio, "==", want, text)
     if cp > 1:
-        idle_time(report, grid, args)
+        idle_time(run)
 
 
-def idle_time(report: Report, grid: Grid, args) -> None:
+def idle_time(run: Run) -> None:
     """The step's idle time under each split, measured (a timing, so [perf]): wall time minus compute."""
-    cp_rank, group, dev = grid.coords["cp"], grid.group("cp"), grid.info.device
-    whole = qkv(args, 1, args.timing_seq_len, dev)
+    whole = qkv(run.args, 1, run.args.timing_seq_len, run.info.device)
     for kind in ("contiguous", "zigzag"):
-        split = Split(kind, grid.size("cp"))
-        mine = [split.take(t, cp_rank, 2) for t in whole]
-        facts = all_gather_objects(time_forward(*mine, split, group), grid.info)
+        split = Split(kind, run.grid.size("cp"))
+        mine = [split.take(t, run.grid.coords["cp"], 2) for t in whole]
+        facts = all_gather_objects(time_forward(*mine, split, run.grid.group("cp")), run.info)
         wall = max(w for w, _ in facts)  # the step ends when the slowest rank does
-        idle = [
-            wall - c for _, c in facts
-        ]  # a rank not computing: waiting for its neighbours, or done
-        report.perf(
+        idle = [wall - c for _, c in facts]  # not computing: waiting for neighbours, or done
+        run.report.perf(
             f"idle_{kind}",
             idle,
             "{kind}, S={S}, ring forward: wall {wall:.1f} ms; compute (ms) {compute}; idle {idle}",
             kind=kind,
-            S=args.timing_seq_len,
+            S=run.args.timing_seq_len,
             wall=wall * 1e3,
             compute=" ".join(f"{c * 1e3:.1f}" for _, c in facts),
             idle=" ".join(f"{i * 1e3:.1f}" for i in idle),
         )
 
 
-def ulysses(report: Report, grid: Grid, args, runs: dict) -> None:
+def ulysses(run: Run, rings: dict) -> None:
     """Section 5: the heads split instead of the sequence, with two all-to-alls."""
-    cp, cp_rank, group, dev = grid.size("cp"), grid.coords["cp"], grid.group("cp"), grid.info.device
-    # all-to-all puts chunk i of rank i in place i: contiguous order
-    split = Split("contiguous", cp)
-    whole = [t.requires_grad_() for t in qkv(args, 2, args.seq_len, dev)]
+    cp, cp_rank, group = run.grid.size("cp"), run.grid.coords["cp"], run.grid.group("cp")
+    split = Split("contiguous", cp)  # all-to-all puts rank i's chunk in place i: contiguous
+    whole = [t.requires_grad_() for t in qkv(run.args, 2, run.args.seq_len, run.info.device)]
     ref = F.scaled_dot_product_attention(*whole, is_causal=True)
     ref.square().sum().backward()
     mine = [split.take(t.detach(), cp_rank, 2).requires_grad_() for t in whole]
@@ -313,7 +314,7 @@ def ulysses(report: Report, grid: Grid, args, runs: dict) -> None:
         out.square().sum().backward()
     diffs = [max_abs_diff(out, split.take(ref, cp_rank, 2))]
     diffs += [max_abs_diff(m.grad, split.take(w.grad, cp_rank, 2)) for m, w in zip(mine, whole)]
-    report.claim(
+    run.report.claim(
         "ulysses_equals_sdpa",
         max_over_ranks(nan_max(diffs), group),
         "<=",
@@ -321,7 +322,7 @@ def ulysses(report: Report, grid: Grid, args, runs: dict) -> None:
         "Ulysses at cp={cp}: max |Ulysses - SDPA| over output and q, k, v gradients = {value:.1e}",
         cp=cp,
     )
-    report.claim(
+    run.report.claim(
         "ulysses_all_to_alls",
         fwd.calls.get("all_to_all_single", 0),
         "==",
@@ -329,10 +330,9 @@ def ulysses(report: Report, grid: Grid, args, runs: dict) -> None:
         "  all-to-alls in forward: {value} (q, k, v stacked; the output), in backward: {bwd}",
         bwd=bwd.calls.get("all_to_all_single", 0),
     )
-    # each all-to-all's buffer; (cp-1)/cp of it leaves
-    sent = fwd.bytes.get("all_to_all_single", 0) * (cp - 1) // cp
-    block = runs["zigzag"]["block"] // 2  # one of k, v: the same size as q
-    report.claim(
+    sent = fwd.bytes.get("all_to_all_single", 0) * (cp - 1) // cp  # (cp-1)/cp of each buffer leaves
+    block = rings["zigzag"]["block"] // 2  # one of k, v: the same size as q
+    run.report.claim(
         "ulysses_forward_bytes_sent",
         sent / block,
         "==",
@@ -341,25 +341,25 @@ def ulysses(report: Report, grid: Grid, args, runs: dict) -> None:
         "  (q, k, v and out); the ring sends {ring} = 2 (cp-1) blocks",
         sent=sent,
         block=block,
-        ring=runs["zigzag"]["stats"].sent["forward"],
+        ring=rings["zigzag"]["stats"].sent["forward"],
     )
 
 
-def train(report: Report, grid: Grid, args) -> TrainedPair:
+def train(run: Run) -> TrainedPair:
     """Section 4: the causal transformer trained with cp = world size, and the one-process model."""
-    cp, cp_rank, group, dev = grid.size("cp"), grid.coords["cp"], grid.group("cp"), grid.info.device
-    set_seed(args.seed)
-    full = CausalTransformer(PIXEL_VOCAB, D_MODEL, args.heads, LAYERS, max_len=SEQ).to(dev)
+    cp, group, dev = run.grid.size("cp"), run.grid.group("cp"), run.info.device
+    set_seed(run.args.seed)
+    full = CausalTransformer(PIXEL_VOCAB, D_MODEL, run.args.heads, LAYERS, max_len=SEQ).to(dev)
     split = Split("zigzag", cp)
     model = copy.deepcopy(full).set_attention(partial(ring_attention, split=split, group=group))
-    positions = split.positions(cp_rank, SEQ).to(dev)  # this rank's tokens: chunks r and 2cp-1-r
+    positions = split.positions(run.grid.coords["cp"], SEQ).to(dev)  # chunks r and 2cp-1-r
     train_tokens, test_tokens = (t.to(dev) for t in digit_sequences())
     opts = [torch.optim.SGD(m.parameters(), lr=LR, momentum=0.9) for m in (full, model)]
-    g = torch.Generator().manual_seed(args.seed)  # the same sequences on every cp rank
+    g = torch.Generator().manual_seed(run.args.seed)  # the same sequences on every cp rank
     test_before = held_out_loss(model, test_tokens, positions, group)
     losses = {"one_process": [], "cp": []}
-    for _step in range(args.steps):
-        pick = torch.randint(len(train_tokens), (args.batch_size,), generator=g).to(dev)
+    for _step in range(run.args.steps):
+        pick = torch.randint(len(train_tokens), (run.args.batch_size,), generator=g).to(dev)
         x = train_tokens[pick]  # (B, 64)
         losses["one_process"].append(one_process_step(full, opts[0], x))  # the whole sequence
         loss_sum, total, n = token_loss(model, x, positions, group)
@@ -368,17 +368,17 @@ def train(report: Report, grid: Grid, args) -> TrainedPair:
         sum_grads(model, group)  # sum the shares: each rank's tokens gave part of every gradient
         opts[1].step()
         losses["cp"].append(total / n)
-    report.record("losses", losses)
+    run.report.record("losses", losses)
     targets = int((next_token_targets(x)[:, positions] != -100).sum())
-    per_rank = all_gather_objects((loss_sum.item(), targets), grid.info)
-    report.value(
+    per_rank = all_gather_objects((loss_sum.item(), targets), run.info)
+    run.report.value(
         "targets_per_rank",
         [c for _, c in per_rank],
         "training, zig-zag cp={cp}: targets per rank {value} (a sequence's last token has none)",
         cp=cp,
     )
     wrong = sum(s / c for s, c in per_rank) / cp
-    report.value(
+    run.report.value(
         "mean_of_means_error",
         abs(wrong - losses["cp"][-1]),
         "  last step: the mean of per-rank mean losses is off the token mean by {value:.1e}",
@@ -386,64 +386,63 @@ def train(report: Report, grid: Grid, args) -> TrainedPair:
     return TrainedPair(full, model, positions, test_tokens, test_before, losses)
 
 
-def trained(report: Report, grid: Grid, args, run: TrainedPair) -> None:
+def trained(run: Run, pair: TrainedPair) -> None:
     """Section 4's claims: the cp model followed the one-process model, and its test loss fell."""
-    group = grid.group("cp")
-    gaps = (abs(a - b) for a, b in zip(run.losses["cp"], run.losses["one_process"]))
-    report.claim(
+    group = run.grid.group("cp")
+    gaps = (abs(a - b) for a, b in zip(pair.losses["cp"], pair.losses["one_process"]))
+    run.report.claim(
         "training_follows_one_process",
         max_over_ranks(nan_max(gaps), group),
         "<=",
         TOL,
         "  {steps} SGD steps: max |loss cp - loss one process| = {value:.1e}",
-        steps=args.steps,
+        steps=run.args.steps,
     )
-    diff = max_over_ranks(max_abs_diff_all(run.model.parameters(), run.full.parameters()), group)
-    report.claim(
+    diff = max_over_ranks(max_abs_diff_all(pair.model.parameters(), pair.full.parameters()), group)
+    run.report.claim(
         "training_params_equal_one_process",
         diff,
         "<=",
         TOL,
         "  max |parameter cp - parameter one process| after training = {value:.1e}",
     )
-    after = held_out_loss(run.model, run.test_tokens, run.positions, group)
-    report.claim(
+    after = held_out_loss(pair.model, pair.test_tokens, pair.positions, group)
+    run.report.claim(
         "training_loss_falls",
-        after / run.test_before,
+        after / pair.test_before,
         "<=",
         0.8,
         "  test loss per pixel {before:.3f} before training, {after:.3f} after: ratio {value:.2f}",
-        before=run.test_before,
+        before=pair.test_before,
         after=after,
     )
 
 
-def pytorch_context_parallel(report: Report, grid: Grid, args) -> None:
+def pytorch_context_parallel(run: Run) -> None:
     """Section 6: PyTorch's own context parallelism, tried here; what happened is a value, not a claim."""
-    cp, mesh, dev = grid.size("cp"), grid.submesh("cp"), grid.info.device
+    mesh, dev = run.grid.submesh("cp"), run.info.device
     outcome = "not tried: it needs a process group (torchrun)"
     if mesh is not None:
-        tried = try_context_parallel(mesh, qkv(args, 2, args.seq_len, dev))
-        outcome = all_gather_objects(tried, grid.info)[0]  # rank 0's, as every rank's line
-    where = f", cp={cp}, {dev.type}" if mesh is not None else ""
+        tried = try_context_parallel(mesh, qkv(run.args, 2, run.args.seq_len, dev))
+        outcome = all_gather_objects(tried, run.info)[0]  # rank 0's, as every rank's line
+    where = f", cp={run.grid.size('cp')}, {dev.type}" if mesh is not None else ""
     wrapped = textwrap.fill(outcome, 110, initial_indent="  ", subsequent_indent="  ")
     text = "torch.distributed.tensor.experimental.context_parallel{where}:\n{wrapped}"
-    report.value("pytorch_context_parallel", outcome, text, where=where, wrapped=wrapped)
+    run.report.value("pytorch_context_parallel", outcome, text, where=where, wrapped=wrapped)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     with distributed_session(args) as info:
-        report = Report(info)
-        grid = Grid(info, cp=info.world_size)
-        report.value("grid", grid.describe(), "\n".join(grid.describe()))
-        activation_memory(report, grid, args)  # 1. why the sequence is the problem
-        runs = ring_equals_full(report, grid, args)  # 2. ring attention = SDPA; its bytes
-        load_balance(report, grid, args, runs)  # 3. contiguous vs zig-zag work
-        trained(report, grid, args, train(report, grid, args))  # 4. training with cp
-        ulysses(report, grid, args, runs)  # 5. the heads split
-        pytorch_context_parallel(report, grid, args)  # 6. what PyTorch ships
-        report.finish(args.results)
+        run = Run(args, info, Report(info), Grid(info, cp=info.world_size))
+        run.report.value("grid", run.grid.describe(), "\n".join(run.grid.describe()))
+        activation_memory(run)  # 1. why the sequence is the problem
+        rings = ring_equals_full(run)  # 2. ring attention = SDPA; its bytes
+        load_balance(run, rings)  # 3. contiguous vs zig-zag work
+        trained(run, train(run))  # 4. training with cp
+        ulysses(run, rings)  # 5. the heads split
+        pytorch_context_parallel(run)  # 6. what PyTorch ships
+        run.report.finish(args.results)
 
 
 if __name__ == "__main__":

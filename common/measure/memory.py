@@ -7,7 +7,8 @@
 - `saved_bytes(exclude)`: THE measurement of what autograd saves for backward inside a `with` block, through
   `torch.autograd.graph.saved_tensors_hooks` (https://pytorch.org/docs/stable/autograd.html#saved-tensors-hooks):
   the same count on CPU and CUDA, a DTensor by its local shard. Every lesson that counts saved bytes uses it.
-- `saved_activation_bytes(model, run)`: `saved_bytes` around one forward, the model's parameters excluded.
+- `saved_activation_bytes(model, run)`: `saved_bytes` around one forward, the model's parameters excluded;
+  `saved_bytes_of(fn, tensors)`: around `fn` on fresh leaf copies of `tensors` (lesson 19's attention).
 - `residual_mlp_activation_bytes(...)`: the same number from the shapes, to check the measurement exactly.
 
 The model these count, `ResidualMLP`, is in common/models.py; the micro-batches of gradient accumulation, the
@@ -32,6 +33,7 @@ __all__ = [
     "SavedBytes",
     "saved_bytes",
     "saved_activation_bytes",
+    "saved_bytes_of",
     "residual_mlp_activation_bytes",
 ]
 
@@ -161,6 +163,15 @@ def saved_bytes(
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield counter
+
+
+def saved_bytes_of(fn: Callable, tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes autograd saves for backward when `fn(*leaves)` runs on copies of `tensors` that require grad
+    (`saved_bytes`, each storage once): what an operation such as attention keeps, its inputs included."""
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    with saved_bytes() as saved:
+        fn(*leaves)
+    return saved.bytes
 
 
 def saved_activation_bytes(model: nn.Module, run: Callable[[], object]) -> int:

@@ -149,13 +149,14 @@ def test_a_nan_input_makes_the_lessons_equality_claims_fail(monkeypatch):
         return [q, k, v]
 
     monkeypatch.setattr(lesson, "qkv", with_nan)
-    report, grid = Report(DistInfo()), Grid(DistInfo(), cp=1)
-    runs = lesson.ring_equals_full(report, grid, args)
+    report = Report(DistInfo())
+    run = lesson.Run(args, DistInfo(), report, Grid(DistInfo(), cp=1))
+    runs = lesson.ring_equals_full(run)
     assert math.isnan(runs["zigzag"]["diff"])
     claims = report.results["claims"]
     assert (
         not claims["ring_zigzag_equals_sdpa"]["holds"]
         and not claims["ring_contiguous_equals_sdpa"]["holds"]
     )
-    lesson.ulysses(report, grid, args, runs)
+    lesson.ulysses(run, runs)
     assert not report.results["claims"]["ulysses_equals_sdpa"]["holds"]
