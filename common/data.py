@@ -25,6 +25,7 @@ __all__ = [
     "synthetic_images",
     "synthetic_split",
     "imbalanced_subset",
+    "class_hist",
     "digit_sequences",
     "next_token_targets",
     "global_batch_slices",
@@ -172,6 +173,12 @@ def imbalanced_subset(
         keep.append(idx[torch.randperm(len(idx), generator=g)[:k]])
     keep = torch.sort(torch.cat(keep)).values
     return Subset(train_set, keep.tolist()), y[keep]
+
+
+def class_hist(labels: torch.Tensor, indices: list[int]) -> list[int]:
+    """How many of `indices` fall in each class: (NUM_CLASSES,) counts (lesson 04's histograms per rank)."""
+    drawn = labels[torch.as_tensor(indices, dtype=torch.int64)]
+    return torch.bincount(drawn, minlength=NUM_CLASSES).tolist()
 
 
 def digit_sequences(test_fraction: float = 0.2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -39,6 +39,7 @@ https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md (algbw, busb
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -55,7 +56,7 @@ from common.collectives.ring import (
     simulation_equals_sum,
 )
 from common.data import digits_split
-from common.harness.env import LessonError, read_torchrun_env
+from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.ranks import gather_to_rank0, max_param_diff_across_ranks, print0
 from common.harness.results import Report
 from common.harness.session import (
@@ -71,6 +72,15 @@ from common.measure.differences import max_abs_diff, max_over_ranks, nan_max
 from common.models import mlp
 
 PSI = 1024  # float32 elements in the ring-versus-server count: 4096 bytes, divisible by 2, 4 and 8 ranks
+
+
+@dataclass
+class Run:
+    """What the sections share: the options, this rank, the report."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -164,54 +174,45 @@ def one_sgd_step(info, args) -> dict:
     }
 
 
-def who_am_i(info, report: Report) -> None:
+def who_am_i(run: Run) -> None:
     """1. Per-rank facts travel to rank 0 and are printed there in rank order."""
-    n = info.world_size
-    mine = {
-        "rank": info.rank,
-        "local_rank": info.local_rank,
-        "world_size": n,
-        "local_world_size": info.local_world_size,
-        "device": str(info.device),
-    }
-    facts = gather_to_rank0(mine, info) or []
-    rows = [
-        "{rank:>4} {local_rank:>10} {world_size:>10} {local_world_size:>16} {device:>6}".format(**f)
-        for f in facts
-    ]
     header = "rank local_rank world_size local_world_size device"
-    report.value("ranks", facts, "{header}\n{rows}", header=header, rows="\n".join(rows))
-    if info.master_process:
-        report.claim(
+    keys = header.split()  # the facts, each printed as wide as its name
+    mine = {k: getattr(run.info, k) for k in keys} | {"device": str(run.info.device)}
+    facts = gather_to_rank0(mine, run.info) or []
+    rows = [" ".join(f"{f[k]:>{len(k)}}" for k in keys) for f in facts]
+    run.report.value("ranks", facts, "{header}\n{rows}", header=header, rows="\n".join(rows))
+    if run.info.master_process:
+        run.report.claim(
             "ranks_are_0_to_n_minus_1",
-            [f["rank"] for f in facts] == list(range(n)),
+            [f["rank"] for f in facts] == list(range(run.info.world_size)),
             "==",
             True,
             "every rank 0 .. world_size-1 joined once: {value}",
         )
 
 
-def backends(report: Report) -> None:
+def backends(run: Run) -> None:
     """2. The docs' table of backends, and what this build of torch contains."""
     built = {
         "gloo": dist.is_gloo_available(),
         "nccl": dist.is_nccl_available(),
         "mpi": dist.is_mpi_available(),
     }
-    report.record("backends_built", built)
+    run.report.record("backends_built", built)
     print0(
         "\nbackend support for these collectives (PyTorch docs; yes/no/?) -- and what this build of "
         "torch contains"
     )
     print0("\n".join(backend_table(built)))
     text = "gloo is in this build (CPU tensors need it): {value}"
-    report.claim("gloo_built", built["gloo"], "==", True, text)
+    run.report.claim("gloo_built", built["gloo"], "==", True, text)
 
 
-def check_collectives(info, report: Report) -> None:
+def check_collectives(run: Run) -> None:
     """3. Every collective, checked on every rank against the answer computed locally."""
-    n = info.world_size
-    if not info.distributed:
+    n = run.info.world_size
+    if not run.info.distributed:
         print0(
             "\n(plain python: no process group, no collectives; "
             "torchrun --nproc_per_node=1: a world of one)"
@@ -219,14 +220,14 @@ def check_collectives(info, report: Report) -> None:
         return
     alone = "  (send/recv need a peer: skipped in a world of one)" if n == 1 else ""
     print0(
-        f"\ncollectives on {info.backend}/{info.device.type}: rank k contributes "
+        f"\ncollectives on {run.info.backend}/{run.info.device.type}: rank k contributes "
         f"x_k = [0 1 2 3] + 100 k{alone}"
     )
-    err, waited = run_collectives(info)
+    err, waited = run_collectives(run.info)
     worst = [max_over_ranks(e) for e in err.values()]  # the worst rank's, for every check, NaN-safe
     for check, e in zip(err, worst):
         if check == "barrier_missed_arrivals":
-            report.claim(
+            run.report.claim(
                 check,
                 e,
                 "==",
@@ -235,7 +236,7 @@ def check_collectives(info, report: Report) -> None:
                 "(the last rank came 50 ms late)",
             )
         elif check != "reduce_scatter_fallback":
-            report.claim(
+            run.report.claim(
                 f"{check}_exact",
                 e,
                 "==",
@@ -243,73 +244,72 @@ def check_collectives(info, report: Report) -> None:
                 "  {check:<24} max |error| over ranks {value:.1e}",
                 check=check,
             )
-        elif info.backend in (
-            "gloo",
-            "nccl",
-        ):  # native on both in torch 2.13; not on MPI (docs table)
-            report.claim(
+        # native on both in torch 2.13; not on MPI (docs table)
+        elif run.info.backend in ("gloo", "nccl"):
+            run.report.claim(
                 "reduce_scatter_native",
                 e == 0,
                 "==",
                 True,
                 "  reduce_scatter runs natively on {backend}: {value}",
-                backend=info.backend,
+                backend=run.info.backend,
             )
-    report.perf(
+    run.report.perf(
         "barrier_wait_ms",
-        gather_to_rank0(round(waited * 1e3, 1), info),
+        gather_to_rank0(round(waited * 1e3, 1), run.info),
         "  barrier: each rank's own wait in it, ms {value}",
     )
 
 
-def check_ring(info, args, report: Report) -> None:
+def check_ring(run: Run) -> None:
     """4. The ring all-reduce from send/recv: simulated in this process, then between the processes."""
-    n = info.world_size
-    same = simulation_equals_sum(range(1, 5), args.lengths, args.seed)
-    report.claim(
+    n = run.info.world_size
+    same = simulation_equals_sum(range(1, 5), run.args.lengths, run.args.seed)
+    run.report.claim(
         "ring_simulation_equals_sum",
         same,
         "==",
         1,
         "\nring schedule simulated for 1..4 ranks, lengths {lengths}: equals the plain sum: {value}",
-        lengths=args.lengths,
+        lengths=run.args.lengths,
     )
-    if not info.distributed:
+    if not run.info.distributed:
         return
     # integers in float32 sum exactly; random floats round
-    rows = [ring_vs_all_reduce(info, length, args.seed) for length in args.lengths]
+    rows = [ring_vs_all_reduce(run.info, length, run.args.seed) for length in run.args.lengths]
     row = "  length {length:>6}  integer data max |diff| {int_diff:.1e}  "
     row += "float data max |diff| {float_diff:.1e}"
-    report.value(
+    run.report.value(
         "ring_vs_all_reduce",
         rows,
         "ring all-reduce (isend/irecv) vs dist.all_reduce on {n} ranks:\n{lines}",
         n=n,
         lines="\n".join(row.format(**r) for r in rows),
     )
-    report.claim(
+    run.report.claim(
         "ring_equals_all_reduce_on_integers",
         nan_max(r["int_diff"] for r in rows),
         "==",
         0.0,
         "  ring == dist.all_reduce on integer data, every length: max |diff| {value:.1e}",
     )
-    report.claim(
+    run.report.claim(
         "ring_close_to_all_reduce_on_floats",
         nan_max(r["float_diff"] for r in rows),
         "<=",
         1e-4,
         "  on float data (another summation order): max |diff| {value:.1e}",
     )
-    ring_traffic(info, report)
+    ring_traffic(run)
 
 
-def ring_traffic(info, report: Report) -> None:
+def ring_traffic(run: Run) -> None:
     """4, continued: the messages and bytes one rank of the ring sends, counted."""
-    n = info.world_size
+    n = run.info.world_size
     stats = LinkStats()
-    ring_all_reduce(torch.ones(1024 * n, device=info.device), stats=stats)  # n divides the length
-    report.claim(
+    # n divides the length
+    ring_all_reduce(torch.ones(1024 * n, device=run.info.device), stats=stats)
+    run.report.claim(
         "ring_messages_per_rank",
         stats.messages_sent,
         "==",
@@ -320,7 +320,7 @@ def ring_traffic(info, report: Report) -> None:
     print0(
         "  nccl-tests' algbw = bytes / time; busbw = algbw x the share of the tensor each rank sends:"
     )
-    report.claim(
+    run.report.claim(
         "ring_bytes_sent_share",
         stats.bytes_sent / (1024 * n * 4),
         "==",
@@ -330,7 +330,7 @@ def ring_traffic(info, report: Report) -> None:
     )
 
 
-def ring_vs_server(info, report: Report) -> None:
+def ring_vs_server(run: Run) -> None:
     """5. Ring versus parameter server: bytes on the busiest link, in + out (formula; counted if m <= n)."""
     print0(
         f"\nbusiest link, in + out, all-reducing Psi = {PSI * 4} bytes: server 2(n-1) Psi, "
@@ -338,7 +338,7 @@ def ring_vs_server(info, report: Report) -> None:
     )
     for m in (2, 4, 8):
         server, ring = server_link_bytes(m, 4 * PSI), ring_link_bytes(m, 4 * PSI)
-        report.claim(
+        run.report.claim(
             f"server_over_ring_formula_n{m}",
             server / ring,
             "==",
@@ -348,12 +348,12 @@ def ring_vs_server(info, report: Report) -> None:
             server=server,
             ring=ring,
         )
-    for m in [m for m in (2, 4, 8) if m <= info.world_size]:
+    for m in [m for m in (2, 4, 8) if m <= run.info.world_size]:
         # every rank creates every group
-        group = dist.new_group(list(range(m))) if m < info.world_size else None
-        ring = busiest_link(info, ring_all_reduce, m, group, PSI)
-        server = busiest_link(info, parameter_server_all_reduce, m, group, PSI)
-        report.claim(
+        group = dist.new_group(list(range(m))) if m < run.info.world_size else None
+        ring = busiest_link(run.info, ring_all_reduce, m, group, PSI)
+        server = busiest_link(run.info, parameter_server_all_reduce, m, group, PSI)
+        run.report.claim(
             f"ring_link_bytes_measured_n{m}",
             ring,
             "==",
@@ -361,7 +361,7 @@ def ring_vs_server(info, report: Report) -> None:
             "  n = {m} (counted): ring {value:.0f} = 4(n-1) Psi / n",
             m=m,
         )
-        report.claim(
+        run.report.claim(
             f"server_link_bytes_measured_n{m}",
             server,
             "==",
@@ -372,45 +372,45 @@ def ring_vs_server(info, report: Report) -> None:
         )
 
 
-def no_parameter_server(info, args, report: Report) -> None:
+def no_parameter_server(run: Run) -> None:
     """6. No parameter server: one all_reduce of the gradient, every rank steps itself (= one process on
     the global batch)."""
-    s = one_sgd_step(info, args)
+    s = one_sgd_step(run.info, run.args)
     print0(
-        f"\none SGD step, global batch {info.world_size} x {args.batch_size} samples, "
+        f"\none SGD step, global batch {run.info.world_size} x {run.args.batch_size} samples, "
         f"{s['num_params']} parameters:"
     )
-    report.claim(
+    run.report.claim(
         "step_collectives",
         s["calls"],
         "==",
-        int(info.distributed),
+        int(run.info.distributed),
         "  collectives in the step {value}: {all_reduces} all_reduce of the gradient; "
         "no broadcast of weights",
         all_reduces=s["all_reduces"],
     )
-    report.claim(
+    run.report.claim(
         "grad_same_on_every_rank",
         s["grad_across"],
         "==",
         0.0,
         "  averaged gradient, max |diff| across ranks:           {value:.1e}",
     )
-    report.claim(
+    run.report.claim(
         "grad_equals_global_batch",
         s["grad_vs_global"],
         "<=",
         1e-6,  # float32, another sum order
         "  averaged gradient vs one process on the global batch: {value:.1e}",
     )
-    report.claim(
+    run.report.claim(
         "params_same_on_every_rank",
         s["param_across"],
         "==",
         0.0,  # same start, gradient, update
         "  parameters after the step, max |diff| across ranks:   {value:.1e}",
     )
-    report.claim(
+    run.report.claim(
         "params_equal_global_batch",
         s["param_vs_global"],
         "<=",
@@ -433,12 +433,13 @@ def main() -> None:
             backend=info.backend or "none (plain python)",
             device=info.device.type,
         )
-        who_am_i(info, report)
-        check_collectives(info, report)
-        backends(report)  # after the collectives it tabulates
-        check_ring(info, args, report)
-        ring_vs_server(info, report)
-        no_parameter_server(info, args, report)
+        run = Run(args, info, report)
+        who_am_i(run)
+        check_collectives(run)
+        backends(run)  # after the collectives it tabulates
+        check_ring(run)
+        ring_vs_server(run)
+        no_parameter_server(run)
         report.finish(args.results)
         # every message received before teardown: 1 in 30 4-rank gloo runs aborted without it
         barrier(info)

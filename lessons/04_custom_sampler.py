@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
-from common.data import digits_split, imbalanced_subset
+from common.data import NUM_CLASSES, class_hist, digits_split, imbalanced_subset
 from common.data_parallel.bucketing import (
     LengthGroupedDistributedBatchSampler,
     padded_tokens,
@@ -60,12 +61,10 @@ from common.data_parallel.weighted_sampler import (
     WeightedDistributedSampler,
     weighted_union_vs_torch,
 )
-from common.harness.env import LessonError
+from common.harness.env import DistInfo, LessonError
 from common.harness.ranks import all_gather_objects, print0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main
-
-NUM_CLASSES = 10
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -96,15 +95,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def class_hist(labels: torch.Tensor, indices: list[int]) -> list[int]:
-    """How many of `indices` fall in each class: (NUM_CLASSES,) counts."""
-    drawn = labels[torch.as_tensor(indices, dtype=torch.int64)]
-    return torch.bincount(drawn, minlength=NUM_CLASSES).tolist()
+@dataclass
+class Run:
+    """What the sections share: the options, this rank, the report."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
 
 
-def which_indices(info, args, report: Report) -> None:
+def which_indices(run: Run) -> None:
     """1. Which indices this rank reads in epochs 0 and 1, from PyTorch's sampler and from ours."""
-    W, rank, n, seed = info.world_size, info.rank, args.demo_size, args.seed
+    W, rank, n, seed = run.info.world_size, run.info.rank, run.args.demo_size, run.args.seed
     print0(
         f"\n1. DistributedSampler, {n} samples over {W} rank(s): seed + epoch permutation, pad, stride"
     )
@@ -113,11 +115,11 @@ def which_indices(info, args, report: Report) -> None:
         ref = DistributedSampler(range(n), W, rank, shuffle=True, seed=seed)
         ref.set_epoch(epoch)  # permutation seed = seed + epoch, the same on every rank
         mine.append((list(ref), distributed_indices(n, W, rank, True, seed, epoch).tolist()))
-    per_rank = all_gather_objects(mine, info)
+    per_rank = all_gather_objects(mine, run.info)
     # indices[epoch][rank], torch's (ours are claimed equal below)
-    indices = report.record("indices", [[f[e][0] for f in per_rank] for e in (0, 1)])
+    indices = run.report.record("indices", [[f[e][0] for f in per_rank] for e in (0, 1)])
     print0("\n".join(f"  epoch {e} rank {r}: {indices[e][r]}" for e in (0, 1) for r in range(W)))
-    report.claim(
+    run.report.claim(
         "padding_repeats",
         sum(map(len, indices[0])) - n,
         "==",
@@ -126,7 +128,7 @@ def which_indices(info, args, report: Report) -> None:
     )
     # 1 index has one order; 2..4 (2 or 6 or 24 orders) repeat by chance (1 in 2 seeds for n = 2)
     if n >= 5:
-        report.claim(
+        run.report.claim(
             "set_epoch_changes_permutation",
             int(indices[0] != indices[1]),
             "==",
@@ -134,7 +136,7 @@ def which_indices(info, args, report: Report) -> None:
             "  set_epoch(1) changes the permutation: {value}",
         )
     same = int(all(a == b for f in per_rank for a, b in f))
-    report.claim(
+    run.report.claim(
         "by_hand_equals_torch_this_run",
         same,
         "==",
@@ -142,8 +144,8 @@ def which_indices(info, args, report: Report) -> None:
         "  by-hand sampler == torch DistributedSampler on every rank of this run: {value}",
     )
     match, total = count_matching_configs(seeds=(seed, seed + 7))
-    report.record("configs_total", total)
-    report.claim(
+    run.report.record("configs_total", total)
+    run.report.claim(
         "by_hand_equals_torch_configs",
         total - match,
         "==",
@@ -155,9 +157,10 @@ def which_indices(info, args, report: Report) -> None:
     )
 
 
-def len_per_rank(info, args, report: Report) -> None:
+def len_per_rank(run: Run) -> None:
     """2. __len__ (myth 5): DataLoader len vs batches yielded on THIS rank, ours and the blog sampler."""
-    W, rank, n, b, seed = info.world_size, info.rank, args.demo_size, args.batch_size, args.seed
+    W, rank, n, b = run.info.world_size, run.info.rank, run.args.demo_size, run.args.batch_size
+    seed = run.args.seed
     print0(
         f"\n2. __len__ per rank: DataLoader(batch_size={b}) over {n} samples, len / batches yielded"
     )
@@ -169,14 +172,14 @@ def len_per_rank(info, args, report: Report) -> None:
         "blog": len_vs_yield(BlogShardSampler(n, W, rank), b, False),
         "blog_drop_last": len_vs_yield(BlogShardSampler(n, W, rank), b, True),
     }
-    per_rank = all_gather_objects(mine, info)
+    per_rank = all_gather_objects(mine, run.info)
     rows = {k: [m[k] for m in per_rank] for k in mine}  # name -> [rank 0's, rank 1's, ...]
     for name, cells in rows.items():
         counts = "  ".join(f"r{r}: {c['len']:>2}/{c['yielded']:>2}" for r, c in enumerate(cells))
         print0(f"  {name:<18} {counts}")
-    report.record("len_check", rows)
+    run.report.record("len_check", rows)
     ours = [rows[k] for k in ("by_hand", "by_hand_drop_last", "length_grouped")]
-    report.claim(
+    run.report.claim(
         "our_len_equals_yield",
         sum(c["len"] != c["yielded"] for cells in ours for c in cells),
         "==",
@@ -184,27 +187,27 @@ def len_per_rank(info, args, report: Report) -> None:
         "  our samplers: ranks where len(DataLoader) != batches yielded: {value}",
     )
     uneven = sum(len({c["yielded"] for c in cells}) > 1 for cells in ours)
-    report.claim(
+    run.report.claim(
         "our_steps_equal_on_every_rank",
         uneven,
         "==",
         0,
         "  our samplers: samplers whose ranks run different step counts: {value}",
     )
-    blog_sampler(info, args, report, rows)
+    blog_sampler(run, rows)
 
 
-def blog_sampler(info, args, report: Report, rows: dict) -> None:
+def blog_sampler(run: Run, rows: dict) -> None:
     """2, continued: what the blog sampler says and yields, and the rule for when its ranks' steps differ."""
-    W, n, b = info.world_size, args.demo_size, args.batch_size
-    report.claim(
+    W, n, b = run.info.world_size, run.args.demo_size, run.args.batch_size
+    run.report.claim(
         "blog_len_is_dataset_batches",
         rows["blog"][0]["len"],
         "==",
         math.ceil(n / b),
         "  the blog sampler says len(DataLoader) = {value} = ceil(n / batch) (the dataset's)",
     )
-    report.claim(
+    run.report.claim(
         "blog_yields_rank_share",
         rows["blog"][0]["yielded"],
         "==",
@@ -213,7 +216,7 @@ def blog_sampler(info, args, report: Report, rows: dict) -> None:
     )
     for key, dl in (("blog", False), ("blog_drop_last", True)):
         steps = [c["yielded"] for c in rows[key]]
-        report.claim(
+        run.report.claim(
             f"{key}_steps_differ_as_the_rule_says",
             int(len(set(steps)) > 1),
             "==",
@@ -223,7 +226,7 @@ def blog_sampler(info, args, report: Report, rows: dict) -> None:
             steps=steps,
         )
     bad, total = step_rule_mismatches()
-    report.claim(
+    run.report.claim(
         "blog_step_rule_exact",
         bad,
         "==",
@@ -233,7 +236,7 @@ def blog_sampler(info, args, report: Report, rows: dict) -> None:
         total=total,
     )
     uneven = [k for k in range(1, 17) if blog_steps_differ(k, W, b, False)]
-    report.value(
+    run.report.value(
         "blog_sizes_with_uneven_steps",
         uneven,
         "  W={W}, batch {b}, no drop_last: the sizes 1..16 whose ranks' steps differ are {value}",
@@ -242,17 +245,17 @@ def blog_sampler(info, args, report: Report, rows: dict) -> None:
     )
 
 
-def weighted_sampling(info, args, report: Report) -> None:
+def weighted_sampling(run: Run) -> None:
     """3. Class histograms per rank: plain DistributedSampler vs weights 1 / class count."""
-    W, rank, seed = info.world_size, info.rank, args.seed
-    train_set, _ = digits_split(path=args.data)  # 1438 images
-    subset, labels = imbalanced_subset(train_set, args.imbalance, seed)
+    W, rank, seed = run.info.world_size, run.info.rank, run.args.seed
+    train_set, _ = digits_split(path=run.args.data)  # 1438 images
+    subset, labels = imbalanced_subset(train_set, run.args.imbalance, seed)
     class_count = torch.bincount(labels, minlength=NUM_CLASSES)
     print0(
         f"\n3. Weighted sampling, imbalanced digits subset of {len(labels)} images "
         f"(class counts {class_count.tolist()})"
     )
-    report.claim(
+    run.report.claim(
         "class_imbalance",
         (class_count[0] / class_count[-1]).item(),
         ">=",
@@ -274,26 +277,27 @@ def weighted_sampling(info, args, report: Report) -> None:
             WeightedDistributedSampler(weights, W, rank, 50 * W + 1, False, seed)
         ),
     }
-    per_rank = all_gather_objects(mine, info)
+    per_rank = all_gather_objects(mine, run.info)
     hists = {k: [f[k] for f in per_rank] for k in ("plain", "weighted")}
     ratio = {k: [max(h) / max(min(h), 1) for h in v] for k, v in hists.items()}
     for k in hists:
         for r, h in enumerate(hists[k]):
             print0(f"  {k:<8} rank {r}: {h}  max/min {ratio[k][r]:.2f}")
-    report.record(
+    run.report.record(
         "weighted", {"class_count": class_count.tolist(), "hist": hists, "max_min_ratio": ratio}
     )
     text = "  plain: smallest max/min {value:.2f}"
-    report.claim("plain_stays_imbalanced", min(ratio["plain"]), ">=", 5, text)
-    weighted_streams(report, W, hists, per_rank)
-    weighted_unions(report, W, seed, weights, per_rank)
+    run.report.claim("plain_stays_imbalanced", min(ratio["plain"]), ">=", 5, text)
+    weighted_streams(run, hists, per_rank)
+    weighted_unions(run, weights, per_rank)
 
 
-def weighted_streams(report: Report, W: int, hists: dict, per_rank: list) -> None:
+def weighted_streams(run: Run, hists: dict, per_rank: list) -> None:
     """3, continued: the weighted draws rebalance the classes; each rank's stream is seeded, and its own."""
+    W = run.info.world_size
     # all ranks' draws: ~m/W per rank is noisier (W = 4: ~5)
     union_hist = torch.tensor(hists["weighted"]).sum(0)
-    report.claim(
+    run.report.claim(
         "weighted_rebalances",
         (union_hist.max() / union_hist.min().clamp_min(1)).item(),
         "<=",
@@ -301,14 +305,14 @@ def weighted_streams(report: Report, W: int, hists: dict, per_rank: list) -> Non
         "  weighted, all {W} rank(s) together: max/min {value:.2f}",
         W=W,
     )
-    report.claim(
+    run.report.claim(
         "weighted_deterministic",
         int(all(f["deterministic"] for f in per_rank)),
         "==",
         1,
         "  weighted: the same seed gives the same stream: {value}",
     )
-    report.claim(
+    run.report.claim(
         "weighted_set_epoch_changes_order",
         int(all(f["epoch_changes_order"] for f in per_rank)),
         "==",
@@ -316,7 +320,7 @@ def weighted_streams(report: Report, W: int, hists: dict, per_rank: list) -> Non
         "  weighted: set_epoch(1) changes the order: {value}",
     )
     if W > 1:
-        report.claim(
+        run.report.claim(
             "weighted_ranks_differ",
             len({tuple(f["indices"]) for f in per_rank}),
             "==",
@@ -325,13 +329,14 @@ def weighted_streams(report: Report, W: int, hists: dict, per_rank: list) -> Non
         )
 
 
-def weighted_unions(report: Report, W: int, seed: int, weights: torch.Tensor, per_rank) -> None:
+def weighted_unions(run: Run, weights: torch.Tensor, per_rank: list) -> None:
     """3, continued: the ranks' streams interleaved against WeightedRandomSampler's draw in one process."""
     # Without replacement, m = 50 W + 1 draws fill W * 51 positions: the last W - 1 repeat the start
+    W = run.info.world_size
     m = 50 * W + 1
     with_r, without = [f["indices"] for f in per_rank], [f["no_replacement"] for f in per_rank]
-    union = weighted_union_vs_torch(weights, with_r, without, m, seed)
-    report.claim(
+    union = weighted_union_vs_torch(weights, with_r, without, m, run.args.seed)
+    run.report.claim(
         "weighted_union_equals_torch_draw",
         int(union["with"]),
         "==",
@@ -339,7 +344,7 @@ def weighted_unions(report: Report, W: int, seed: int, weights: torch.Tensor, pe
         "  with replacement, ranks interleaved == WeightedRandomSampler's draw in one process: "
         "{value}",
     )
-    report.claim(
+    run.report.claim(
         "weighted_no_replacement_is_torch_draw_plus_padding",
         int(union["padded"]),
         "==",
@@ -348,7 +353,7 @@ def weighted_unions(report: Report, W: int, seed: int, weights: torch.Tensor, pe
         "padding: {value}",
         m=m,
     )
-    report.claim(
+    run.report.claim(
         "weighted_no_replacement_equals_torch_total_draw_only_if_w_divides",
         int(union["whole"]),
         "==",
@@ -361,47 +366,38 @@ def weighted_unions(report: Report, W: int, seed: int, weights: torch.Tensor, pe
     )
 
 
-def bucketing(info, args, report: Report) -> None:
+def bucketing(run: Run) -> None:
     """4. Padded tokens of random batches (DistributedSampler, then consecutive seq_batch chunks, as
     DataLoader(batch_size=...) does) vs length-grouped batches, over this rank's epoch 0."""
-    W, rank, seed = info.world_size, info.rank, args.seed
-    count, per_batch = args.seq_count, args.seq_batch
-    print0(
-        f"\n4. Bucketing: {count} sequences (log-normal lengths), {per_batch} per batch per rank"
-    )
+    W, rank, seed = run.info.world_size, run.info.rank, run.args.seed
+    count, B = run.args.seq_count, run.args.seq_batch
+    print0(f"\n4. Bucketing: {count} sequences (log-normal lengths), {B} per batch per rank")
     lengths = synthetic_lengths(count, seed)
     rand_idx = list(DistributedSampler(range(count), W, rank, shuffle=True, seed=seed))
-    rand_batches = [rand_idx[i : i + per_batch] for i in range(0, len(rand_idx), per_batch)]
-    bucket = LengthGroupedDistributedBatchSampler(
-        lengths, per_batch, W, rank, seed, args.pool_batches
-    )
+    rand_batches = [rand_idx[i : i + B] for i in range(0, len(rand_idx), B)]
+    bucket = LengthGroupedDistributedBatchSampler(lengths, B, W, rank, seed, run.args.pool_batches)
     bucket_batches = list(bucket)
-    mine = [
-        *padded_tokens(rand_batches, lengths),
-        *padded_tokens(bucket_batches, lengths),
-        len(bucket_batches),
-        len(bucket),
-    ]
-    per_rank = all_gather_objects(mine, info)
-    report_padding(report, per_rank)
+    tokens = [*padded_tokens(rand_batches, lengths), *padded_tokens(bucket_batches, lengths)]
+    per_rank = all_gather_objects([*tokens, len(bucket_batches), len(bucket)], run.info)
+    report_padding(run, per_rank)
     hist = np.histogram(lengths.numpy(), bins=32, range=(0, 512))[0]
-    report.record("lengths_hist", hist.tolist())
+    run.report.record("lengths_hist", hist.tolist())
 
 
-def report_padding(report: Report, per_rank: list) -> None:
+def report_padding(run: Run, per_rank: list) -> None:
     """4, continued: rank r's [real, computed tokens of random batches, the same for length-grouped batches,
     batches yielded, len] -> the padded fractions over all ranks, and the claims."""
     # real and computed (padded) tokens, random then bucketed, summed over ranks
     real_r, pad_r, real_b, pad_b = (sum(f[i] for f in per_rank) for i in range(4))
     frac_r, frac_b = 1 - real_r / pad_r, 1 - real_b / pad_b
-    report.record("padded_fraction_random", frac_r)
-    report.value(
+    run.report.record("padded_fraction_random", frac_r)
+    run.report.value(
         "padded_fraction_bucketed",
         frac_b,
         "  padded-token fraction: random batches {random:.4f}, length-grouped {value:.4f}",
         random=frac_r,
     )
-    report.claim(
+    run.report.claim(
         "bucketing_cuts_padding",
         1 - frac_b / frac_r,
         ">=",
@@ -410,14 +406,14 @@ def report_padding(report: Report, per_rank: list) -> None:
         random=pad_r,
         bucketed=pad_b,
     )
-    report.claim(
+    run.report.claim(
         "bucketing_below_half_of_random",
         frac_b / frac_r,
         "<=",
         0.5,
         "  length-grouped / random padded fraction: {value:.3f}",
     )
-    report.claim(
+    run.report.claim(
         "bucketing_same_batches_every_rank",
         len({(f[4], f[5]) for f in per_rank}),
         "==",
@@ -439,10 +435,11 @@ def main() -> None:
             backend=info.backend or "none",
             seed=args.seed,
         )
-        which_indices(info, args, report)
-        len_per_rank(info, args, report)
-        weighted_sampling(info, args, report)
-        bucketing(info, args, report)
+        run = Run(args, info, report)
+        which_indices(run)
+        len_per_rank(run)
+        weighted_sampling(run)
+        bucketing(run)
         report.finish(args.results)
 
 
