@@ -40,7 +40,7 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     data_parallel.bn_stats           BatchNorm running statistics across ranks; rank 0's run replayed (06)
     data_parallel.ddp_buffers        when DDP sends module buffers (06)
     data_parallel.accumulation       gradient accumulation: the batch arithmetic, each variant's step (07)
-    data_parallel.micro_batches      each rank's micro-batches, no_sync but on the last, a counting GradScaler (07, 08)
+    data_parallel.micro_batches      each rank's micro-batches, no_sync but on the last, a counting scaler (07)
     pipeline.naive                   the naive split in one process, and the unsplit step checked against (09)
     pipeline.schedules               stages, micro-batches, GPipe / 1F1B / interleaved orders, the bubble (09)
     pipeline.executor                a send/recv pipeline executor in a schedule's order (09)
@@ -57,8 +57,8 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     checkpoint.sharded               DCP checkpoints any world size loads, one completion marker (15)
     checkpoint.train_state           the whole training state in one checkpoint (16)
     checkpoint.rng_state             every random stream a step draws from, captured and restored (16)
-    fault_tolerance.faults           injected faults, and the events every rank logs while it survives them (16)
-    fault_tolerance.timeline         the timeline of a run that survived: steps trained twice, restart, work lost (16)
+    fault_tolerance.faults           injected faults, and the events every rank logs meanwhile (16)
+    fault_tolerance.timeline         a surviving run's timeline: steps trained twice, restart, work lost (16)
     performance.buckets              DDP's buckets: its rule predicted, all-reduce calls and storage counted (07, 17)
     performance.compile_graphs       torch.compile of a DDP model: the graphs DDPOptimizer cuts (17)
     compression.hooks                PyTorch's compression hooks by name, a plain pass-through, gradients through one (18)
@@ -71,7 +71,7 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     expert_parallel.model            lesson 20's transformer with experts in its MLP slot (20)
     expert_parallel.training         its gradients summed where copies live, held to one process (20)
     planning.cost_model              the bytes a rank holds and the bytes it sends (21)
-    planning.step_time               the FLOPs a step computes, a ring collective's time, alpha-beta fit, MFU (21)
+    planning.step_time               a step's FLOPs, a ring collective's time, the alpha-beta fit, MFU (21)
     planning.measured                the bytes a DDP, ZeRO or tensor-parallel rank holds and sends, measured (21)
     planning.planner                 which layout fits a model on G GPUs, and its estimated step time (21)
     planning.assumptions             what the planner assumes: the machine, the model's shape, printed (21)
@@ -86,7 +86,7 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     libraries.sharding               fully_shard through Fabric's ModelParallelStrategy, Accelerate's FSDP2 here (23)
 
 shared by every topic
-    models                   the small models the lessons share (CNN, MLP stack, residual MLP, causal transformer)
+    models                   the lessons' small models (CNN, MLP stack, residual MLP, causal transformer)
     data                     the bundled digits and the synthetic sets
 
 exhibits: lesson 12's reproduced failures
