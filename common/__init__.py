@@ -40,7 +40,7 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     data_parallel.bn_stats           BatchNorm running statistics across ranks; rank 0's run replayed (06)
     data_parallel.ddp_buffers        when DDP sends module buffers (06)
     data_parallel.accumulation       gradient accumulation: the batch arithmetic, each variant's step (07)
-    data_parallel.micro_batches      each rank's micro-batches, no_sync but on the last, a counting scaler (07)
+    data_parallel.micro_batches      a rank's micro-batches, no_sync but on the last, a counting scaler (07)
     pipeline.naive                   the naive split in one process, and the unsplit step checked against (09)
     pipeline.schedules               stages, micro-batches, GPipe / 1F1B / interleaved orders, the bubble (09)
     pipeline.executor                a send/recv pipeline executor in a schedule's order (09)
