@@ -143,18 +143,20 @@ class Run:
 
 
 # -------- 1. the reference: DDP (one process: plain Adam), gradients in DDP's buckets
-def ddp_reference(s: Run, table: dict, psi: int) -> list:
-    info, N = s.info, s.info.world_size
-    raw = s.fresh()
-    model = ddp(raw, info, gradient_as_bucket_view=True) if info.distributed else raw
-    comm = CommCounter().register(model) if info.distributed else CommCounter()
-    opt = torch.optim.Adam(raw.parameters(), lr=s.args.lr)
-    losses, grad_bytes = train(model, opt.step, s.data, lambda: [p.grad for p in raw.parameters()])
-    s.report.record("ddp_losses", losses)
-    moved = moved_bytes({"all_reduce": comm.bytes}, N) / s.args.steps
-    activations = activation_bytes(raw, s.data[0][0])
+def ddp_reference(run: Run, table: dict, psi: int) -> list:
+    N = run.info.world_size
+    raw = run.fresh()
+    model = ddp(raw, run.info, gradient_as_bucket_view=True) if run.info.distributed else raw
+    comm = CommCounter().register(model) if run.info.distributed else CommCounter()
+    opt = torch.optim.Adam(raw.parameters(), lr=run.args.lr)
+    losses, grad_bytes = train(
+        model, opt.step, run.data, lambda: [p.grad for p in raw.parameters()]
+    )
+    run.report.record("ddp_losses", losses)
+    moved = moved_bytes({"all_reduce": comm.bytes}, N) / run.args.steps
+    activations = activation_bytes(raw, run.data[0][0])
     table["DDP"] = memory_row(raw.parameters(), opt, grad_bytes, activations, moved)
-    s.report.claim(
+    run.report.claim(
         "ddp_bytes_as_formula",
         table["DDP"]["moved"],
         "==",
@@ -167,48 +169,48 @@ def ddp_reference(s: Run, table: dict, psi: int) -> list:
 
 
 # -------- 2. ZeRO stages by hand, each against DDP
-def zero_stage(s: Run, stage: int, table: dict, ref: list, psi_p: int) -> list:
-    N, report = s.info.world_size, s.report
-    m = s.fresh()
-    zero = ZeRO(m, [u for _, u in flat_units(m)], stage, group=s.group, lr=s.args.lr)
+def zero_stage(run: Run, stage: int, table: dict, ref: list, psi_p: int) -> list:
+    N = run.info.world_size
+    m = run.fresh()
+    zero = ZeRO(m, [u for _, u in flat_units(m)], stage, group=run.group, lr=run.args.lr)
     params = [*m.parameters(), *(u.shard for u in zero.units)]
     with count_collectives() as c:  # gradients: the model's (stage 1: full), the shards' (1/N)
-        _, grad_bytes = train(m, zero.step, s.data, lambda: [p.grad for p in params])
+        _, grad_bytes = train(m, zero.step, run.data, lambda: [p.grad for p in params])
     full = zero.full_parameters()
-    moved = moved_bytes(c.bytes, N) / s.args.steps
-    activations = activation_bytes(m, s.data[0][0])
+    moved = moved_bytes(c.bytes, N) / run.args.steps
+    activations = activation_bytes(m, run.data[0][0])
     table[f"stage {stage}"] = memory_row(params, zero.optimizer, grad_bytes, activations, moved)
-    report.claim(
+    run.report.claim(
         f"stage{stage}_equals_ddp",
-        s.worst_diff(full, ref, s.init_params),
+        run.worst_diff(full, ref, run.init_params),
         "<=",
         EQUAL,
         "2. ZeRO stage {stage} by hand vs DDP after {steps} Adam steps: "
         "||difference|| / ||DDP's change|| = {value:.1e}",
         stage=stage,
-        steps=s.args.steps,
+        steps=run.args.steps,
     )
-    same_shapes = all(p.shape == q.shape for p, q in zip(m.parameters(), s.fresh().parameters()))
-    report.claim(
+    same_shapes = all(p.shape == q.shape for p, q in zip(m.parameters(), run.fresh().parameters()))
+    run.report.claim(
         f"stage{stage}_padding_untouched",
         int(zero.padding_is_zero() and same_shapes),
         "==",
         1,
         "  the padding of every shard is still 0, the model has its own shapes: {value}",
     )
-    s.report.record(
+    run.report.record(
         f"stage{stage}_calls", dict(c.calls)
     )  # {"all_gather_single": 20, ...} in 5 steps
     gathers = 2 if stage == 3 else 1  # stage 3 gathers before forward and again before backward
-    ring_claim(s, f"stage{stage}", moved, gathers, "Psi_padded", psi_p, table["DDP"]["moved"])
+    ring_claim(run, f"stage{stage}", moved, gathers, "Psi_padded", psi_p, table["DDP"]["moved"])
     return full
 
 
-def ring_claim(s: Run, name: str, moved: float, gathers: int, psi_name: str, psi, ddp) -> None:
+def ring_claim(run: Run, name: str, moved: float, gathers: int, psi_name: str, psi, ddp) -> None:
     """The bytes a sharded setup sends per rank per step, as the ring model says: each all-gather (AG) and the
     reduce-scatter (RS) move Psi (N-1)/N, with Psi the bytes of the (padded) buffers they work on."""
-    N = s.info.world_size
-    s.report.claim(
+    N = run.info.world_size
+    run.report.claim(
         f"{name}_bytes_as_formula",
         moved,
         "==",
@@ -222,9 +224,10 @@ def ring_claim(s: Run, name: str, moved: float, gathers: int, psi_name: str, psi
 
 
 # -------- 4. what each rank holds, and what it sends
-def memory_claims(s: Run, table: dict) -> None:
-    N, report, ddp = s.info.world_size, s.report, table["DDP"]
-    report.value(
+def memory_claims(run: Run, table: dict) -> None:
+    N = run.info.world_size
+    ddp = table["DDP"]
+    run.report.value(
         "memory_table",
         table,
         "4. bytes per rank: parameters at rest, gradients at the end of backward, Adam state,\n"
@@ -232,10 +235,10 @@ def memory_claims(s: Run, table: dict) -> None:
         rows=table_text(table),
     )
     # + 0.01: the padding (< N elements per unit) and Adam's 4-byte step counters
-    for stage in s.args.stages:
+    for stage in run.args.stages:
         sharded = ("optimizer_state", "gradients", "parameters")[:stage]  # stage s shards s of them
         for what in sharded:
-            report.claim(
+            run.report.claim(
                 f"stage{stage}_{what}_share",
                 table[f"stage {stage}"][what] / ddp[what],
                 "<=",
@@ -245,8 +248,8 @@ def memory_claims(s: Run, table: dict) -> None:
                 what=what,
                 share=1 / N,
             )
-    if 1 in s.args.stages and N > 1:
-        report.claim(
+    if 1 in run.args.stages and N > 1:
+        run.report.claim(
             "stage1_gradients_not_sharded",
             table["stage 1"]["gradients"] / ddp["gradients"],
             ">=",
@@ -254,7 +257,7 @@ def memory_claims(s: Run, table: dict) -> None:
             "  stage 1 still ends backward holding all gradients: {value:.3f} of DDP's",
         )
     off = [name for name, row in table.items() if row["activations"] != ddp["activations"]]
-    report.claim(
+    run.report.claim(
         "activations_as_ddp",
         len(off),
         "==",
@@ -266,7 +269,7 @@ def memory_claims(s: Run, table: dict) -> None:
 
 
 # -------- 3. PyTorch's versions
-def fsdp2_runs(s: Run) -> dict:
+def fsdp2_runs(run: Run) -> dict:
     """name -> (model, optimizer, full parameters, bytes per op, gradient bytes) of 3 settings."""
     bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     settings = {
@@ -278,39 +281,39 @@ def fsdp2_runs(s: Run) -> dict:
     }
     runs = {}
     for name, kw in settings.items():
-        m = shard_blocks_then_root(s.fresh(), s.mesh, **kw)
-        opt = torch.optim.Adam(m.parameters(), lr=s.args.lr)
+        m = shard_blocks_then_root(run.fresh(), run.mesh, **kw)
+        opt = torch.optim.Adam(m.parameters(), lr=run.args.lr)
         with count_collectives() as c:
-            _, grad_bytes = train(m, opt.step, s.data, lambda: [p.grad for p in m.parameters()])
+            _, grad_bytes = train(m, opt.step, run.data, lambda: [p.grad for p in m.parameters()])
         runs[name] = (m, opt, full_params(m), c.bytes, grad_bytes)
     return runs
 
 
-def pytorch_versions(s: Run, hand: dict, table: dict) -> dict:
-    report, N = s.report, s.info.world_size
-    model = ddp(s.fresh(), s.info)
+def pytorch_versions(run: Run, hand: dict, table: dict) -> dict:
+    N = run.info.world_size
+    model = ddp(run.fresh(), run.info)
     zro = ZeroRedundancyOptimizer(
-        model.parameters(), optimizer_class=torch.optim.Adam, lr=s.args.lr
+        model.parameters(), optimizer_class=torch.optim.Adam, lr=run.args.lr
     )
-    train(model, zro.step, s.data)
+    train(model, zro.step, run.data)
     if 1 in hand:
-        report.claim(
+        run.report.claim(
             "zero_redundancy_optimizer_equals_stage1",
-            s.worst_diff(model.parameters(), hand[1], s.init_params),
+            run.worst_diff(model.parameters(), hand[1], run.init_params),
             "<=",
             EQUAL,
             "3. ZeroRedundancyOptimizer (whole tensors per rank, then broadcasts) vs stage 1: {value:.1e}",
         )
-    runs = fsdp2_runs(s)
-    moved = {name: moved_bytes(run[3], N) / s.args.steps for name, run in runs.items()}
+    runs = fsdp2_runs(run)
+    moved = {name: moved_bytes(outcome[3], N) / run.args.steps for name, outcome in runs.items()}
     m, opt = runs["fsdp2"][:2]
     # activations: one forward of an untrained twin (FSDP2 expects a backward after each forward)
-    x = s.data[0][0]
+    x = run.data[0][0]
     activations = activation_bytes(
-        shard_blocks_then_root(s.fresh(), s.mesh, reshard_after_forward=True), x
+        shard_blocks_then_root(run.fresh(), run.mesh, reshard_after_forward=True), x
     )
     table["FSDP2"] = memory_row(m.parameters(), opt, runs["fsdp2"][4], activations, moved["fsdp2"])
-    report.claim(
+    run.report.claim(
         "fsdp2_activations_as_ddp",
         table["FSDP2"]["activations"],
         "==",
@@ -318,50 +321,50 @@ def pytorch_versions(s: Run, hand: dict, table: dict) -> dict:
         "  its activations held at the end of forward: {value} bytes, DDP's",
     )
     if 3 in hand:
-        report.claim(
+        run.report.claim(
             "fsdp2_equals_stage3",
-            s.worst_diff(runs["fsdp2"][2], hand[3], s.init_params),
+            run.worst_diff(runs["fsdp2"][2], hand[3], run.init_params),
             "<=",
             EQUAL,
             "  fully_shard (reshard_after_forward=True) vs stage 3: {value:.1e}",
         )
     held = activation_bytes(
-        shard_blocks_then_root(s.fresh(), s.mesh, reshard_after_forward=False), x
+        shard_blocks_then_root(run.fresh(), run.mesh, reshard_after_forward=False), x
     )
-    report.claim(
+    run.report.claim(
         "fsdp2_no_reshard_keeps_parameters",
         held - table["FSDP2"]["activations"],
         ">=",
         1,
         "  reshard_after_forward=False holds {value} more bytes after forward: the gathered weights",
     )
-    psi_rows = rows_padded_bytes(s.fresh(), N)  # fully_shard pads each parameter's rows
+    psi_rows = rows_padded_bytes(run.fresh(), N)  # fully_shard pads each parameter's rows
     for name, gathers in (("fsdp2", 2), ("fsdp2_no_reshard", 1)):
         ring_claim(
-            s, name, moved[name], gathers, "Psi_rows_padded", psi_rows, table["DDP"]["moved"]
+            run, name, moved[name], gathers, "Psi_rows_padded", psi_rows, table["DDP"]["moved"]
         )
-    bf16_claims(s, runs)
+    bf16_claims(run, runs)
     return runs
 
 
-def bf16_claims(s: Run, runs: dict) -> None:
+def bf16_claims(run: Run, runs: dict) -> None:
     """MixedPrecisionPolicy(bf16 params, fp32 reduce): another result, and 2/3 of the bytes."""
     bf16_params, fp32_params = runs["fsdp2_bf16"][2], runs["fsdp2"][2]
-    s.report.value(
+    run.report.value(
         "bf16_params_vs_fp32",
-        s.worst_diff(bf16_params, fp32_params),
+        run.worst_diff(bf16_params, fp32_params),
         "  MixedPrecisionPolicy(bf16 params, fp32 reduce) vs fp32: {value:.1e}",
     )
-    s.report.claim(
+    run.report.claim(
         "bf16_really_ran",
-        s.worst_diff(bf16_params, fp32_params, s.init_params),  # any lr: relative
+        run.worst_diff(bf16_params, fp32_params, run.init_params),  # any lr: relative
         ">=",
         EQUAL,
         "  ... = {value:.2f} of fp32's change: bf16 really ran (rounding stays < 1e-3)",
     )
     # Per unit and step: 2 all-gathers (bf16: half the bytes) + 1 reduce-scatter (fp32): (2 x 1/2 + 1) / 3
     fp32, bf16 = sum(runs["fsdp2"][3].values()), sum(runs["fsdp2_bf16"][3].values())
-    s.report.claim(
+    run.report.claim(
         "bf16_moves_fewer_bytes",
         3 * bf16 - 2 * fp32,
         "==",
@@ -371,22 +374,22 @@ def bf16_claims(s: Run, runs: dict) -> None:
     )
 
 
-def report_sizes(s: Run) -> tuple[int, int]:
+def report_sizes(run: Run) -> tuple[int, int]:
     """The model, the padding of each flat unit on this world size; returns the bytes of the parameters (Psi)
     and of the padded flat buffers (Psi_padded)."""
-    sizes = unit_sizes(s.fresh())
-    padded = padded_sizes(sizes, s.info.world_size)
+    sizes = unit_sizes(run.fresh())
+    padded = padded_sizes(sizes, run.info.world_size)
     n = sum(sizes.values())
-    s.report.record("world_size", s.info.world_size)
-    s.report.record("n_params", n)
-    s.report.value(
+    run.report.record("world_size", run.info.world_size)
+    run.report.record("n_params", n)
+    run.report.value(
         "padded_units",
         padded,
         "world_size {N}, ResidualMLP width {width} depth {depth}: {n} parameters, Psi = {psi} bytes\n"
         "  flat units padded to {value} ({psi_p} bytes); padding: {pads}",
-        N=s.info.world_size,
-        width=s.args.width,
-        depth=s.args.depth,
+        N=run.info.world_size,
+        width=run.args.width,
+        depth=run.args.depth,
         n=n,
         psi=4 * n,
         psi_p=4 * sum(padded.values()),
@@ -409,7 +412,7 @@ def main() -> None:
         batches = global_batch_slices(
             train_set, args.steps, args.global_batch, args.seed, info.rank, N, device=info.device
         )
-        s = Run(
+        run = Run(
             args=args,
             info=info,
             report=report,
@@ -419,13 +422,13 @@ def main() -> None:
             mesh=grid.submesh("dp"),
             init_params=[t.clone() for t in init.values()],
         )
-        psi, psi_p = report_sizes(s)
+        psi, psi_p = report_sizes(run)
         table = {}
-        ref = ddp_reference(s, table, psi)
-        hand = {stage: zero_stage(s, stage, table, ref, psi_p) for stage in args.stages}
+        ref = ddp_reference(run, table, psi)
+        hand = {stage: zero_stage(run, stage, table, ref, psi_p) for stage in args.stages}
         if info.distributed:  # FSDP2 and ZeroRedundancyOptimizer need a process group
-            pytorch_versions(s, hand, table)  # adds the FSDP2 row
-        memory_claims(s, table)
+            pytorch_versions(run, hand, table)  # adds the FSDP2 row
+        memory_claims(run, table)
         report.finish(args.results)
 
 

@@ -36,13 +36,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from common.harness.env import LessonError, read_torchrun_env
+from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.grid import Grid
 from common.harness.ranks import print0
 from common.harness.results import Report
@@ -73,9 +74,7 @@ from common.sharding.zero import check_world_size, flat_units
 from common.tensor_parallel.layers import digits_transformer, tensor_parallelize
 
 SMALL_GPT = GPT(layers=2, hidden=32, heads=4, vocab=17, seq=16)  # runs in milliseconds
-BIG_GPT = GPT(
-    layers=32, hidden=4096, heads=32, vocab=32000, seq=2048
-)  # 6.7e9 parameters, meta only
+BIG_GPT = GPT(layers=32, hidden=4096, heads=32, vocab=32000, seq=2048)  # 6.7e9 params, meta only
 HEADING = (
     "1. bytes per rank, PREDICTED by common/planning/cost_model.py (fp32, Adam;\n"
     "   gradients at the end of backward; sent: ring model per step; act_ckpt: with checkpointing)"
@@ -122,18 +121,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@dataclass
+class Run:
+    """What the sections share: the options, the world, the report, and the world's process group (dp for
+    section 1's layouts, tp for lesson 10's split transformer; None in one process)."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    group: object
+
+
 # ---------------------------------------------------------------- 1. predicted bytes vs measured bytes
-def bytes_predicted_vs_measured(args, info, report: Report) -> None:
+def bytes_predicted_vs_measured(run: Run) -> None:
     """Section 1: lessons 08 and 13's instruments (common/planning/measured.py) against the cost model."""
-    N, B, w, d = info.world_size, args.micro_batch, args.width, args.depth
-    g = torch.Generator().manual_seed(args.seed + info.rank)
-    x = torch.randn(B, 64, generator=g).to(info.device)  # (B, 64): this rank's micro-batch
-    y = torch.randint(0, 10, (B,), generator=g).to(info.device)
-    group = Grid(info, dp=N).group("dp")
-    measured = measure_layouts(w, d, args.seed, x, y, group, info)  # DDP, then ZeRO-1, 2, 3
+    N, B, w, d = run.info.world_size, run.args.micro_batch, run.args.width, run.args.depth
+    g = torch.Generator().manual_seed(run.args.seed + run.info.rank)
+    x = torch.randn(B, 64, generator=g).to(run.info.device)  # (B, 64): this rank's micro-batch
+    y = torch.randint(0, 10, (B,), generator=g).to(run.info.device)
+    # DDP, then ZeRO-1, 2, 3
+    measured = measure_layouts(w, d, run.args.seed, x, y, run.group, run.info)
     predicted = residual_mlp_layout_bytes(w, d, B, N)  # the same rows, from the cost model
     numels = [sum(p.numel() for p in u.parameters()) for _, u in flat_units(ResidualMLP(w, d))]
-    report.value(
+    run.report.value(
         "n_params",
         sum(numels),
         "world_size {n}, ResidualMLP width {w} depth {d}: {value} parameters in units {numels}; "
@@ -144,18 +154,18 @@ def bytes_predicted_vs_measured(args, info, report: Report) -> None:
         numels=numels,
         b=B,
     )
-    report.value(
+    run.report.value(
         "predicted_bytes",
         predicted,
         "{heading}\n{table}",
         heading=HEADING,
         table=bytes_table(predicted),
     )
-    report.record("measured_bytes", measured)
+    run.report.record("measured_bytes", measured)
     for name in predicted:
-        report.claim(
+        run.report.claim(
             f"{name.lower().replace('-', '')}_bytes_predicted_exactly",
-            gap_over_ranks(measured[name], predicted[name], info.distributed),
+            gap_over_ranks(measured[name], predicted[name], run.info.distributed),
             "==",
             0,
             "  {layout}: lesson {lesson}'s instruments on every rank, "
@@ -163,22 +173,23 @@ def bytes_predicted_vs_measured(args, info, report: Report) -> None:
             layout=name,
             lesson="08" if name == "DDP" else "13",
         )
-    tensor_parallel_bytes(args, info, group, report)  # the same world group, used as tp
+    tensor_parallel_bytes(run)  # the same world group, used as tp
 
 
-def tensor_parallel_bytes(args, info, group, report: Report) -> None:
+def tensor_parallel_bytes(run: Run) -> None:
     """Lesson 10's split transformer (by hand): the parameter bytes a tp rank holds, its all-reduces."""
-    N, H, heads, layers, B = info.world_size, 32, 8, 2, 4  # tp = the world size
+    N, H, heads, layers, B = run.info.world_size, 32, 8, 2, 4  # tp = the world size
     if heads % N:
         print0(f"  tensor parallel: {heads} heads do not split over {N} ranks; no tp row here")
         return
-    set_seed(args.seed)
-    full = digits_transformer(H, heads, layers).to(info.device)
-    split = tensor_parallelize(full, info.rank, N, group)  # this rank's shards; the rest whole
-    x = torch.randn(B, 8, 8).to(info.device)  # (B, S, 8): 8 rows of 8 pixels per digit
+    set_seed(run.args.seed)
+    full = digits_transformer(H, heads, layers).to(run.info.device)
+    # this rank's shards; the rest whole
+    split = tensor_parallelize(full, run.info.rank, N, run.group)
+    x = torch.randn(B, 8, 8).to(run.info.device)  # (B, S, 8): 8 rows of 8 pixels per digit
     measured = measure_tensor_parallel(split, x)
     predicted = digits_transformer_tp_bytes(H, layers, N, tokens=B * 8)
-    report.value(
+    run.report.value(
         "tp_predicted",
         predicted,
         "  tensor parallel, lesson 10's model (hidden {h}, {heads} heads, {layers} layers) at tp = {tp}:"
@@ -189,9 +200,9 @@ def tensor_parallel_bytes(args, info, group, report: Report) -> None:
         layers=layers,
         tp=N,
     )
-    report.claim(
+    run.report.claim(
         "tp_bytes_predicted_exactly",
-        gap_over_ranks(measured, predicted, info.distributed),
+        gap_over_ranks(measured, predicted, run.info.distributed),
         "==",
         0,
         "  tensor parallel: lesson 10's instruments on every rank, "
@@ -209,17 +220,17 @@ def matmul_rate(info, n: int = 256, reps: int = 20) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t)
 
 
-def flops(args, info, report: Report) -> None:
+def flops(run: Run) -> None:
     """Section 2: FlopCounterMode against 6 x weights x tokens + 12 b s^2 h L, and lesson 08's ResidualMLP."""
     c, batch = SMALL_GPT, 4
-    set_seed(args.seed)
-    model = gpt(c).to(info.device)
-    tokens = torch.randint(0, c.vocab, (batch, c.seq), device=info.device)
+    set_seed(run.args.seed)
+    model = gpt(c).to(run.info.device)
+    tokens = torch.randint(0, c.vocab, (batch, c.seq), device=run.info.device)
     sdpa = counted_flops(model, tokens)  # attention by F.scaled_dot_product_attention, the default
     model.set_attention(matmul_attention)  # the same attention written as Q K^T, softmax, A V
     f, counted = gpt_flops(c, batch), counted_flops(model, tokens)
     print0(f"\n2. FLOPs of one step of the shared GPT {c}, batch {batch}")
-    report.claim(
+    run.report.claim(
         "gpt_flops_equal_counter",
         abs(counted - f["total"]),
         "==",
@@ -231,20 +242,20 @@ def flops(args, info, report: Report) -> None:
         tokens=batch * c.seq,
         total=f["total"],
     )
-    report.value(
+    run.report.value(
         "sdpa_flops_counted",
         sdpa,
         "  with F.scaled_dot_product_attention on {device} the counter sees {value} "
         "(attention's {attention} included: {included})",
-        device=info.device.type,
+        device=run.info.device.type,
         attention=f["attention"],
         included=sdpa == f["total"],
     )
-    mlp = ResidualMLP(args.width, args.depth).to(info.device)
+    mlp = ResidualMLP(run.args.width, run.args.depth).to(run.info.device)
     with FlopCounterMode(display=False) as counter:
-        mlp(torch.randn(args.micro_batch, 64, device=info.device)).sum().backward()
-    formula = residual_mlp_flops(args.micro_batch, args.width, args.depth)
-    report.claim(
+        mlp(torch.randn(run.args.micro_batch, 64, device=run.info.device)).sum().backward()
+    formula = residual_mlp_flops(run.args.micro_batch, run.args.width, run.args.depth)
+    run.report.claim(
         "mlp_flops_equal_counter",
         abs(counter.get_total_flops() - formula),
         "==",
@@ -252,31 +263,31 @@ def flops(args, info, report: Report) -> None:
         "  lesson 08's ResidualMLP: 6 x weights x samples - the stem's input gradient, "
         "|difference| {value}",
     )
-    peak = matmul_rate(info)
+    peak = matmul_rate(run.info)
     t = time.perf_counter()
     F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
     step = time.perf_counter() - t
-    report.perf(
+    run.report.perf(
         "cpu_matmul_flops",
         peak,
         "this device's 256x256 matmul rate (the 'peak'): {value:.3g} FLOP/s",
     )
     mfu_small = mfu(f["total"], step, 1, peak)
-    report.perf(
+    run.report.perf(
         "small_gpt_mfu", mfu_small, "small GPT step MFU = FLOPs / (step time x peak) = {value:.1%}"
     )
 
 
 # ---------------------------------------------------------------- 3. the meta device
-def meta_device(args, info, report: Report) -> None:
+def meta_device(run: Run) -> None:
     """Section 3: a model counted from shapes alone, built on `meta`, and materialised like eager init."""
     print0("\n3. the meta device: shapes without memory")
     c, batch = SMALL_GPT, 4
-    set_seed(args.seed)
+    set_seed(run.args.seed)
     small = gpt(c)
     tokens = torch.randint(0, c.vocab, (batch, c.seq))
     measured = saved_activation_bytes(small, lambda: small(tokens))
-    report.claim(
+    run.report.claim(
         "shape_count_equals_measured_activations",
         abs(saved_bytes_from_shapes(small, lambda: small(tokens)) - measured),
         "==",
@@ -291,7 +302,7 @@ def meta_device(args, info, report: Report) -> None:
         big_tokens = torch.zeros(1, BIG_GPT.seq, dtype=torch.long)
     counted = sum(p.numel() for p in big.parameters())
     print0(f"  {BIG_GPT} on {next(big.parameters()).device}: 0 bytes allocated")
-    report.claim(
+    run.report.claim(
         "meta_params_equal_formula",
         abs(counted - gpt_params(BIG_GPT)["total"]),
         "==",
@@ -302,16 +313,16 @@ def meta_device(args, info, report: Report) -> None:
     )
     per_layer = saved_bytes_from_shapes(big.blocks[0], lambda: big.blocks[0](big.tok(big_tokens)))
     korthikanti = transformer_layer_activations(BIG_GPT.seq, 1, BIG_GPT.hidden, BIG_GPT.heads)
-    report.value(
+    run.report.value(
         "big_layer_activation_bytes",
         per_layer,
         "  one layer's saved activations at batch 1, from the shapes: {value} bytes (fp32, no dropout)"
         "\n  Korthikanti's 16-bit layer with dropout, s b h (34 + 5 a s / h): {k:.0f} bytes",
         k=korthikanti,
     )
-    report.claim(
+    run.report.claim(
         "meta_init_equals_eager",
-        meta_init_gap(materialise, info.device, args.seed),
+        meta_init_gap(materialise, run.info.device, run.args.seed),
         "==",
         0.0,
         "  meta -> to_empty -> reset_parameters() vs eager, parameters and buffers: "
@@ -350,18 +361,18 @@ def meta_init_gap(recipe, device, seed: int) -> float:
 
 
 # ---------------------------------------------------------------- 4. alpha-beta on this machine's gloo
-def alpha_beta(info, report: Report) -> None:
+def alpha_beta(run: Run) -> None:
     """Section 4: the ring's alpha-beta model fitted to this machine's all-reduce (a benchmark: [perf])."""
-    N = info.world_size
+    N = run.info.world_size
     if N == 1:
         print0("\n4. alpha-beta: one process sends nothing (torchrun, 2+ processes, measures gloo)")
         return
     sizes = [2**k for k in range(8, 21, 3)]  # fp32 elements: 1 KiB .. 4 MiB
     seconds = []
     for n in sizes:
-        buf = torch.ones(n, device=info.device)
+        buf = torch.ones(n, device=run.info.device)
         # the median call, each the slowest rank's: this CPU is shared, single calls stall now and then
-        times = time_calls(lambda: dist.all_reduce(buf), 7, 1, info.device, distributed=True)
+        times = time_calls(lambda: dist.all_reduce(buf), 7, 1, run.info.device, distributed=True)
         seconds.append(statistics.median(times))
     steps = [2 * (N - 1)] * len(sizes)
     sent = [ring_bytes_sent("all_reduce", 4 * n, N) for n in sizes]  # 2 B (N-1)/N
@@ -369,7 +380,7 @@ def alpha_beta(info, report: Report) -> None:
     print0(
         f"\n4. alpha-beta: all-reduce on {N} gloo ranks, time = 2 (N-1) alpha + 2 B (N-1)/N beta"
     )
-    report.perf(
+    run.report.perf(
         "alpha_beta",
         {"alpha_s": alpha, "beta_s_per_byte": beta},
         "fitted alpha {us:.1f} us, beta {ns:.3f} ns/byte ({gbs:.2f} GB/s)",
@@ -378,7 +389,7 @@ def alpha_beta(info, report: Report) -> None:
         gbs=1 / beta / 1e9 if beta > 0 else float("inf"),
     )
     for n, s in zip(sizes, seconds):
-        report.perf(
+        run.report.perf(
             f"allreduce_{4 * n}_bytes",
             s,
             "all-reduce {nbytes:>8} bytes: measured {us:.0f} us, predicted {predicted:.0f} us",
@@ -423,14 +434,15 @@ def main(argv=None) -> None:
         planner(args)
         return
     with distributed_session(args) as info:
-        report = Report(info)
-        report.record("world_size", info.world_size)
-        bytes_predicted_vs_measured(args, info, report)  # 1. bytes held and sent
-        flops(args, info, report)  # 2. FLOPs
-        meta_device(args, info, report)  # 3. the meta device
-        alpha_beta(info, report)  # 4. alpha-beta on this machine
-        planner_closed_forms(report)  # 5. the planner's rows
-        report.finish(args.results)
+        group = Grid(info, dp=info.world_size).group("dp")  # one process: no group
+        run = Run(args, info, Report(info), group)
+        run.report.record("world_size", info.world_size)
+        bytes_predicted_vs_measured(run)  # 1. bytes held and sent
+        flops(run)  # 2. FLOPs
+        meta_device(run)  # 3. the meta device
+        alpha_beta(run)  # 4. alpha-beta on this machine
+        planner_closed_forms(run.report)  # 5. the planner's rows
+        run.report.finish(args.results)
 
 
 if __name__ == "__main__":

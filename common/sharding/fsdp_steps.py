@@ -9,7 +9,8 @@
 - `one_backward(model, x, y)`: one backward: the full gradients, the bytes per collective, the gradients' dtype.
 - `train_sharded(model, batches, mine, lr, micro, sync_each)`: SGD on this rank's slices, accumulating;
   `one_process(model, batches, lr)`: the reference, SGD on each whole global batch; `world_of_one()`: the
-  environment torchrun would set for one process (FSDP2 needs a process group)."""
+  environment torchrun would set for one process (FSDP2 needs a process group); `check_fsdp2_options(args,
+  n, dtypes)`: the lesson's options checked, --replicate and --reshard-int filled in."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from common.harness.env import LessonError
 from common.measure.counters import count_collectives, local_shard
 from common.measure.differences import max_over_ranks
 from common.measure.memory import storage_bytes
@@ -33,6 +35,7 @@ __all__ = [
     "train_sharded",
     "one_process",
     "world_of_one",
+    "check_fsdp2_options",
 ]
 
 
@@ -131,3 +134,27 @@ def world_of_one() -> None:
     if "RANK" not in os.environ:
         port = str(29400 + os.getpid() % 1000)
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+
+
+def check_fsdp2_options(args, n: int, dtypes: dict) -> None:
+    """Lesson 14's options on a world of n ranks, the same numbers on every rank before any process group
+    (every rank fails alike): LessonError naming the bad one; fills in --replicate (HSDP replicas: 2 where
+    n >= 4 is even, else 1) and --reshard-int (reshard_after_forward=k: n // 2 where that properly divides
+    n, else the largest proper divisor, 0 if none)."""
+    sizes = (args.width, args.depth, args.steps, args.global_batch, args.micro_steps, args.lr)
+    if min(sizes) <= 0 or min(args.depth, args.micro_steps) < 2:  # a next block; micro-steps
+        raise LessonError(
+            "--width, --steps, --global-batch, --lr: > 0; --depth, --micro-steps: >= 2"
+        )
+    if args.param_dtype not in dtypes:
+        raise LessonError(f"unknown --param-dtype {args.param_dtype!r}: choose bf16 or fp16")
+    args.replicate = args.replicate or (2 if n >= 4 and n % 2 == 0 else 1)
+    if args.replicate < 1 or n % args.replicate:
+        raise LessonError(f"--replicate {args.replicate} does not divide the world of {n} ranks")
+    if args.global_batch % (n * args.micro_steps):
+        raise LessonError(f"--global-batch {args.global_batch} is not {n} x {args.micro_steps} x b")
+    divisors = [k for k in range(2, n) if n % k == 0]
+    if not args.reshard_int:  # half the world where that is a proper divisor, else the largest one
+        args.reshard_int = n // 2 if n // 2 in divisors else max(divisors, default=0)
+    if args.reshard_int and args.reshard_int not in divisors:
+        raise LessonError(f"--reshard-int {args.reshard_int} must divide {n}, in 2 .. {n - 1}")
