@@ -18,6 +18,7 @@ from common.harness.env import LessonError
 
 __all__ = [
     "DIGITS_PATH",
+    "NUM_CLASSES",
     "DIGITS_SHA256",
     "load_digits",
     "digits_split",

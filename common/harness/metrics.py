@@ -1,4 +1,5 @@
-"""Evaluation on every rank without counting padded samples twice (introduced in lesson 03).
+"""Evaluation on every rank without counting padded samples twice (lesson 03); lesson 05's sums over an
+unpadded shard, and the one-process evaluation it is held to.
 
 `DistributedSampler` with `drop_last=False` pads the index list by repeating its start until it divides by
 world_size: 10 samples over 3 ranks become 12 positions, positions 10 and 11 repeating samples 0 and 1. Rank r

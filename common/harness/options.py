@@ -1,5 +1,5 @@
-"""The launchers' legacy options (--local-rank from torch.distributed.launch and mp.spawn), their note, and option
-types shared by several lessons."""
+"""The launchers' legacy option (--local-rank, which torch.distributed.launch appends), its note, and the
+comma-separated integers option type (lesson 09)."""
 
 from __future__ import annotations
 

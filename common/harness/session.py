@@ -1,4 +1,4 @@
-"""The harness every lesson runs in: shared options, the process group's life, errors and the exit (lesson 03 on).
+"""The harness every lesson runs in: shared options, the process group's life, errors and run_main (lesson 03 on).
 
 Every lesson runs unchanged in three ways:
 

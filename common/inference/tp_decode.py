@@ -11,7 +11,8 @@ the head stay whole on every rank, so every rank computes the same logits and pi
 broadcast). The split modules are `common.tensor_parallel.layers`' ColumnParallelLinear and RowParallelLinear,
 cut from the shared `common.models.CausalTransformer` (its qkv Linear holds q, k, v one after another, each
 heads x hd rows). At tp = 1 (no group) the same code is the one-process cached decoder; lesson 22 holds both
-to `recompute_decode`, the model itself rerun on the whole prefix every step.
+to `recompute_decode`, the model itself rerun on the whole prefix every step. `phase_costs` measures prefill
+against one decode step (FLOPs per token and per byte read, all-reduces); `ms_per_token` times a decode.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The planner of lesson 21: which (dp, tp, pp, cp, ZeRO stage, checkpointing) fits a GPT-style model on G GPUs,
 with its memory per rank, bytes sent per step and an estimated step time and MFU. Formulas only
-(common/planning/cost_model.py, checked against measurement by lesson 21); no model is built, nothing is allocated.
+(common/planning/cost_model.py and step_time.py, checked against measurement by lesson 21); no model is built,
+nothing is allocated.
 
     rows = plan(GPT(80, 8192, 64, 32000, 4096), Assumptions(gpus=64, gpu_memory_gb=80))
 

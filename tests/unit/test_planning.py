@@ -1,5 +1,6 @@
-"""The cost model of lesson 21 (common/planning/cost_model.py): published numbers, exact small cases, FLOPs vs the counter;
-the planner's rows held to closed forms (lesson 21's section 6); the meta-device recipe against a wrong one."""
+"""The cost model of lesson 21 (common/planning/cost_model.py, step_time.py): published numbers, exact
+small cases, FLOPs vs the counter; the planner's rows held to closed forms (lesson 21's section 6); the
+meta-device recipe against a wrong one."""
 
 import importlib
 import math

@@ -1,4 +1,4 @@
-"""The full training-state checkpoint (common/checkpoint/train_state.py) and the fault timeline (common/fault_tolerance/faults.py), in one
+"""The full training-state checkpoint (common/checkpoint/train_state.py) and the fault timeline (common/fault_tolerance/timeline.py), in one
 process: no torchrun, a few seconds in all. The crash-and-restart runs are in tests/lessons/test_16_fault_tolerance.py.
 """
 
