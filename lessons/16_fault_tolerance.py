@@ -195,57 +195,57 @@ def build(args, info, report, train_set) -> Run:
 
 
 # ------------------------------------------------------------- 1. the pattern to copy: save and restore ALL
-def capture(T: Run, step: int) -> dict:
+def capture(run: Run, step: int) -> dict:
     return {
         "step": step,
-        "model": T.raw.state_dict(),
-        "optimizer": T.opt.state_dict(),
+        "model": run.raw.state_dict(),
+        "optimizer": run.opt.state_dict(),
         # rank 0 writes every rank's streams: one file, one writer
-        "rng": capture_rng_all_ranks(T.gen, T.info),
-        "scheduler": T.sched.state_dict(),
-        "scaler": T.scaler.state_dict(),
-        "sampler": T.sampler.state_dict(),
+        "rng": capture_rng_all_ranks(run.gen, run.info),
+        "scheduler": run.sched.state_dict(),
+        "scaler": run.scaler.state_dict(),
+        "sampler": run.sampler.state_dict(),
     }
 
 
-def restore(T: Run, state: dict) -> int:
-    T.raw.load_state_dict(state["model"])  # the unwrapped model: every rank loads the same values
+def restore(run: Run, state: dict) -> int:
+    run.raw.load_state_dict(state["model"])  # the unwrapped model: every rank loads the same values
     # keeps (and later updates in place) the tensors it is given
-    T.opt.load_state_dict(state["optimizer"])
-    T.sched.load_state_dict(state["scheduler"])
-    T.scaler.load_state_dict(state["scaler"])
-    T.sampler.load_state_dict(state["sampler"])  # epoch AND position: trained samples are skipped
+    run.opt.load_state_dict(state["optimizer"])
+    run.sched.load_state_dict(state["scheduler"])
+    run.scaler.load_state_dict(state["scaler"])
+    run.sampler.load_state_dict(state["sampler"])  # epoch AND position: trained samples are skipped
     if "rng" in state:
-        restore_rng(state["rng"][T.info.rank], T.gen, T.info.device)
+        restore_rng(state["rng"][run.info.rank], run.gen, run.info.device)
     return state["step"]
 
 
-def train(T: Run, step: int, until: int, fault=None, log=None, save=None) -> dict[int, float]:
+def train(run: Run, step: int, until: int, fault=None, log=None, save=None) -> dict[int, float]:
     """Optimizer steps step+1 .. until; returns {step: this rank's loss}."""
-    args, dev = T.args, T.info.device
+    args, dev = run.args, run.info.device
     losses = {}
     while step < until:
-        batches = iter(T.loader)  # the sampler's epoch, from its position
-        left = len(T.sampler) // args.batch_size  # optimizer steps to the epoch's end
+        batches = iter(run.loader)  # the sampler's epoch, from its position
+        left = len(run.sampler) // args.batch_size  # optimizer steps to the epoch's end
         if left < 1:  # a sampler that never rolls over to the next epoch would loop here forever
             # (not a RuntimeError: exit_on_peer_failure reads that as a peer failure)
             raise AssertionError(
-                f"step {step}: the sampler has no batch left ({T.sampler.state_dict()})"
+                f"step {step}: the sampler has no batch left ({run.sampler.state_dict()})"
             )
         for _ in range(min(left, until - step)):  # to the epoch's end, or to `until`
             step += 1
             x, y = next(batches)  # x (b, 1, 8, 8), y (b,)
-            x, y = augment(x, T.gen, not args.no_random_draws).to(dev), y.to(dev)
+            x, y = augment(x, run.gen, not args.no_random_draws).to(dev), y.to(dev)
             with torch.autocast(dev.type, torch.float16, enabled=args.amp):
-                loss = F.cross_entropy(T.model(x), y)
+                loss = F.cross_entropy(run.model(x), y)
             if fault:  # exit, raise or hang here, after the forward
-                fault.strike(step, T.info.rank, log)
-            T.scaler.scale(loss).backward()
-            T.scaler.step(T.opt)
-            T.scaler.update()
-            T.opt.zero_grad(set_to_none=True)
-            T.sched.step()
-            T.sampler.advance(args.global_batch)
+                fault.strike(step, run.info.rank, log)
+            run.scaler.scale(loss).backward()
+            run.scaler.step(run.opt)
+            run.scaler.update()
+            run.opt.zero_grad(set_to_none=True)
+            run.sched.step()
+            run.sampler.advance(args.global_batch)
             losses[step] = loss.item()
             if log:  # logged, then a bigger model's step (the sleep): a peer's crash comes after it
                 log.write("step", step=step, loss=losses[step])
@@ -304,60 +304,62 @@ def wrong_variants(args, snapshot: dict) -> list:
     return wrong  # no random draws: no stream to forget
 
 
-def resume_variants(T: Run, train_set, snapshot: dict, reference: list, variants: list) -> dict:
+def resume_variants(run: Run, train_set, snapshot: dict, reference: list, variants: list) -> dict:
     """Each variant resumes from ITS OWN COPY of `snapshot`: AdamW's load_state_dict keeps the tensors it is
     given and updates them in place, so a shared snapshot would reach the next variant trained on."""
     diffs = {}
     for variant in variants:
-        V = build(T.args, T.info, T.report, train_set)
-        train(V, restore(V, variant(copy.deepcopy(snapshot))), T.args.steps)
-        diffs[variant.__name__] = max_diff_over_ranks(V.raw, reference, T.info)
+        V = build(run.args, run.info, run.report, train_set)
+        train(V, restore(V, variant(copy.deepcopy(snapshot))), run.args.steps)
+        diffs[variant.__name__] = max_diff_over_ranks(V.raw, reference, run.info)
     return diffs
 
 
-def start_point(args, info, T, log) -> int:
+def start_point(run: Run, log) -> int:
     """The step this attempt starts from: the newest complete checkpoint, or 0."""
     # what killed saves left behind: never loaded, removed
-    if args.resuming and info.master_process:
-        found_step = args.found[1]["step"] if args.found else None
-        log.write("resume", step=found_step, ignored=leftovers(args.ckpt_dir, remove=True))
-    return restore(T, load_train_state(args.found[0], info.device)) if args.found else 0
+    if run.args.resuming and run.info.master_process:
+        found_step = run.args.found[1]["step"] if run.args.found else None
+        log.write("resume", step=found_step, ignored=leftovers(run.args.ckpt_dir, remove=True))
+    return (
+        restore(run, load_train_state(run.args.found[0], run.info.device)) if run.args.found else 0
+    )
 
 
-def saver(args, info, T, fault, log):
+def saver(run: Run, fault, log):
     """save(step): the full training state every --ckpt-every steps and at the end."""
 
     def save(s: int) -> None:
-        if s % args.ckpt_every == 0 or s == args.steps:
+        if s % run.args.ckpt_every == 0 or s == run.args.steps:
             hook = fault.writer_hook(s, log) if fault else None
-            signature = model_signature(T.raw)
-            save_train_state(capture(T, s), args.ckpt_dir, s, info, signature, fault=hook)
+            signature = model_signature(run.raw)
+            save_train_state(capture(run, s), run.args.ckpt_dir, s, run.info, signature, fault=hook)
             log.write("save", step=s)
 
     return save
 
 
-def restart_section(args, info, T, train_set, report, steps_per_epoch: int):
+def restart_section(run: Run, train_set, steps_per_epoch: int):
     """1. The restarted run against an uninterrupted one; returns the reference and the mid-run snapshot."""
-    exact = exact_bound(info.world_size)
+    exact = exact_bound(run.info.world_size)
     print0("\n1. the restarted run against an uninterrupted one (the same processes, from scratch)")
-    report.value("attempts", args.attempt + 1, "attempts: {value}")
-    events = read_events(args.ckpt_dir / "events.jsonl") if info.master_process else None
-    tl = report_timeline(report, events) if info.master_process else None
-    R = build(args, info, report, train_set)
-    c = resume_step(args, steps_per_epoch)  # an interruption mid-run, in process, for section 2
+    run.report.value("attempts", run.args.attempt + 1, "attempts: {value}")
+    events = read_events(run.args.ckpt_dir / "events.jsonl") if run.info.master_process else None
+    tl = report_timeline(run.report, events) if run.info.master_process else None
+    R = build(run.args, run.info, run.report, train_set)
+    c = resume_step(run.args, steps_per_epoch)  # an interruption mid-run, in process, for section 2
     ref_losses = train(R, 0, c)
     snapshot = roundtrip(capture(R, c))
-    ref_losses.update(train(R, c, args.steps))
+    ref_losses.update(train(R, c, run.args.steps))
     reference = [p.detach() for p in R.raw.parameters()]
-    report.claim(
+    run.report.claim(
         "resumed_equals_uninterrupted",
-        max_diff_over_ranks(T.raw, reference, info),
+        max_diff_over_ranks(run.raw, reference, run.info),
         "<=",
         exact,
         "final parameters vs the uninterrupted run: max |difference| {value}",
     )
-    if info.master_process:
+    if run.info.master_process:
         logged = {
             a["steps"][i]: a["losses"][i] for a in tl["attempts"] for i in range(len(a["steps"]))
         }
@@ -365,7 +367,7 @@ def restart_section(args, info, T, train_set, report, steps_per_epoch: int):
             [abs(logged[s] - ref_losses[s]) for s in ref_losses], dtype=torch.float64
         )
         worst = gaps.max().item()  # torch's max keeps a NaN (Python's max may drop it)
-        report.claim(
+        run.report.claim(
             "loss_curve_equals_uninterrupted",
             worst,
             "<=",
@@ -375,25 +377,27 @@ def restart_section(args, info, T, train_set, report, steps_per_epoch: int):
     return reference, snapshot
 
 
-def variants_section(T: Run, train_set, reference: list, snapshot: dict) -> None:
+def variants_section(run: Run, train_set, reference: list, snapshot: dict) -> None:
     """2. Resuming in process from the snapshot, each way, against the uninterrupted run."""
     c = snapshot["step"]
-    if c >= T.args.steps:
+    if c >= run.args.steps:
         print0(f"\n2. skipped: no step after the resume point {c} (--steps 3 or more)")
         return
     print0(
         f"\n2. resuming at step {c} in process, each way, vs the uninterrupted run: max |difference|"
     )
-    variants = [resume_exact] + wrong_variants(T.args, snapshot)
-    diffs = resume_variants(T, train_set, snapshot, reference, variants)
+    variants = [resume_exact] + wrong_variants(run.args, snapshot)
+    diffs = resume_variants(run, train_set, snapshot, reference, variants)
     for name, d in diffs.items():
         if name == "resume_exact":
-            bound = exact_bound(T.info.world_size)
+            bound = exact_bound(run.info.world_size)
             text = "  {variant:<26} {value}"
-            T.report.claim("resume_exact_equals_uninterrupted", d, "<=", bound, text, variant=name)
+            run.report.claim(
+                "resume_exact_equals_uninterrupted", d, "<=", bound, text, variant=name
+            )
         else:
-            bound = differs_bound(T.args)
-            T.report.claim(
+            bound = differs_bound(run.args)
+            run.report.claim(
                 f"{name}_differs", d, ">=", bound, "  {variant:<26} {value:.1e}", variant=name
             )
 
@@ -416,7 +420,7 @@ def lesson(args, info, fault) -> None:
     log.write("start")
     # (192, 1, 8, 8): 6 steps per epoch on 2 ranks
     train_set = Subset(digits_split()[0], range(args.train_samples))
-    T = build(args, info, report, train_set)
+    run = build(args, info, report, train_set)
     report.record("world_size", W)  # for the tests
     report.record("attempt", args.attempt)
     report.record("global_batch", args.global_batch)
@@ -430,12 +434,12 @@ def lesson(args, info, fault) -> None:
         b=args.batch_size,
         gb=args.global_batch,
     )
-    step = start_point(args, info, T, log)
+    step = start_point(run, log)
     # gloo raises when a peer died, or did not answer within --timeout-s
     with exit_on_peer_failure(log):
-        train(T, step, args.steps, fault, log, saver(args, info, T, fault, log))
-    reference, snapshot = restart_section(args, info, T, train_set, report, steps_per_epoch)
-    variants_section(T, train_set, reference, snapshot)
+        train(run, step, args.steps, fault, log, saver(run, fault, log))
+    reference, snapshot = restart_section(run, train_set, steps_per_epoch)
+    variants_section(run, train_set, reference, snapshot)
     report.finish(args.results)
 
 
