@@ -46,6 +46,7 @@ from common.checkpoint.sharded import (
     MARKER,
     agreed_folder,
     async_save_sharded,
+    bytes_by_rank,
     check_complete,
     check_world_size_can_continue,
     chunks_written,
@@ -124,10 +125,13 @@ class Run:
         torch.manual_seed(seed)  # the same values on every rank: fully_shard broadcasts nothing
         return ResidualMLP(self.args.width, self.args.depth).to(self.info.device)
 
-    def batches(self, first: int, steps: int, rank: int, world_size: int) -> list:
-        a = self.args
+    def batches(self, first: int, steps: int, rank=None, world_size=None) -> list:
+        """Global-batch steps first .. first + steps: `rank`'s slice of `world_size` (default: ours)."""
+        a, info = self.args, self.info
+        rank = info.rank if rank is None else rank
+        world_size = world_size or info.world_size
         return global_batch_slices(
-            self.train_set, steps, a.global_batch, a.seed, rank, world_size, first, self.info.device
+            self.train_set, steps, a.global_batch, a.seed, rank, world_size, first, info.device
         )
 
 
@@ -145,89 +149,91 @@ def world_of(ranks: list[int], device_type: str):
 
 
 # -------- 1. the sharded save: every rank writes its own chunks; the marker comes last
-def save_and_continue(r: Run, kind: str, model, raw, opt) -> Path:
+def save_and_continue(run: Run, kind: str, model, raw, opt) -> Path:
     """Save `raw` (the unwrapped model) after --steps into root/kind/step_N, train `model` --more-steps (the
     target a loader must reach), then mark the folder complete."""
-    folder = step_folder(r.root / kind, r.args.steps)
-    save_sharded(raw, opt, folder, r.info)
-    train(model, opt, r.batches(r.args.steps, r.args.more_steps, r.info.rank, r.info.world_size))
+    folder = step_folder(run.root / kind, run.args.steps)
+    save_sharded(raw, opt, folder, run.info)
+    train(model, opt, run.batches(run.args.steps, run.args.more_steps))
     after = [t.cpu() for t in full_params(raw)]  # every rank takes part in FSDP2's all-gathers
-    if r.info.master_process:
+    if run.info.master_process:
         atomic_write(folder / AFTER, lambda f: torch.save(after, f))
-    facts = {k: getattr(r.args, k) for k in ("global_batch", "steps", "more_steps", "lr", "seed")}
-    signature = model_signature(ResidualMLP(r.args.width, r.args.depth))
-    mark_complete(folder, r.info, model=signature, world_size=r.info.world_size, **facts)
+    facts = {k: getattr(run.args, k) for k in ("global_batch", "steps", "more_steps", "lr", "seed")}
+    signature = model_signature(ResidualMLP(run.args.width, run.args.depth))
+    mark_complete(folder, run.info, model=signature, world_size=run.info.world_size, **facts)
     return folder
 
 
-def sharded_save(r: Run) -> tuple[Path, Path]:
+def sharded_save(run: Run) -> tuple[Path, Path]:
     """FSDP2 and DDP trained --steps on N ranks and saved into root/fsdp2 and root/ddp."""
-    mesh = DeviceMesh.from_group(dist.group.WORLD, r.info.device.type)
-    model = shard_blocks_then_root(r.model(r.args.seed), mesh)
-    opt = torch.optim.Adam(model.parameters(), lr=r.args.lr)
-    train(model, opt, r.batches(0, r.args.steps, r.info.rank, r.info.world_size))
-    fsdp_folder = save_and_continue(r, "fsdp2", model, model, opt)
-    ddp = DDP(r.model(r.args.seed))
-    ddp_opt = torch.optim.Adam(ddp.parameters(), lr=r.args.lr)
-    train(ddp, ddp_opt, r.batches(0, r.args.steps, r.info.rank, r.info.world_size))
-    ddp_folder = save_and_continue(r, "ddp", ddp, ddp.module, ddp_opt)
+    mesh = DeviceMesh.from_group(dist.group.WORLD, run.info.device.type)
+    model = shard_blocks_then_root(run.model(run.args.seed), mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=run.args.lr)
+    train(model, opt, run.batches(0, run.args.steps))
+    fsdp_folder = save_and_continue(run, "fsdp2", model, model, opt)
+    ddp = DDP(run.model(run.args.seed))
+    ddp_opt = torch.optim.Adam(ddp.parameters(), lr=run.args.lr)
+    train(ddp, ddp_opt, run.batches(0, run.args.steps))
+    ddp_folder = save_and_continue(run, "ddp", ddp, ddp.module, ddp_opt)
     chunks = chunks_written(fsdp_folder)
-    r.report.record("fsdp2_chunks", chunks)
+    run.report.record("fsdp2_chunks", chunks)
     # FSDP2 gives rank k rows [k c, (k + 1) c) of every tensor it shards, c = ceil(rows / N)
     sharded = [c for c in chunks if c["sizes"]]  # Adam's 0-d step counters are replicated
-    held_by = [c["offsets"][0] // -(-c["shape"][0] // r.info.world_size) for c in sharded]
+    held_by = [c["offsets"][0] // -(-c["shape"][0] // run.info.world_size) for c in sharded]
     wrong = sum(c["rank"] != k for c, k in zip(sharded, held_by))
-    r.report.claim(
+    run.report.claim(
         "each_rank_writes_its_shard",
         wrong,
         "==",
         0,
         "1. FSDP2 on {N} ranks: {n} chunks, each in the file of the rank that holds it; elsewhere: {value}",
-        N=r.info.world_size,
+        N=run.info.world_size,
         n=len(sharded),
     )
-    per_rank = [sum(c["bytes"] for c in chunks if c["rank"] == k) for k in range(r.info.world_size)]
-    r.report.value("fsdp2_bytes_per_file", per_rank, "  tensor bytes in each rank's file: {value}")
-    ddp_written_once(r, ddp_folder, ddp.module, ddp_opt)
+    per_rank = bytes_by_rank(chunks, run.info.world_size)
+    text = "  tensor bytes in each rank's file: {value}"
+    run.report.value("fsdp2_bytes_per_file", per_rank, text)
+    ddp_written_once(run, ddp_folder, ddp.module, ddp_opt)
     return fsdp_folder, ddp_folder
 
 
-def ddp_written_once(r: Run, folder: Path, model, opt) -> None:
+def ddp_written_once(run: Run, folder: Path, model, opt) -> None:
     """DCP de-duplicates replicated tensors: one replica's bytes in all, spread over the ranks' files."""
     chunks = chunks_written(folder)
     state = [*model.state_dict().values()]
     state += [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
     one_replica = sum(t.numel() * t.element_size() for t in state)
     written = sum(c["bytes"] for c in chunks)
-    by_rank = [sum(c["bytes"] for c in chunks if c["rank"] == k) for k in range(r.info.world_size)]
-    r.report.claim(
+    by_rank = bytes_by_rank(chunks, run.info.world_size)
+    run.report.claim(
         "ddp_state_written_once",
         written - one_replica,
         "==",
         0,
         "  DDP on {N} ranks: {written} bytes, by rank {by_rank}; beyond one replica: {value}",
-        N=r.info.world_size,
+        N=run.info.world_size,
         written=written,
         by_rank=by_rank,
     )
 
 
 # -------- 2. resharding: another world loads the N-rank checkpoints and continues
-def reshard(r: Run, ranks: list[int], fsdp_folder: Path, ddp_folder: Path):
+def reshard(run: Run, ranks: list[int], fsdp_folder: Path, ddp_folder: Path):
     """The world `ranks` (a group of its own) loads both checkpoints; returns its FSDP2 model's logits."""
-    group, mesh = world_of(ranks, r.info.device.type)
+    group, mesh = world_of(ranks, run.info.device.type)
     if mesh is None:  # not one of the loading world's ranks
         return None
-    saved = check_complete(fsdp_folder, model_signature(ResidualMLP(r.args.width, r.args.depth)))
+    signature = model_signature(ResidualMLP(run.args.width, run.args.depth))
+    saved = check_complete(fsdp_folder, signature)
     model = shard_blocks_then_root(
-        r.model(r.args.seed + 1), mesh
+        run.model(run.args.seed + 1), mesh
     )  # other initial values: the load must overwrite them
     opt = torch.optim.Adam(
-        model.parameters(), lr=r.args.lr
+        model.parameters(), lr=run.args.lr
     )  # a fresh Adam: its state comes from files
     load_sharded(model, opt, fsdp_folder, group)
     full = torch.load(fsdp_folder / FULL_MODEL, weights_only=True)
-    r.report.claim(
+    run.report.claim(
         "sharded_load_equals_saved",
         max_over_ranks(max_abs_diff_all(full_params(model), full.values()), group),
         "==",
@@ -236,17 +242,17 @@ def reshard(r: Run, ranks: list[int], fsdp_folder: Path, ddp_folder: Path):
         saved=saved["world_size"],
         M=len(ranks),
     )
-    read_plan(r, fsdp_folder, len(ranks))
+    read_plan(run, fsdp_folder, len(ranks))
     with torch.no_grad():  # (64, 10) logits of the loaded, sharded model, for section 3
-        logits = model(r.train_set.tensors[0][:64].to(r.info.device))
+        logits = model(run.train_set.tensors[0][:64].to(run.info.device))
     continue_and_compare(
-        r, "continued_training_matches_saving_world", model, opt, fsdp_folder, group
+        run, "continued_training_matches_saving_world", model, opt, fsdp_folder, group
     )
-    reshard_ddp(r, ranks, group, ddp_folder)
+    reshard_ddp(run, ranks, group, ddp_folder)
     return logits
 
 
-def read_plan(r: Run, folder: Path, M: int) -> None:
+def read_plan(run: Run, folder: Path, M: int) -> None:
     """Bytes each loading rank reads from each saving rank's file: its new rows, c' = ceil(rows / M), overlap
     the saved chunks' rows (computed from .metadata: what dcp.load's plan reads)."""
     chunks = [c for c in chunks_written(folder) if c["sizes"]]
@@ -265,37 +271,37 @@ def read_plan(r: Run, folder: Path, M: int) -> None:
         f"    rank {k} of {M} reads {row} bytes from files 0..{saved_by - 1}"
         for k, row in enumerate(plan)
     )
-    r.report.value(
+    run.report.value(
         "read_plan", plan, "  which saved file each loading rank reads:\n{lines}", lines=lines
     )
 
 
-def continue_and_compare(r: Run, name: str, model, opt, folder: Path, group) -> None:
+def continue_and_compare(run: Run, name: str, model, opt, folder: Path, group) -> None:
     """--more-steps on the same global batches, against the saving world's own (its after_more_steps.pt)."""
     start = [p.detach().clone() for p in full_params(model)]
     k, M = dist.get_rank(group), dist.get_world_size(group)
-    train(model, opt, r.batches(r.args.steps, r.args.more_steps, k, M))
+    train(model, opt, run.batches(run.args.steps, run.args.more_steps, k, M))
     target = torch.load(folder / AFTER, weights_only=True)
     apart = relative_difference(full_params(model), target, start)
-    r.report.claim(
+    run.report.claim(
         name,
         max_over_ranks(apart, group),
         "<=",
         EQUAL,
         "  {more} more steps on {world} vs the saving world's own: {value:.1e} of their change",
-        more=r.args.more_steps,
+        more=run.args.more_steps,
         world=f"{M} rank" if M == 1 else f"{M} ranks",
     )
 
 
-def reshard_ddp(r: Run, ranks: list[int], group, folder: Path) -> None:
+def reshard_ddp(run: Run, ranks: list[int], group, folder: Path) -> None:
     """DDP's state, written once by N ranks, loaded by len(ranks): every replica gets all of it."""
-    model = DDP(r.model(r.args.seed + 1), process_group=group)
-    opt = torch.optim.Adam(model.parameters(), lr=r.args.lr)
+    model = DDP(run.model(run.args.seed + 1), process_group=group)
+    opt = torch.optim.Adam(model.parameters(), lr=run.args.lr)
     load_sharded(model.module, opt, folder, group)
     full = torch.load(folder / FULL_MODEL, weights_only=True)
     saved = check_complete(folder, model_signature(model.module))
-    r.report.claim(
+    run.report.claim(
         "params_equal_at_the_switch",
         max_over_ranks(max_abs_diff_all(model.module.parameters(), full.values()), group),
         "==",
@@ -305,24 +311,24 @@ def reshard_ddp(r: Run, ranks: list[int], group, folder: Path) -> None:
         M=len(ranks),
     )
     continue_and_compare(
-        r, "ddp_continued_training_matches_saving_world", model, opt, folder, group
+        run, "ddp_continued_training_matches_saving_world", model, opt, folder, group
     )
 
 
 # -------- 3. one process: the full state dict
-def one_process(r: Run, folder: Path, logits) -> None:
+def one_process(run: Run, folder: Path, logits) -> None:
     """Rank 0 alone, as a plain python process would: full_model.pt into the plain model, strict."""
-    with rank0_only(r.info, "the single-process reader") as mine:
+    with rank0_only(run.info, "the single-process reader") as mine:
         if not mine:
             return
-        plain = ResidualMLP(r.args.width, r.args.depth)
+        plain = ResidualMLP(run.args.width, run.args.depth)
         full = torch.load(folder / FULL_MODEL, map_location="cpu", weights_only=True)
         plain.load_state_dict(full, strict=True)  # raises on a missing or unexpected key
         with (
             torch.no_grad()
         ):  # the same parameters, computed whole instead of gathered: rounding at most
-            out = plain(r.train_set.tensors[0][:64])
-        r.report.claim(
+            out = plain(run.train_set.tensors[0][:64])
+        run.report.claim(
             "full_state_dict_same_outputs",
             max_abs_diff_all([out], [logits.cpu()]) / max(logits.abs().max().item(), 1e-30),
             "<=",
@@ -334,55 +340,57 @@ def one_process(r: Run, folder: Path, logits) -> None:
 
 
 # -------- 4. async save: the loop goes on while a thread writes
-def async_save(r: Run) -> None:
-    mesh = DeviceMesh.from_group(dist.group.WORLD, r.info.device.type)
-    model = shard_blocks_then_root(r.model(r.args.seed), mesh)
-    opt = torch.optim.Adam(model.parameters(), lr=r.args.lr)
-    train(model, opt, r.batches(0, r.args.steps, r.info.rank, r.info.world_size))
+def async_save(run: Run) -> None:
+    mesh = DeviceMesh.from_group(dist.group.WORLD, run.info.device.type)
+    model = shard_blocks_then_root(run.model(run.args.seed), mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=run.args.lr)
+    train(model, opt, run.batches(0, run.args.steps))
     t0 = time.perf_counter()
-    save_sharded(model, opt, step_folder(r.root / "sync", r.args.steps), r.info, full_model=False)
+    save_sharded(
+        model, opt, step_folder(run.root / "sync", run.args.steps), run.info, full_model=False
+    )
     sync_s = time.perf_counter() - t0
     writer = dist.new_group(
         backend="gloo"
-    )  # the writer thread's collectives: never the loop's group
+    )  # the writer thread's collectives, never the loop's group
     snapshot = [t.clone() for t in full_params(model)]
-    folder = step_folder(r.root / "async", r.args.steps)
+    folder = step_folder(run.root / "async", run.args.steps)
     t0 = time.perf_counter()
     future = async_save_sharded(model, opt, folder, writer)
     blocked_s = time.perf_counter() - t0
-    train(model, opt, r.batches(r.args.steps, r.args.more_steps, r.info.rank, r.info.world_size))
+    train(model, opt, run.batches(run.args.steps, run.args.more_steps))
     trained_s = time.perf_counter() - t0 - blocked_s
     future.result()  # a real loop checks it before its next save
-    mark_complete(folder, r.info, world_size=r.info.world_size, step=r.args.steps)
+    mark_complete(folder, run.info, world_size=run.info.world_size, step=run.args.steps)
     moved = max_over_ranks(max_abs_diff_all(full_params(model), snapshot))
-    fresh = shard_blocks_then_root(r.model(r.args.seed + 1), mesh)
-    load_sharded(fresh, torch.optim.Adam(fresh.parameters(), lr=r.args.lr), folder)
-    r.report.claim(
+    fresh = shard_blocks_then_root(run.model(run.args.seed + 1), mesh)
+    load_sharded(fresh, torch.optim.Adam(fresh.parameters(), lr=run.args.lr), folder)
+    run.report.claim(
         "async_save_is_the_state_at_the_call",
         max_over_ranks(max_abs_diff_all(full_params(fresh), snapshot)),
         "==",
         0.0,
         "4. async_save, {more} steps (moved {moved:.1e}), then the load vs the state at the call: {value}",
-        more=r.args.more_steps,
+        more=run.args.more_steps,
         moved=moved,
     )
-    r.report.perf(
+    run.report.perf(
         "async_blocked_s",
         blocked_s,
         "async_save returned a {kind} in {value:.4f} s (dcp.save: {sync:.4f} s); {more} steps: {t:.4f} s",
         kind=type(future).__name__,
         sync=sync_s,
-        more=r.args.more_steps,
+        more=run.args.more_steps,
         t=trained_s,
     )
 
 
 # -------- 5. never a lost checkpoint
-def never_lost(r: Run, folder: Path) -> None:
+def never_lost(run: Run, folder: Path) -> None:
     """The marker is the newest file; a save killed before its marker leaves the last complete one."""
     marker = (folder / MARKER).stat().st_mtime_ns
     newer = [f.name for f in folder.iterdir() if f.stat().st_mtime_ns > marker]
-    r.report.claim(
+    run.report.claim(
         "marker_written_last",
         len(newer),
         "==",
@@ -390,23 +398,23 @@ def never_lost(r: Run, folder: Path) -> None:
         "5. files written after {folder}'s marker: {value} (the marker comes last)",
         folder=folder.name,
     )
-    killed = step_folder(r.root / "fsdp2", r.args.steps + r.args.more_steps)
+    killed = step_folder(run.root / "fsdp2", run.args.steps + run.args.more_steps)
     model = shard_blocks_then_root(
-        r.model(r.args.seed), DeviceMesh.from_group(dist.group.WORLD, r.info.device.type)
+        run.model(run.args.seed), DeviceMesh.from_group(dist.group.WORLD, run.info.device.type)
     )
     save_sharded(
-        model, torch.optim.Adam(model.parameters()), killed, r.info
+        model, torch.optim.Adam(model.parameters()), killed, run.info
     )  # ... killed here: no marker
     dist.barrier()
-    signature = model_signature(ResidualMLP(r.args.width, r.args.depth))
-    found, marker = latest_complete(r.root / "fsdp2", signature)
-    r.report.claim(
+    signature = model_signature(ResidualMLP(run.args.width, run.args.depth))
+    found, marker = latest_complete(run.root / "fsdp2", signature)
+    run.report.claim(
         "unfinished_save_leaves_the_last_checkpoint",
         marker["steps"],
         "==",
-        r.args.steps,
+        run.args.steps,
         "  a save of step {killed} killed before its marker: the newest complete one is step {value}",
-        killed=r.args.steps + r.args.more_steps,
+        killed=run.args.steps + run.args.more_steps,
     )
 
 
@@ -415,7 +423,7 @@ def main() -> None:
     with distributed_session(args) as info:
         report = Report(info)
         train_set, _ = digits_split()
-        r = Run(args, info, report, train_set, agreed_folder(args.save, info))
+        run = Run(args, info, report, train_set, agreed_folder(args.save, info))
         report.record("world_size", info.world_size)
         if args.load:  # a separate launch: this whole world is the new one
             ranks, fsdp_folder, ddp_folder = (
@@ -425,15 +433,15 @@ def main() -> None:
             )
         else:  # the first half of the world loads what the whole world saved
             ranks = list(range(info.world_size // 2))
-            fsdp_folder, ddp_folder = sharded_save(r)
-        logits = reshard(r, ranks, fsdp_folder, ddp_folder)
-        one_process(r, fsdp_folder, logits)
+            fsdp_folder, ddp_folder = sharded_save(run)
+        logits = reshard(run, ranks, fsdp_folder, ddp_folder)
+        one_process(run, fsdp_folder, logits)
         if not args.load:
-            async_save(r)
-            never_lost(r, fsdp_folder)
+            async_save(run)
+            never_lost(run, fsdp_folder)
         dist.barrier()
         if info.master_process and not (args.save or args.load):
-            shutil.rmtree(r.root, ignore_errors=True)
+            shutil.rmtree(run.root, ignore_errors=True)
         report.finish(args.results)
 
 

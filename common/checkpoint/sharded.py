@@ -50,6 +50,7 @@ __all__ = [
     "mark_complete",
     "load_sharded",
     "chunks_written",
+    "bytes_by_rank",
     "agreed_folder",
 ]
 
@@ -197,6 +198,11 @@ def chunks_written(path: str | Path) -> list[dict]:
             }
         )
     return rows
+
+
+def bytes_by_rank(chunks: list[dict], world_size: int) -> list[int]:
+    """The tensor bytes of `chunks_written` that each rank's file holds, rank 0 first."""
+    return [sum(c["bytes"] for c in chunks if c["rank"] == k) for k in range(world_size)]
 
 
 def agreed_folder(path: str | Path | None, info: DistInfo) -> Path:
