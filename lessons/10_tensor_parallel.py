@@ -329,7 +329,7 @@ def norm_gradients(report: Report, sp_block: Block, full: Block) -> None:
 
 
 @dataclass
-class Run:
+class Trained:
     """The unsplit model and its split copy after training on the same batches, their losses per
     step ("unsplit", "split"), the held-out images (x (359, 8, 8), y (359,)) and the split model's
     loss on them before training."""
@@ -341,7 +341,7 @@ class Run:
     before: float
 
 
-def train_both(grid: Grid, args: argparse.Namespace) -> Run:
+def train_both(grid: Grid, args: argparse.Namespace) -> Trained:
     """SGD on the digits for --steps, the unsplit model and its split copy on the same batches."""
     device = grid.info.device
     set_seed(args.seed)
@@ -367,7 +367,7 @@ def train_both(grid: Grid, args: argparse.Namespace) -> Run:
             loss.backward()
             opt.step()
             losses[name].append(loss.item())
-    return Run(full, split, losses, test, before)
+    return Trained(full, split, losses, test, before)
 
 
 def test_loss(model, test) -> float:
@@ -377,16 +377,16 @@ def test_loss(model, test) -> float:
 
 def train(report: Report, grid: Grid, args: argparse.Namespace) -> None:
     """Section 4: the split model trains on the digits exactly like the unsplit one."""
-    run = train_both(grid, args)
-    report.record("losses", run.losses)
-    bad = [i for i, loss in enumerate(run.losses["unsplit"]) if not math.isfinite(loss)]
+    trained = train_both(grid, args)
+    report.record("losses", trained.losses)
+    bad = [i for i, loss in enumerate(trained.losses["unsplit"]) if not math.isfinite(loss)]
     if bad:  # the equality claims below then fail on NaN, as they must; say why once
         print0(
-            f"training: the unsplit run itself diverged at step {bad[0]} "
-            f"(loss {run.losses['unsplit'][bad[0]]}): --lr {args.lr:g} is too large for this model and batch"
+            f"training: the unsplit trained itself diverged at step {bad[0]} "
+            f"(loss {trained.losses['unsplit'][bad[0]]}): --lr {args.lr:g} is too large for this model and batch"
         )
     gap = max_over_ranks(
-        nan_max(abs(a - b) for a, b in zip(run.losses["unsplit"], run.losses["split"]))
+        nan_max(abs(a - b) for a, b in zip(trained.losses["unsplit"], trained.losses["split"]))
     )
     report.claim(
         "training_follows_unsplit",
@@ -397,11 +397,12 @@ def train(report: Report, grid: Grid, args: argparse.Namespace) -> None:
         steps=args.steps,
         tp=grid.size("tp"),
     )
-    params_diff = max_over_ranks(max_shard_diff(run.full, run.split, grid.coords["tp"]))
+    params_diff = max_over_ranks(max_shard_diff(trained.full, trained.split, grid.coords["tp"]))
     text = "  max |parameter shard - unsplit slice| after training = {value:.1e}"
     report.claim("training_params_equal_unsplit", params_diff, "<=", TOL, text)
     after = {
-        name: test_loss(m, run.test) for name, m in (("unsplit", run.full), ("split", run.split))
+        name: test_loss(m, trained.test)
+        for name, m in (("unsplit", trained.full), ("split", trained.split))
     }
     report.claim(
         "training_test_loss_equals_unsplit",
@@ -412,14 +413,16 @@ def train(report: Report, grid: Grid, args: argparse.Namespace) -> None:
     )
     report.value(
         "test_loss_ratio",
-        after["split"] / run.before,
+        after["split"] / trained.before,
         "  test loss of the split model {before:.3f} before training, {after:.3f} after: "
         "ratio {value:.2f}",
-        before=run.before,
+        before=trained.before,
         after=after["split"],
     )
     with torch.no_grad():
-        accuracy = (run.split(run.test[0]).argmax(1) == run.test[1]).float().mean().item()
+        accuracy = (
+            (trained.split(trained.test[0]).argmax(1) == trained.test[1]).float().mean().item()
+        )
     report.value("test_accuracy", accuracy, "  test accuracy of the split model: {value:.3f}")
 
 
