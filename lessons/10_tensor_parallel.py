@@ -381,9 +381,10 @@ def train(report: Report, grid: Grid, args: argparse.Namespace) -> None:
     report.record("losses", trained.losses)
     bad = [i for i, loss in enumerate(trained.losses["unsplit"]) if not math.isfinite(loss)]
     if bad:  # the equality claims below then fail on NaN, as they must; say why once
+        loss = trained.losses["unsplit"][bad[0]]
         print0(
-            f"training: the unsplit trained itself diverged at step {bad[0]} "
-            f"(loss {trained.losses['unsplit'][bad[0]]}): --lr {args.lr:g} is too large for this model and batch"
+            f"training: the unsplit run itself diverged at step {bad[0]} "
+            f"(loss {loss}): --lr {args.lr:g} is too large for this model and batch"
         )
     gap = max_over_ranks(
         nan_max(abs(a - b) for a, b in zip(trained.losses["unsplit"], trained.losses["split"]))
