@@ -148,6 +148,12 @@ def _op_and_shape_mismatch(ctx: Ctx) -> None:
         int(ctx.info.master_process),
         "DETAIL names rank 0's shape [4] and the others' [8]: {value}",
     )
+    _monitored_barrier_names_the_others(ctx)
+
+
+def _monitored_barrier_names_the_others(ctx: Ctx) -> None:
+    """The second diagnosis: rank 0 in dist.monitored_barrier while the other ranks are stuck elsewhere."""
+    rank, world = ctx.info.rank, ctx.info.world_size
     gm = ctx.group()
     o = ctx.attempt(
         lambda: (

@@ -73,9 +73,8 @@ def rank0_work_past_timeout(ctx: Ctx) -> None:
 
     def fixed() -> float:
         t0 = time.perf_counter()
-        with rank0_only(
-            ctx.info, "the exhibit's rank-0 work"
-        ) as mine:  # the others wait without the timeout
+        # the others wait without the timeout
+        with rank0_only(ctx.info, "the exhibit's rank-0 work") as mine:
             if mine:
                 time.sleep(work_s)
         return time.perf_counter() - t0
@@ -93,9 +92,8 @@ def rank0_work_past_timeout(ctx: Ctx) -> None:
         ctx.info.world_size if waited else 0,
         "ranks that passed the rank-0-only phase without error: {value}",
     )
-    shortest = ctx.record(
-        "fixed_wait_s", torch.tensor(waited or [work_s]).min().item()
-    )  # NaN stays NaN
+    shortest = torch.tensor(waited or [work_s]).min().item()  # NaN stays NaN
+    ctx.record("fixed_wait_s", shortest)
     ctx.report.perf(
         "rank0_work_past_timeout_fixed_wait_s", shortest, "the shortest wait: {value:.1f} s"
     )

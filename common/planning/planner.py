@@ -105,6 +105,82 @@ def _ring_total(ops: list[tuple[str, float, int]], n: int, alpha: float, beta: f
     return sum(count * ring_time(op, x, n, alpha, beta) for op, x, count in ops)
 
 
+def _memory(c: GPT, a: Assumptions, psi: float, layout: dict, m: int) -> dict:
+    """Bytes per rank: mixed-precision states (ZeRO over dp x cp), DDP's buckets, the activations in flight."""
+    dp, tp, pp, cp, stage, ckpt = (layout[k] for k in ("dp", "tp", "pp", "cp", "zero", "ckpt"))
+    states = zero_mixed_bytes(psi, dp * cp, stage, grad_bytes=a.grad_bytes)
+    ddp_copy = stage == 0 and dp * cp > 1 and not a.gradient_as_bucket_view
+    buckets = a.grad_bytes * psi if ddp_copy else 0
+    s, b, h = c.seq // cp, a.micro_batch, c.hidden
+    layer = transformer_layer_activations(
+        s, b, h, c.heads, tp, tp > 1, flash_attention=a.flash_attention
+    )
+    if ckpt:
+        kept = transformer_layer_activations(s, b, h, c.heads, tp, tp > 1, recompute=True)
+    else:
+        kept = layer
+    act = c.layers / pp * kept * in_flight_micro_batches("1f1b", pp, m) + (layer if ckpt else 0)
+    mem = {
+        "parameters": states["parameters"],
+        "gradients": states["gradients"] + buckets,  # + DDP's buckets
+        "optimizer_state": states["optimizer_state"],
+        "activations": act,
+    }
+    mem["total"] = sum(mem.values())
+    return mem
+
+
+def _collectives(c: GPT, a: Assumptions, psi: float, layout: dict, m: int) -> tuple[dict, float]:
+    """Each group's collectives, each kind once with its count: {"dp", "tp", "cp": [(op, buffer bytes, calls
+    per step)]}, and the bytes of the activations that cross a pipeline or tensor boundary."""
+    tp, pp, cp, stage, ckpt = (layout[k] for k in ("tp", "pp", "cp", "zero", "ckpt"))
+    params = 2 * psi  # bf16 parameter bytes of this rank's model part
+    grads = a.grad_bytes * psi  # and its gradient bytes
+    # tp and cp run one per layer and micro-batch, up to 10^5 calls a step, each costing the same. A rank
+    # holding 1/n of the gradient (ZeRO-2, 3) must reduce-scatter each micro-batch's; ZeRO-3 gathers the
+    # parameters twice per micro-batch.
+    dp_ops = {
+        0: [("all_reduce", grads, 1)],
+        1: [("reduce_scatter", grads, 1), ("all_gather", params, 1)],
+        2: [("reduce_scatter", grads, m), ("all_gather", params, 1)],
+        3: [("reduce_scatter", grads, m), ("all_gather", params, 2 * m)],
+    }[stage]
+    s, b, h = c.seq // cp, a.micro_batch, c.hidden
+    boundary = 2 * s * b * h / tp  # bf16 activations crossing a boundary (sequence parallel)
+    # tp: 2 all-reduce-sized collectives per layer forward, 2 backward, 2 more in a recomputed forward
+    tp_calls = (6 if ckpt else 4) * m * c.layers // pp
+    tp_ops = [("all_reduce", 2 * s * b * h, tp_calls)] if tp > 1 else []
+    # ring attention passes this rank's K and V (2 x boundary) around the cp ring: once forward, twice
+    # backward, once more in a recomputed forward
+    cp_calls = (4 if ckpt else 3) * m * c.layers // pp
+    cp_ops = [("all_gather", 2 * boundary * cp, cp_calls)] if cp > 1 else []
+    return {"dp": dp_ops, "tp": tp_ops, "cp": cp_ops}, boundary
+
+
+def _step_seconds(a: Assumptions, layout: dict, m: int, ops: dict, boundary: float, flops) -> float:
+    """Compute at the assumed efficiency with the 1F1B bubble, plus every collective in the ring alpha-beta
+    model on its link (no overlap)."""
+    dp, tp, pp, cp, ckpt = (layout[k] for k in ("dp", "tp", "pp", "cp", "ckpt"))
+    net, nvl, alpha = a.network_gbps / 8 * 1e9, a.nvlink_gbps / 8 * 1e9, a.alpha_us * 1e-6
+    hardware = flops * (
+        4 / 3 if ckpt else 1
+    )  # checkpointing runs each forward twice: 8, not 6 per weight
+    compute = hardware / (a.gpus * a.peak_tflops * 1e12 * a.efficiency) * (1 + (pp - 1) / m)
+    across = (
+        net if a.gpus > a.gpus_per_node else nvl
+    )  # dp and pp leave the node once the job spans nodes
+    n = dp * cp
+    comm = _ring_total(ops["dp"], n, alpha, 1 / across) if n > 1 else 0.0
+    cp_link = (
+        nvl if tp * cp <= a.gpus_per_node else net
+    )  # a ring that leaves the node: the network's pace
+    comm += _ring_total(ops["tp"], tp, alpha, 1 / nvl) + _ring_total(
+        ops["cp"], cp, alpha, 1 / cp_link
+    )
+    comm += (2 * m * (alpha + boundary / across)) if pp > 1 else 0.0
+    return compute + comm
+
+
 def evaluate_layout(
     c: GPT, a: Assumptions, dp: int, tp: int, pp: int, cp: int, stage: int, ckpt: bool
 ) -> dict | None:
@@ -114,84 +190,19 @@ def evaluate_layout(
         return None
     m = a.global_batch // (dp * a.micro_batch)  # micro-batches per pipeline per step
     psi = rank_params(c, tp, pp)
-    states = zero_mixed_bytes(psi, dp * cp, stage, grad_bytes=a.grad_bytes)
-    buckets = (
-        a.grad_bytes * psi if stage == 0 and dp * cp > 1 and not a.gradient_as_bucket_view else 0
-    )
-    s, b, h = c.seq // cp, a.micro_batch, c.hidden
-    layer = transformer_layer_activations(
-        s, b, h, c.heads, tp, tp > 1, flash_attention=a.flash_attention
-    )
-    kept = (
-        transformer_layer_activations(s, b, h, c.heads, tp, tp > 1, recompute=True)
-        if ckpt
-        else layer
-    )
-    act = c.layers / pp * kept * in_flight_micro_batches("1f1b", pp, m) + (layer if ckpt else 0)
-    mem = {
-        "parameters": states["parameters"],
-        "gradients": states["gradients"] + buckets,  # + DDP's buckets
-        "optimizer_state": states["optimizer_state"],
-        "activations": act,
-    }
-    mem["total"] = sum(mem.values())
-    net, nvl, alpha = a.network_gbps / 8 * 1e9, a.nvlink_gbps / 8 * 1e9, a.alpha_us * 1e-6
-    params, grads = (
-        2 * psi,
-        a.grad_bytes * psi,
-    )  # bf16 parameter and gradient bytes of this rank's model part
-    n = dp * cp
-    # each collective kind once with its count (op, buffer bytes, calls per step): tp and cp run one per layer
-    # and micro-batch, up to 10^5 calls a step, each costing the same. A rank holding 1/n of the gradient
-    # (ZeRO-2, 3) must reduce-scatter each micro-batch's; ZeRO-3 gathers the parameters twice per micro-batch.
-    dp_ops = {
-        0: [("all_reduce", grads, 1)],
-        1: [("reduce_scatter", grads, 1), ("all_gather", params, 1)],
-        2: [("reduce_scatter", grads, m), ("all_gather", params, 1)],
-        3: [("reduce_scatter", grads, m), ("all_gather", params, 2 * m)],
-    }[stage]
-    boundary = (
-        2 * s * b * h / tp
-    )  # bf16 activations crossing a pipeline or tensor boundary (sequence parallel)
-    # tp: 2 all-reduce-sized collectives per layer forward, 2 backward, 2 more in a recomputed forward
-    tp_ops = (
-        [("all_reduce", 2 * s * b * h, (6 if ckpt else 4) * m * c.layers // pp)] if tp > 1 else []
-    )
-    # ring attention passes this rank's K and V (2 x boundary) around the cp ring: once forward, twice backward,
-    # once more in a recomputed forward
-    cp_ops = (
-        [("all_gather", 2 * boundary * cp, (4 if ckpt else 3) * m * c.layers // pp)]
-        if cp > 1
-        else []
-    )
+    layout = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "zero": stage, "ckpt": ckpt}
+    mem = _memory(c, a, psi, layout, m)
+    ops, boundary = _collectives(c, a, psi, layout, m)
     sent = {
-        "dp": _ring_total(dp_ops, n, 0, 1),
-        "tp": _ring_total(tp_ops, tp, 0, 1),
+        "dp": _ring_total(ops["dp"], dp * cp, 0, 1),
+        "tp": _ring_total(ops["tp"], tp, 0, 1),
         "pp": 2 * m * boundary if pp > 1 else 0.0,
-        "cp": _ring_total(cp_ops, cp, 0, 1),
+        "cp": _ring_total(ops["cp"], cp, 0, 1),
     }
     flops = gpt_flops(c, a.global_batch)["total"]
-    hardware = flops * (
-        4 / 3 if ckpt else 1
-    )  # checkpointing runs each forward twice: 8 instead of 6 per weight
-    compute = hardware / (a.gpus * a.peak_tflops * 1e12 * a.efficiency) * (1 + (pp - 1) / m)
-    across = (
-        net if a.gpus > a.gpus_per_node else nvl
-    )  # dp and pp leave the node once the job spans nodes
-    comm = _ring_total(dp_ops, n, alpha, 1 / across) if n > 1 else 0.0
-    cp_link = (
-        nvl if tp * cp <= a.gpus_per_node else net
-    )  # a ring that leaves the node runs at the network's pace
-    comm += _ring_total(tp_ops, tp, alpha, 1 / nvl) + _ring_total(cp_ops, cp, alpha, 1 / cp_link)
-    comm += (2 * m * (alpha + boundary / across)) if pp > 1 else 0.0
-    step = compute + comm
+    step = _step_seconds(a, layout, m, ops, boundary, flops)
     return {
-        "dp": dp,
-        "tp": tp,
-        "pp": pp,
-        "cp": cp,
-        "zero": stage,
-        "ckpt": ckpt,
+        **layout,
         "micro_batches": m,
         "memory": mem,
         "sent": sent,

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from common.harness.results import PERF_PREFIX
@@ -159,28 +160,14 @@ def run_lesson(
     if directory is None or not share or not shareable(args):
         run = _launch(path, nproc, args, timeout_s, env, results)
         if directory is not None:  # counted, not shared: a path among the arguments, or share=False
-            log_launch(
-                directory,
-                {
-                    **label,
-                    "key": None,
-                    "shared": False,
-                    "wall_s": run["wall_s"],
-                    "cpu_s": run["cpu_s"],
-                },
-            )
+            facts = {"key": None, "shared": False, "wall_s": run["wall_s"], "cpu_s": run["cpu_s"]}
+            log_launch(directory, {**label, **facts})
         return LessonRun(**run)
     key = config_key(REPO_ROOT, path, nproc, args, env, results)
-    run = shared_launch(
-        directory,
-        key,
-        label,
-        timeout_s,
-        lambda: _launch(path, nproc, args, timeout_s, env, results),
-    )
-    if (
-        run["wall_s"] > timeout_s
-    ):  # launched for a caller that allowed longer: past this caller's bound
+    launch = partial(_launch, path, nproc, args, timeout_s, env, results)
+    run = shared_launch(directory, key, label, timeout_s, launch)
+    # launched for a caller that allowed longer: past this caller's bound
+    if run["wall_s"] > timeout_s:
         raise LessonTimeout(
             f"{' '.join(run['command'])} took {run['wall_s']:.0f} s, more than {timeout_s} s",
             run["stdout"] + run["stderr"],
