@@ -57,6 +57,105 @@ def check_order(order: Sequence[tuple[str, int]], num_microbatches: int) -> None
         forwarded.add(i)
 
 
+@dataclass
+class _StageStep:
+    """One pipelined training step of one stage (`run_pipeline_step` says what each field is): the micro-batches
+    it holds for backward, its messages to its neighbours, the loss and the peaks of what it held.
+
+    A send that is directly followed by a receive from the same peer is posted together with it in one
+    `dist.batch_isend_irecv` (as torch.distributed.pipelining's Schedule1F1B does). Why: NCCL runs a rank's
+    operations with one peer in the order they were posted, and a send larger than its internal buffer
+    (NCCL_BUFFSIZE, 4 MiB by default) waits for the matching receive. In 1F1B with 2 stages, stage 0 would post
+    "send activation i+1" then "receive gradient i" while stage 1 posts "send gradient i" then "receive
+    activation i+1": posted one by one, large messages would wait for each other until the timeout.
+    """
+
+    stage: nn.Module
+    order: Sequence[tuple[str, int]]
+    pp_rank: int
+    pp_world_size: int
+    ranks: list[int]
+    sizes: Sequence[int]
+    recv_shape: tuple[int, ...]
+    inputs: Sequence[torch.Tensor]
+    targets: Sequence[torch.Tensor]
+    loss_fn: Callable | None
+    device: torch.device
+    dtype: torch.dtype
+    kept: dict = field(
+        default_factory=dict
+    )  # micro-batch -> (input, output or weighted loss, bytes)
+    sends: list = field(default_factory=list)
+    held: list = field(
+        default_factory=list
+    )  # a send waiting to be posted with the receive after it
+    live: int = 0
+    peak_live: int = 0
+    live_bytes: int = 0
+    peak_bytes: int = 0
+    loss_sum: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.first, self.last = self.pp_rank == 0, self.pp_rank == self.pp_world_size - 1
+        self.total = sum(self.sizes)
+        self.params = list(self.stage.parameters())
+
+    def recv_peer(self, step: int) -> int | None:
+        """The rank the op at order[step] starts by receiving from (None: it receives nothing)."""
+        if step >= len(self.order):
+            return None
+        if self.order[step][0] == "F":
+            return None if self.first else self.ranks[self.pp_rank - 1]
+        return None if self.last else self.ranks[self.pp_rank + 1]
+
+    def send(self, t: torch.Tensor, dst: int, step: int) -> None:
+        if self.recv_peer(step + 1) == dst:
+            self.held.append(dist.P2POp(dist.isend, t, dst))  # posted together with that receive
+        else:
+            self.sends.append(dist.isend(t, dst=dst))
+
+    def recv(self, buf: torch.Tensor, src: int) -> None:
+        works = dist.batch_isend_irecv([*self.held, dist.P2POp(dist.irecv, buf, src)])
+        self.sends.extend(works[:-1])
+        self.held.clear()
+        works[-1].wait()
+
+    def forward(self, step: int, i: int) -> None:
+        if self.first:
+            x = self.inputs[i].to(self.device)
+        else:
+            x = torch.empty((self.sizes[i], *self.recv_shape), device=self.device, dtype=self.dtype)
+            self.recv(x, self.ranks[self.pp_rank - 1])
+            x.requires_grad_()  # we need d loss / d x to send back to the previous stage
+        with saved_bytes(self.params, views=True) as saved:
+            out = self.stage(x)
+            if self.last:
+                target = self.targets[i].to(self.device)
+                out = self.loss_fn(out, target) * (self.sizes[i] / self.total)  # weight n_i / N
+        if not self.last:
+            self.send(out.detach(), self.ranks[self.pp_rank + 1], step)
+        else:
+            self.loss_sum += out.item()
+        self.kept[i] = (x, out, saved.bytes)
+        self.live += 1
+        self.live_bytes += saved.bytes
+        self.peak_live = max(self.peak_live, self.live)
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def backward(self, step: int, i: int) -> None:
+        x, out, nbytes = self.kept.pop(i)
+        if self.last:
+            out.backward()
+        else:
+            g = torch.empty_like(out)
+            self.recv(g, self.ranks[self.pp_rank + 1])
+            out.backward(g)
+        if not self.first:
+            self.send(x.grad, self.ranks[self.pp_rank - 1], step)
+        self.live -= 1
+        self.live_bytes -= nbytes
+
+
 def run_pipeline_step(
     stage: nn.Module,
     order: Sequence[tuple[str, int]],
@@ -74,16 +173,9 @@ def run_pipeline_step(
 ) -> StepResult:
     """Run forward and backward of one batch through this rank's stage in the given order; leaves .grad set.
 
-    Activations go to the next stage and gradients to the previous one with `dist.isend` (non-blocking: with
-    blocking sends 1F1B deadlocks, both neighbours sending at once) and arrive with blocking receives; the
-    per-pair order of messages is the same on both ends, so they match.
-
-    A send that is directly followed by a receive from the same peer is posted together with it in one
-    `dist.batch_isend_irecv` (as torch.distributed.pipelining's Schedule1F1B does). Why: NCCL runs a rank's
-    operations with one peer in the order they were posted, and a send larger than its internal buffer
-    (NCCL_BUFFSIZE, 4 MiB by default) waits for the matching receive. In 1F1B with 2 stages, stage 0 would post
-    "send activation i+1" then "receive gradient i" while stage 1 posts "send gradient i" then "receive
-    activation i+1": posted one by one, large messages would wait for each other until the timeout.
+    Activations go forward, gradients back, by `dist.isend` (non-blocking: with blocking sends 1F1B deadlocks,
+    both neighbours sending at once) and blocking receives, in the same order per pair on both ends (a send
+    followed by a receive from its peer is posted with it: see `_StageStep`).
 
     Args:
         stage: this rank's modules; (n_i, *recv_shape) -> next stage's input, or logits on the last stage.
@@ -96,77 +188,34 @@ def run_pipeline_step(
         stage_ranks: global rank of each stage (`Grid.ranks_in("pp")`); default: stage k on rank k.
 
     Raises:
-        ValueError: order does not contain each micro-batch's F and B exactly once, F before B (checked before
-            anything is sent, so a bad order fails alike on every rank).
+        ValueError: order lacks a micro-batch's F or B, or has one twice or B first (checked before any send).
     """
     check_order(order, len(sizes))
     ranks = list(range(pp_world_size)) if stage_ranks is None else list(stage_ranks)
-    first, last = pp_rank == 0, pp_rank == pp_world_size - 1
-    total = sum(sizes)
-    params = list(stage.parameters())
-    kept: dict[int, tuple] = {}  # micro-batch -> (input, output or weighted loss, activation bytes)
-    sends: list = []
-    held: list = []  # a send waiting to be posted with the receive that comes right after it
-
-    def recv_peer(step: int) -> int | None:
-        """The rank the op at order[step] starts by receiving from (None: it receives nothing)."""
-        if step >= len(order):
-            return None
-        if order[step][0] == "F":
-            return None if first else ranks[pp_rank - 1]
-        return None if last else ranks[pp_rank + 1]
-
-    def send(t: torch.Tensor, dst: int, step: int) -> None:
-        if recv_peer(step + 1) == dst:
-            held.append(dist.P2POp(dist.isend, t, dst))  # posted together with that receive
-        else:
-            sends.append(dist.isend(t, dst=dst))
-
-    def recv(buf: torch.Tensor, src: int) -> None:
-        works = dist.batch_isend_irecv([*held, dist.P2POp(dist.irecv, buf, src)])
-        sends.extend(works[:-1])
-        held.clear()
-        works[-1].wait()
-
-    live = peak_live = live_bytes = peak_bytes = 0
-    loss_sum = 0.0
+    state = _StageStep(
+        stage,
+        order,
+        pp_rank,
+        pp_world_size,
+        ranks,
+        sizes,
+        recv_shape,
+        inputs,
+        targets,
+        loss_fn,
+        device,
+        dtype,
+    )
     for step, (kind, i) in enumerate(order):
         if kind == "F":
-            if first:
-                x = inputs[i].to(device)
-            else:
-                x = torch.empty((sizes[i], *recv_shape), device=device, dtype=dtype)
-                recv(x, ranks[pp_rank - 1])
-                x.requires_grad_()  # we need d loss / d x to send back to the previous stage
-            with saved_bytes(params, views=True) as saved:
-                out = stage(x)
-                if last:
-                    out = loss_fn(out, targets[i].to(device)) * (sizes[i] / total)  # weight n_i / N
-            if not last:
-                send(out.detach(), ranks[pp_rank + 1], step)
-            else:
-                loss_sum += out.item()
-            kept[i] = (x, out, saved.bytes)
-            live += 1
-            live_bytes += saved.bytes
-            peak_live, peak_bytes = max(peak_live, live), max(peak_bytes, live_bytes)
+            state.forward(step, i)
         else:
-            x, out, nbytes = kept.pop(i)
-            if last:
-                out.backward()
-            else:
-                g = torch.empty_like(out)
-                recv(g, ranks[pp_rank + 1])
-                out.backward(g)
-            if not first:
-                send(x.grad, ranks[pp_rank - 1], step)
-            live -= 1
-            live_bytes -= nbytes
-    for s in sends:
-        s.wait()
-    return StepResult(
-        loss_sum if last else None, list(getattr(stage, "events", [])), peak_live, peak_bytes
-    )
+            state.backward(step, i)
+    for work in state.sends:
+        work.wait()
+    events = list(getattr(stage, "events", []))
+    loss = state.loss_sum if state.last else None
+    return StepResult(loss, events, state.peak_live, state.peak_bytes)
 
 
 def executor_step(
