@@ -195,7 +195,7 @@ def buffer_broadcast_rule(rank: int, world_size: int) -> dict:
 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from common.data_parallel.bn_stats import global_batch_tracker, running_stats
+    from common.data_parallel.bn_stats import running_stats
     from common.data_parallel.ddp_buffers import count_buffer_broadcasts
 
     torch.manual_seed(0)
@@ -242,16 +242,20 @@ def buffer_broadcast_rule(rank: int, world_size: int) -> dict:
     off_spread = (
         (torch.stack(gathered).max(0).values - torch.stack(gathered).min(0).values).max().item()
     )
-    # The tracker beside a plain copy: its statistics against BatchNorm1d over every rank's x concatenated.
+    return {"counts": counts, "warned": warned, "off_spread": off_spread, **_tracker(model, xs, x)}
+
+
+def _tracker(model: nn.Module, xs: list, x: torch.Tensor) -> dict:
+    """The global-batch tracker beside a plain copy: its statistics against BatchNorm1d over every rank's x
+    concatenated, how far they moved, whether the output changed, and the hooks it leaves behind."""
+    from common.data_parallel.bn_stats import global_batch_tracker, running_stats
+
     plain, twin, ref = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model[1])
     with global_batch_tracker(plain) as tracker, torch.no_grad():
         for _ in range(2):
             out, out_twin = plain(x), twin(x)
             ref(model[0](torch.cat(xs)))
     return {
-        "counts": counts,
-        "warned": warned,
-        "off_spread": off_spread,
         "tracker_vs_global": (running_stats(tracker) - running_stats(ref)).abs().max().item(),
         "tracker_moved": (running_stats(ref) - running_stats(model)).abs().max().item(),
         "output_changed": (out - out_twin).abs().max().item(),

@@ -208,14 +208,11 @@ def test_linear_lr_scaling_on_four_processes(ddp2, one):
         "03_ddp", nproc=4, args=["--lr-scaling", "linear", "--check-equivalence"], timeout_s=560
     ).check()
     r = run.results
-    assert_claims(
-        r, DDP_CLAIMS
-    )  # on 4 ranks the replay's sums round in another order: a value, not a claim
+    # on 4 ranks the replay's sums round in another order: a value, not a claim
+    assert_claims(r, DDP_CLAIMS)
     assert "ddp_equals_one_process" not in r["claims"] and r["ddp_vs_one_process_max"] >= 0.0
     assert r["lr"] == pytest.approx(0.08) and r["global_batch_size"] == 128
-    assert [f["steps"] for f in r["ranks"]] == [
-        48
-    ] * 4  # 1438 / 4 -> 360 -> 12 batches of 32 x 4 epochs
+    assert [f["steps"] for f in r["ranks"]] == [48] * 4  # 1438 / 4 -> 360 -> 12 batches x 4 epochs
 
     from common.data import digits_split
     from common.data_parallel.references import replay_on_one_process
@@ -253,18 +250,15 @@ def test_linear_lr_scaling_on_four_processes(ddp2, one):
     assert (
         first[1] < first[2] < first[4]
     )  # one lr: the larger the world, the slower the first epoch
-    assert [first[w] for w in (1, 2, 4)] == pytest.approx(
-        [0.84, 1.27, 1.85], abs=0.005
-    )  # the docstring's numbers
+    # the docstring's numbers
+    assert [first[w] for w in (1, 2, 4)] == pytest.approx([0.84, 1.27, 1.85], abs=0.005)
     scaled_4 = r["history"][0]["train_loss"]
     assert [linear_2[0], scaled_4] == pytest.approx([1.04, 1.28], abs=0.005)
     assert linear_2[0] < first[2] and scaled_4 < first[4]  # the rule recovers the lost progress
-    assert sum(linear_2) < sum(
-        ddp2.results["history"][w]["train_loss"] for w in range(4)
-    )  # over all 4 epochs
-    assert [warm[0], warm[12]] == pytest.approx(
-        [3.28, 1.64], abs=0.005
-    )  # lr 0.2: warm-up keeps the start stable
+    # over all 4 epochs
+    assert sum(linear_2) < sum(ddp2.results["history"][w]["train_loss"] for w in range(4))
+    # lr 0.2: warm-up keeps the start stable
+    assert [warm[0], warm[12]] == pytest.approx([3.28, 1.64], abs=0.005)
 
 
 @pytest.mark.parametrize(
