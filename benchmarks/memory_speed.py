@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.data_parallel.micro_batches import no_sync_unless
-from common.harness.env import LessonError
+from common.harness.env import DistInfo, LessonError
 from common.harness.ranks import gather_to_rank0
 from common.harness.results import Report
 from common.harness.session import add_distributed_args, distributed_session, run_main, set_seed
@@ -32,7 +33,7 @@ from common.measure.precision import autocast_context
 from common.models import ResidualMLP
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
         "--batch", type=int, default=256, help="samples per rank per optimizer step (multiple of 4)"
@@ -48,15 +49,103 @@ def main() -> None:
         raise LessonError(
             "--batch must be a positive multiple of 4; --repeats, --width, --depth positive"
         )
+    return args
+
+
+@dataclass
+class Bench:
+    """What every row measures on: the options, this rank, the model (DDP around `raw_model` under
+    torchrun) and this rank's batch x (batch, 64) flattened 8x8 inputs, y (batch,)."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    model: torch.nn.Module
+    raw_model: ResidualMLP
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+def optimizer_step(b: Bench, k: int, precision: str, opt, scaler) -> None:
+    """One optimizer step of k micro-steps: no_sync but on the last, autocast, the scaler, clipping."""
+    mb, dev = b.args.batch // k, b.info.device
+    for micro_step in range(k):
+        with no_sync_unless(b.model, last=micro_step == k - 1):
+            with autocast_context(dev, precision):
+                x, y = (
+                    b.x[micro_step * mb : (micro_step + 1) * mb],
+                    b.y[micro_step * mb : (micro_step + 1) * mb],
+                )
+                loss = F.cross_entropy(b.model(x), y) / k
+            scaler.scale(loss).backward()
+    scaler.unscale_(opt)  # once per optimizer step, before clipping
+    torch.nn.utils.clip_grad_norm_(b.raw_model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+
+
+def measure(b: Bench, name: str, k: int, precision: str, ck: bool) -> dict:
+    """One row: the activation bytes one micro-batch saves, the peak CUDA memory of a step (on CUDA) and
+    the median step time, the slower rank's."""
+    mb, dev, raw_model = b.args.batch // k, b.info.device, b.raw_model
+    opt = torch.optim.SGD(raw_model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler(dev.type, enabled=precision == "fp16")  # disabled: a pass-through
+
+    def step():
+        raw_model.checkpointing = ck
+        optimizer_step(b, k, precision, opt, scaler)
+        raw_model.checkpointing = False
+
+    raw_model.checkpointing = ck
+    with autocast_context(dev, precision):
+        saved = saved_activation_bytes(raw_model, lambda: raw_model(b.x[:mb].clone()))
+    raw_model.checkpointing = False
+    peak = None
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(dev)
+        step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated(dev)
+    secs = gather_to_rank0(
+        statistics.median(time_calls(step, b.args.repeats, 1, dev, False)), b.info
+    )
+    return {
+        "name": name,
+        "k": k,
+        "micro_batch": mb,
+        "precision": precision,
+        "checkpointing": ck,
+        "saved_activation_bytes": saved,
+        "peak_cuda_bytes": peak,
+        "step_s": max(secs) if secs else None,
+    }
+
+
+def report_table(report: Report, table: list[dict]) -> None:
+    """The rows as [perf] lines on rank 0 (the gathered times live there)."""
+    for r in table:
+        peak = (
+            f", peak CUDA {r['peak_cuda_bytes'] / 1e6:.1f} MB"
+            if r["peak_cuda_bytes"] is not None
+            else ""
+        )
+        report.perf(
+            r["name"],
+            r["step_s"],
+            f"{r['name']:<18} micro-batch {r['micro_batch']:>5}, saved "
+            f"{r['saved_activation_bytes'] / 1e6:7.3f} MB, step {{value:.4f}} s "
+            f"({r['step_s'] / table[0]['step_s']:.2f}x plain){peak}",
+        )
+
+
+def main() -> None:
+    args = parse_args()
     with distributed_session(args) as info:
         dev, report = info.device, Report(info)
         set_seed(args.seed)
         raw_model = ResidualMLP(args.width, args.depth).to(dev)
-        model = (
-            DDP(raw_model, device_ids=[info.local_rank] if dev.type == "cuda" else None)
-            if info.distributed
-            else raw_model
-        )
+        model = DDP(raw_model, device_ids=info.device_ids) if info.distributed else raw_model
         x = torch.randn(args.batch, 64, device=dev)  # (batch, 64): flattened 8x8 inputs
         y = torch.randint(10, (args.batch,), device=dev)
         rows = [
@@ -65,77 +154,12 @@ def main() -> None:
             ("bf16 autocast", 1, "bf16", False),
             ("checkpointing", 1, "fp32", True),
         ]
-        if dev.type == "cuda":
-            rows.insert(
-                3, ("fp16 + GradScaler", 1, "fp16", False)
-            )  # fp16 gradients underflow without a scaler
-        table = []
-        for name, k, precision, ck in rows:
-            mb = args.batch // k
-            opt = torch.optim.SGD(raw_model.parameters(), lr=1e-4)
-            scaler = torch.amp.GradScaler(
-                dev.type, enabled=precision == "fp16"
-            )  # disabled: a pass-through
-
-            def step():
-                raw_model.checkpointing = ck
-                for micro_step in range(k):
-                    with no_sync_unless(model, last=micro_step == k - 1):
-                        with autocast_context(dev, precision):
-                            loss = (
-                                F.cross_entropy(
-                                    model(x[micro_step * mb : (micro_step + 1) * mb]),
-                                    y[micro_step * mb : (micro_step + 1) * mb],
-                                )
-                                / k
-                            )
-                        scaler.scale(loss).backward()
-                scaler.unscale_(opt)  # once per optimizer step, before clipping
-                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), 1.0)
-                scaler.step(opt)
-                scaler.update()
-                opt.zero_grad(set_to_none=True)
-                raw_model.checkpointing = False
-
-            raw_model.checkpointing = ck
-            with autocast_context(dev, precision):
-                saved = saved_activation_bytes(raw_model, lambda: raw_model(x[:mb].clone()))
-            raw_model.checkpointing = False
-            peak = None
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats(dev)
-                step()
-                torch.cuda.synchronize()
-                peak = torch.cuda.max_memory_allocated(dev)
-            secs = gather_to_rank0(
-                statistics.median(time_calls(step, args.repeats, 1, dev, False)), info
-            )
-            table.append(
-                {
-                    "name": name,
-                    "k": k,
-                    "micro_batch": mb,
-                    "precision": precision,
-                    "checkpointing": ck,
-                    "saved_activation_bytes": saved,
-                    "peak_cuda_bytes": peak,
-                    "step_s": max(secs) if secs else None,
-                }
-            )
-        for r in table if info.master_process else []:  # the gathered times live on rank 0
-            peak = (
-                f", peak CUDA {r['peak_cuda_bytes'] / 1e6:.1f} MB"
-                if r["peak_cuda_bytes"] is not None
-                else ""
-            )
-            report.perf(
-                r["name"],
-                r["step_s"],
-                f"{r['name']:<18} micro-batch {r['micro_batch']:>5}, saved "
-                f"{r['saved_activation_bytes'] / 1e6:7.3f} MB, step {{value:.4f}} s "
-                f"({r['step_s'] / table[0]['step_s']:.2f}x plain){peak}",
-            )
+        if dev.type == "cuda":  # fp16 gradients underflow without a scaler
+            rows.insert(3, ("fp16 + GradScaler", 1, "fp16", False))
+        bench = Bench(args, info, model, raw_model, x, y)
+        table = [measure(bench, *row) for row in rows]
+        if info.master_process:
+            report_table(report, table)
         report.record("table", table)
         report.record("world_size", info.world_size)
         report.write(args.results)

@@ -85,6 +85,39 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def time_microbatches(args, info, grid: Grid, stage, batch: tuple, m: int) -> dict | None:
+    """`--steps` pipelined steps of the batch (x, y) in m micro-batches under `--schedule`: each step's span
+    and bubble, measured from every stage's events, on rank 0 (None elsewhere)."""
+    p, pp_rank, (x, y) = grid.size("pp"), grid.coords["pp"], batch
+    sizes, order = microbatch_sizes(args.batch, m), schedule_order(args.schedule, m, p, pp_rank)
+
+    def step():
+        stage.zero_grad(set_to_none=True)
+        run_pipeline_step(
+            stage,
+            order,
+            pp_rank=pp_rank,
+            pp_world_size=p,
+            sizes=sizes,
+            recv_shape=(args.width,),
+            stage_ranks=grid.ranks_in("pp"),
+            inputs=list(x.split(sizes)),
+            targets=list(y.split(sizes)),
+            loss_fn=F.cross_entropy,
+            device=info.device,
+        )
+
+    timings = []
+    for i in range(args.steps):
+        _, events = record_step(
+            step, [stage], lambda: barrier(info), args.stage_ms / args.batch, warmup=i == 0
+        )
+        got = gather_to_rank0(events, info)
+        if info.master_process:
+            timings.append(measured_bubble(got))
+    return timings if info.master_process else None
+
+
 def main() -> None:
     args = parse_args()
     with distributed_session(args) as info:
@@ -109,35 +142,7 @@ def main() -> None:
         )
         spans: dict[int, float] = {}
         for m in args.microbatches:
-            sizes, order = (
-                microbatch_sizes(args.batch, m),
-                schedule_order(args.schedule, m, p, pp_rank),
-            )
-
-            def step():
-                stage.zero_grad(set_to_none=True)
-                run_pipeline_step(
-                    stage,
-                    order,
-                    pp_rank=pp_rank,
-                    pp_world_size=p,
-                    sizes=sizes,
-                    recv_shape=(W,),
-                    stage_ranks=grid.ranks_in("pp"),
-                    inputs=list(x.split(sizes)),
-                    targets=list(y.split(sizes)),
-                    loss_fn=F.cross_entropy,
-                    device=info.device,
-                )
-
-            timings = []
-            for i in range(args.steps):
-                _, events = record_step(
-                    step, [stage], lambda: barrier(info), args.stage_ms / args.batch, warmup=i == 0
-                )
-                got = gather_to_rank0(events, info)
-                if info.master_process:
-                    timings.append(measured_bubble(got))
+            timings = time_microbatches(args, info, grid, stage, (x, y), m)
             if info.master_process:
                 spans[m] = statistics.median(t["span_s"] for t in timings)
                 report.perf(

@@ -196,6 +196,12 @@ def _problem(name: str, answers: list) -> str | None:
     model = make_model(kind)
     want_opt = cls(params_of(model, how), **kwargs)
     want = [p.detach() for p in train(model, want_opt).parameters()]
+    return _params_problem(name, got, want) or _state_problem(name, got, model, want_opt)
+
+
+def _params_problem(name: str, got: list, want: list) -> str | None:
+    """The first rank whose parameters differ from the unsharded optimizer's after training, with a hint."""
+    optimizer, kind, how = CASES[name]
     frozen = [p.detach() for p in make_model()[2].parameters()] if kind == "frozen" else []
     for rank, g in enumerate(got):
         diff = nan_max(answer_diff(a, w) for a, w in zip(g["params"], want))
@@ -214,12 +220,19 @@ def _problem(name: str, answers: list) -> str | None:
                 f"{name}: rank {rank}'s parameters differ from the unsharded {optimizer} by {diff:.2e}: "
                 f"{hint}"
             )
+    return None
+
+
+def _state_problem(name: str, got: list, model, want_opt) -> str | None:
+    """What is wrong with the optimizer state the ranks hold: none, all of it on a rank, some of it twice,
+    a local optimizer over every parameter, or a rank without a shard."""
+    kind, world = CASES[name][1], len(got)
     states = [g["state"] for g in got]
     if any(s is None for s in states):
         return f"{name}: keep the optimizer this rank steps in self.local (a torch.optim.Optimizer)"
     full_state = state_elements(want_opt)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    padding = _padding(model, len(answers)) * (
+    padding = _padding(model, world) * (
         full_state // trainable
     )  # per element: 2 (Adam), 1 (momentum)
     if max(states) >= full_state:
@@ -232,11 +245,11 @@ def _problem(name: str, answers: list) -> str | None:
         return (
             f"{name}: the ranks hold {states} optimizer-state elements, {sum(states)} together, the "
             f"unsharded optimizer {full_state} (padding may add at most {padding}): some parameters' "
-            f"state is on two ranks; split over dist.get_world_size() ranks ({len(answers)} here), not a "
+            f"state is on two ranks; split over dist.get_world_size() ranks ({world} here), not a "
             f"fixed number"
         )
     local = [g["local_elements"] for g in got]
-    if sum(local) > trainable + _padding(model, len(answers)):
+    if sum(local) > trainable + _padding(model, world):
         return (
             f"{name}: the ranks' self.local optimizers hold {local} parameter elements, {trainable} are "
             f"trainable: build self.local over this rank's shard only (an optimizer over every "
@@ -246,7 +259,7 @@ def _problem(name: str, answers: list) -> str | None:
     if kind == "frozen" and min(states) == 0:
         return (
             f"{name}: the ranks hold {states} optimizer-state elements: rank {states.index(0)} holds no "
-            f"shard; split the parameters over dist.get_world_size() ranks ({len(answers)} here), not a "
+            f"shard; split the parameters over dist.get_world_size() ranks ({world} here), not a "
             f"fixed number"
         )
     return None
