@@ -103,7 +103,7 @@ def sync(info) -> None:
         torch.cuda.synchronize()
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--depth", type=int, default=4)
@@ -123,6 +123,102 @@ def main() -> None:
         raise LessonError(
             "--width, --depth, --repeats, --global-batch and --budget-mb must be positive"
         )
+    return args
+
+
+def speed(args, info, grid: Grid, data: list) -> dict:
+    """Part 1: each setup's median step time (the slowest rank's) and the bytes a rank sends per step."""
+    N, rows = info.world_size, {}
+    for setup in SETUPS:
+        model, step, _, _, _ = build(setup, args.width, args.depth, grid, info)
+        lesson.train(model, step, data[:1])  # warm-up: DDP's buckets, FSDP2's lazy init
+        times = []
+        with count_collectives() as c:
+            for batch in data[1:]:
+                sync(info)
+                t0 = time.perf_counter()
+                lesson.train(model, step, [batch])
+                sync(info)
+                times.append(time.perf_counter() - t0)
+        slowest = torch.tensor(statistics.median(times), device=info.device)
+        torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
+        sent = moved_bytes(c.bytes, N) / args.repeats
+        if setup == "DDP":  # DDP's all-reduce runs in C++: 2 Psi (N-1)/N from its parameters
+            sent = ring_bytes_sent("all_reduce", 4 * n_params(args.width, args.depth), N)
+        rows[setup] = {"step_s": slowest.item(), "bytes_sent": sent}
+    return rows
+
+
+def capacity(args, info, grid: Grid, data: list) -> dict:
+    """Part 2: the widest model whose bytes per rank fit the budget, from the counts; built, trained one
+    step and measured."""
+    budget, widest = args.budget_mb * 2**20, {}
+    for setup in SETUPS:
+        w = 1
+        while n_params(w + 1, args.depth) * bytes_per_param(setup, info.world_size) <= budget:
+            w += 1
+        model, step, opt, params, grads = build(setup, w, args.depth, grid, info)
+        _, grad_bytes = lesson.train(model, step, data[:1], grads)
+        measured = sum(held_bytes(params, [], opt).values()) + grad_bytes
+        widest[setup] = {
+            "width": w,
+            "n_params": n_params(w, args.depth),
+            "measured_bytes": measured,
+        }
+    return widest
+
+
+def report_speed(report: Report, args, N: int, rows: dict) -> None:
+    report.record("speed", rows)
+    report.value(
+        "width",
+        args.width,
+        "1. ResidualMLP width {value} depth {depth} ({n} parameters), {N} ranks, global batch {B}",
+        depth=args.depth,
+        n=n_params(args.width, args.depth),
+        N=N,
+        B=args.global_batch,
+    )
+    for setup, row in rows.items():
+        report.perf(
+            f"step_ratio_{setup.replace(' ', '')}",
+            row["step_s"] / rows["DDP"]["step_s"],
+            "{setup:<8} step {ms:7.2f} ms = {value:.2f}x DDP's; sent {mb:.3f} MB per rank per step",
+            setup=setup,
+            ms=row["step_s"] * 1e3,
+            mb=row["bytes_sent"] / 1e6,
+        )
+
+
+def report_capacity(report: Report, args, N: int, widest: dict) -> None:
+    report.record("capacity", widest)
+    report.value(
+        "budget_mb",
+        args.budget_mb,
+        "2. widest model in {value} MB per rank (parameters, gradients at the end of backward,"
+        " Adam state), depth {depth}, {N} ranks:\n{rows}",
+        depth=args.depth,
+        N=N,
+        rows="\n".join(
+            f"  {s:<8} width {r['width']:>4}: {r['n_params']:>9} parameters "
+            f"({r['n_params'] / widest['DDP']['n_params']:.2f}x DDP's), measured "
+            f"{r['measured_bytes'] / 2**20:.3f} MB"
+            for s, r in widest.items()
+        ),
+    )
+    # + 1%: padding, step counters
+    fits = all(r["measured_bytes"] <= args.budget_mb * 2**20 * 1.01 for r in widest.values())
+    report.claim(
+        "every_widest_model_fits",
+        int(fits),
+        "==",
+        1,
+        "  each measured within the budget (+1%): {value}",
+    )
+
+
+def main() -> None:
+    args = parse_args()
     with distributed_session(args) as info:
         if not info.distributed:
             raise LessonError(
@@ -143,83 +239,10 @@ def main() -> None:
             N,
             device=info.device,
         )
-        rows = {}
-        for setup in SETUPS:
-            model, step, _, _, _ = build(setup, args.width, args.depth, grid, info)
-            lesson.train(model, step, data[:1])  # warm-up: DDP's buckets, FSDP2's lazy init
-            times = []
-            with count_collectives() as c:
-                for batch in data[1:]:
-                    sync(info)
-                    t0 = time.perf_counter()
-                    lesson.train(model, step, [batch])
-                    sync(info)
-                    times.append(time.perf_counter() - t0)
-            slowest = torch.tensor(statistics.median(times), device=info.device)
-            torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
-            sent = moved_bytes(c.bytes, N) / args.repeats
-            if setup == "DDP":  # DDP's all-reduce runs in C++: 2 Psi (N-1)/N from its parameters
-                sent = ring_bytes_sent("all_reduce", 4 * n_params(args.width, args.depth), N)
-            rows[setup] = {"step_s": slowest.item(), "bytes_sent": sent}
-        report.record("speed", rows)
-        report.value(
-            "width",
-            args.width,
-            "1. ResidualMLP width {value} depth {depth} ({n} parameters), {N} ranks, global batch {B}",
-            depth=args.depth,
-            n=n_params(args.width, args.depth),
-            N=N,
-            B=args.global_batch,
-        )
-        for setup, row in rows.items():
-            report.perf(
-                f"step_ratio_{setup.replace(' ', '')}",
-                row["step_s"] / rows["DDP"]["step_s"],
-                "{setup:<8} step {ms:7.2f} ms = {value:.2f}x DDP's; sent {mb:.3f} MB per rank per step",
-                setup=setup,
-                ms=row["step_s"] * 1e3,
-                mb=row["bytes_sent"] / 1e6,
-            )
-
-        budget = args.budget_mb * 2**20
-        widest = {}
-        # the widest model whose bytes per rank fit the budget, from the counts
-        for setup in SETUPS:
-            w = 1
-            while n_params(w + 1, args.depth) * bytes_per_param(setup, N) <= budget:
-                w += 1
-            model, step, opt, params, grads = build(setup, w, args.depth, grid, info)
-            _, grad_bytes = lesson.train(model, step, data[:1], grads)
-            measured = sum(held_bytes(params, [], opt).values()) + grad_bytes
-            widest[setup] = {
-                "width": w,
-                "n_params": n_params(w, args.depth),
-                "measured_bytes": measured,
-            }
-        report.record("capacity", widest)
-        report.value(
-            "budget_mb",
-            args.budget_mb,
-            "2. widest model in {value} MB per rank (parameters, gradients at the end of backward,"
-            " Adam state), depth {depth}, {N} ranks:\n{rows}",
-            depth=args.depth,
-            N=N,
-            rows="\n".join(
-                f"  {s:<8} width {r['width']:>4}: {r['n_params']:>9} parameters "
-                f"({r['n_params'] / widest['DDP']['n_params']:.2f}x DDP's), measured "
-                f"{r['measured_bytes'] / 2**20:.3f} MB"
-                for s, r in widest.items()
-            ),
-        )
-        # + 1%: padding, step counters
-        fits = all(r["measured_bytes"] <= budget * 1.01 for r in widest.values())
-        report.claim(
-            "every_widest_model_fits",
-            int(fits),
-            "==",
-            1,
-            "  each measured within the budget (+1%): {value}",
-        )
+        rows = speed(args, info, grid, data)
+        report_speed(report, args, N, rows)
+        widest = capacity(args, info, grid, data)
+        report_capacity(report, args, N, widest)
         report.write(args.results)
 
 
