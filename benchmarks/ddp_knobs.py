@@ -312,7 +312,7 @@ def summarize_scaling(runs: dict, args) -> dict:
     return {"rows": rows, "batch_reaching_085_of_limit": reach, "batch_staying_085_of_limit": stays}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
         "--parts",
@@ -367,14 +367,159 @@ def main() -> None:
         raise LessonError(
             "--reps and --steps must be positive, --batch a positive multiple of 4 (no_sync k=4)"
         )
+    return args
+
+
+def run_worker(args) -> None:
+    """A launched worker: its part's measurement, written by rank 0 to --worker-out."""
+    with distributed_session(args) as info:
+        fn = {"knobs": knobs_worker, "throughput": throughput_worker, "input": input_worker}[
+            args.worker
+        ]
+        result = fn(info, args)
+        if info.master_process:
+            Path(args.worker_out).write_text(json.dumps(result))
+
+
+def knobs_part(args, common: list, report: dict) -> None:
+    """Part 1: every knob's step time over the default's, in one 2-rank launch."""
+    res = launch(
+        2,
+        [
+            "--worker",
+            "knobs",
+            "--reps",
+            str(args.reps),
+            *common,
+            *(["--compile"] * args.compile),
+        ],
+    )
+    report["knobs"] = summarize_knobs(res["times_ms"])
+    report["compile_s"] = res["compile_s"]
+    print(
+        f"\n1. knobs, 2 ranks, batch {args.batch}/rank: step time / default's, median [min..max] of {args.reps}; "
+        f"default {statistics.median(res['times_ms']['default']):.1f} ms"
+    )
+    for r in report["knobs"]:
+        ms = f"{r['ms_median']:7.1f} ms" if r["ms_median"] else " " * 10
+        print(
+            f"  {r['knob']:<29} {ms}  x{r['ratio']:.2f} [{r['min']:.2f}..{r['max']:.2f}]"
+            f"  {'within noise' if r['within_noise'] else 'outside noise'}"
+        )
+    if res["compile_s"] is not None:
+        print(
+            f"  torch.compile: first step (compile) {res['compile_s']:.1f} s, reported apart from the ratio"
+        )
+
+
+def scaling_part(args, common: list, report: dict) -> None:
+    """Part 2: weak scaling against this machine's own limit for two processes."""
+    runs = launch(
+        2,
+        [
+            "--worker",
+            "throughput",
+            "--reps",
+            str(args.reps),
+            *common,
+            "--batches",
+            *map(str, args.batches),
+            "--widths",
+            *map(str, args.widths),
+        ],
+    )
+    report["scaling"] = summarize_scaling(runs, args)
+    print(
+        "\n2. weak scaling (samples/s, medians): efficiency = DDP / (2 x alone), limit = side by side / "
+        "(2 x alone)"
+    )
+    for r in report["scaling"]["rows"]:
+        print(
+            f"  batch {r['batch']:>5}/process, width {r['width']:>5}: alone {r['alone']:>9,.0f}, side by side "
+            f"{r['independent']:>9,.0f}, DDP {r['ddp']:>9,.0f}; efficiency {r['efficiency']:.2f} "
+            f"[{r['eff_min']:.2f}..{r['eff_max']:.2f}], limit {r['limit']:.2f}, ratio {r['relative']:.2f}"
+        )
+    print(
+        f"  width {args.width}: efficiency first reaches 0.85 x the limit at batch "
+        f"{report['scaling']['batch_reaching_085_of_limit']}; stays above it from batch "
+        f"{report['scaling']['batch_staying_085_of_limit']} (None: not within the sweep)"
+    )
+
+
+def input_rates(args, procs: int, workers: int, threads: int, persistent: bool, pin: bool) -> list:
+    """Samples per second of all processes, one launch per repetition, for one input configuration."""
+    rates = []
+    for _ in range(args.reps):
+        wa = [
+            "--worker",
+            "input",
+            "--batch",
+            str(args.batch),
+            "--workers",
+            str(workers),
+            "--input-work",
+            str(args.input_work),
+            *(["--persistent"] * persistent),
+            *(["--pin-memory"] * pin),
+        ]
+        rates.append(launch(procs, wa, env={"OMP_NUM_THREADS": str(threads)})["samples_per_s"])
+    return rates
+
+
+def input_part(args, report: dict) -> None:
+    """Part 3: a DataLoader whose samples cost CPU, for processes x workers x threads against the cores."""
+    rows, cores = [], os.cpu_count()
+    print(
+        f"\n3. input: DataLoader feeding DDP, batch {args.batch}/process, {args.input_work} passes per sample; "
+        f"samples/s of all processes, median [min..max] of {args.reps}"
+    )
+    configs = [
+        (1, 0, 1, False, False),
+        (1, 0, 2, False, False),
+        (1, 1, 1, False, False),
+        (1, 2, 1, False, False),
+        (1, 2, 1, True, False),
+        (2, 0, 1, False, False),
+        (2, 1, 1, False, False),
+        (2, 2, 1, False, False),
+        (2, 2, 1, True, False),
+    ]
+    # pin_memory + non_blocking: page-locked host memory, the copy can overlap
+    if torch.cuda.is_available():
+        configs += [(1, 2, 1, True, True)]
+    for procs, workers, threads, persistent, pin in configs:
+        rates = input_rates(args, procs, workers, threads, persistent, pin)
+        load = procs * (1 + workers) * threads
+        rows.append(
+            {
+                "processes": procs,
+                "workers": workers,
+                "omp_threads": threads,
+                "persistent": persistent,
+                "pin_memory": pin,
+                "busy_threads": load,
+                "cores": cores,
+                "samples_per_s": statistics.median(rates),
+                "min": min(rates),
+                "max": max(rates),
+            }
+        )
+        print(
+            f"  procs {procs} x (1 + workers {workers}) x OMP {threads} = {load} threads on {cores} cores, "
+            f"persistent {str(persistent):<5}{' pin_memory' * pin}: {statistics.median(rates):8,.0f} samples/s "
+            f"[{min(rates):,.0f}..{max(rates):,.0f}]"
+        )
+    report["input"] = rows
+    if not torch.cuda.is_available():
+        print(
+            "  pin_memory + non_blocking: GPU-only (page-locked host memory); not measured: no CUDA here"
+        )
+
+
+def main() -> None:
+    args = parse_args()
     if args.worker:
-        with distributed_session(args) as info:
-            fn = {"knobs": knobs_worker, "throughput": throughput_worker, "input": input_worker}[
-                args.worker
-            ]
-            result = fn(info, args)
-            if info.master_process:
-                Path(args.worker_out).write_text(json.dumps(result))
+        run_worker(args)
         return
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
@@ -387,127 +532,11 @@ def main() -> None:
     )
     common = ["--steps", str(args.steps), "--batch", str(args.batch), "--width", str(args.width)]
     if "knobs" in args.parts:
-        res = launch(
-            2,
-            [
-                "--worker",
-                "knobs",
-                "--reps",
-                str(args.reps),
-                *common,
-                *(["--compile"] * args.compile),
-            ],
-        )
-        report["knobs"] = summarize_knobs(res["times_ms"])
-        report["compile_s"] = res["compile_s"]
-        print(
-            f"\n1. knobs, 2 ranks, batch {args.batch}/rank: step time / default's, median [min..max] of {args.reps}; "
-            f"default {statistics.median(res['times_ms']['default']):.1f} ms"
-        )
-        for r in report["knobs"]:
-            ms = f"{r['ms_median']:7.1f} ms" if r["ms_median"] else " " * 10
-            print(
-                f"  {r['knob']:<29} {ms}  x{r['ratio']:.2f} [{r['min']:.2f}..{r['max']:.2f}]"
-                f"  {'within noise' if r['within_noise'] else 'outside noise'}"
-            )
-        if res["compile_s"] is not None:
-            print(
-                f"  torch.compile: first step (compile) {res['compile_s']:.1f} s, reported apart from the ratio"
-            )
+        knobs_part(args, common, report)
     if "scaling" in args.parts:
-        runs = launch(
-            2,
-            [
-                "--worker",
-                "throughput",
-                "--reps",
-                str(args.reps),
-                *common,
-                "--batches",
-                *map(str, args.batches),
-                "--widths",
-                *map(str, args.widths),
-            ],
-        )
-        report["scaling"] = summarize_scaling(runs, args)
-        print(
-            "\n2. weak scaling (samples/s, medians): efficiency = DDP / (2 x alone), limit = side by side / "
-            "(2 x alone)"
-        )
-        for r in report["scaling"]["rows"]:
-            print(
-                f"  batch {r['batch']:>5}/process, width {r['width']:>5}: alone {r['alone']:>9,.0f}, side by side "
-                f"{r['independent']:>9,.0f}, DDP {r['ddp']:>9,.0f}; efficiency {r['efficiency']:.2f} "
-                f"[{r['eff_min']:.2f}..{r['eff_max']:.2f}], limit {r['limit']:.2f}, ratio {r['relative']:.2f}"
-            )
-        print(
-            f"  width {args.width}: efficiency first reaches 0.85 x the limit at batch "
-            f"{report['scaling']['batch_reaching_085_of_limit']}; stays above it from batch "
-            f"{report['scaling']['batch_staying_085_of_limit']} (None: not within the sweep)"
-        )
+        scaling_part(args, common, report)
     if "input" in args.parts:
-        rows, cores = [], os.cpu_count()
-        print(
-            f"\n3. input: DataLoader feeding DDP, batch {args.batch}/process, {args.input_work} passes per sample; "
-            f"samples/s of all processes, median [min..max] of {args.reps}"
-        )
-        configs = [
-            (1, 0, 1, False, False),
-            (1, 0, 2, False, False),
-            (1, 1, 1, False, False),
-            (1, 2, 1, False, False),
-            (1, 2, 1, True, False),
-            (2, 0, 1, False, False),
-            (2, 1, 1, False, False),
-            (2, 2, 1, False, False),
-            (2, 2, 1, True, False),
-        ]
-        # pin_memory + non_blocking: page-locked host memory, the copy can overlap
-        if torch.cuda.is_available():
-            configs += [(1, 2, 1, True, True)]
-        for procs, workers, threads, persistent, pin in configs:
-            rates = []
-            for _ in range(args.reps):
-                wa = [
-                    "--worker",
-                    "input",
-                    "--batch",
-                    str(args.batch),
-                    "--workers",
-                    str(workers),
-                    "--input-work",
-                    str(args.input_work),
-                    *(["--persistent"] * persistent),
-                    *(["--pin-memory"] * pin),
-                ]
-                rates.append(
-                    launch(procs, wa, env={"OMP_NUM_THREADS": str(threads)})["samples_per_s"]
-                )
-            load = procs * (1 + workers) * threads
-            rows.append(
-                {
-                    "processes": procs,
-                    "workers": workers,
-                    "omp_threads": threads,
-                    "persistent": persistent,
-                    "pin_memory": pin,
-                    "busy_threads": load,
-                    "cores": cores,
-                    "samples_per_s": statistics.median(rates),
-                    "min": min(rates),
-                    "max": max(rates),
-                }
-            )
-            print(
-                f"  procs {procs} x (1 + workers {workers}) x OMP {threads} = {load} threads on {cores} cores, "
-                f"persistent {str(persistent):<5}{' pin_memory' * pin}: {statistics.median(rates):8,.0f} samples/s "
-                f"[{min(rates):,.0f}..{max(rates):,.0f}]"
-            )
-        report["input"] = rows
-        if not torch.cuda.is_available():
-            print(
-                "  pin_memory + non_blocking: GPU-only (page-locked host memory); not measured: no CUDA here"
-            )
+        input_part(args, report)
     report["load_after"] = os.getloadavg()[0]
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(
