@@ -463,6 +463,16 @@ def lesson_sections(lesson: Lesson, lessons: list[Lesson], lang: str, page: str)
     out.append(
         "\n" + dropdown(w["source"].format(path=rel, n=len(source.splitlines())), fence(source))
     )
+    out += exercises_and_neighbours(lesson, lessons, lang, page)
+    return "".join(out)
+
+
+def exercises_and_neighbours(
+    lesson: Lesson, lessons: list[Lesson], lang: str, page: str
+) -> list[str]:
+    """A lesson page's last sections: its exercises (stub, how to grade, solution) and the lessons before
+    and after it."""
+    w, out = WORDS[lang], []
     out.append(f"\n({lang}-{lesson.slug}-exercise)=\n## {w['exercise']}\n")
     if not lesson.exercises:
         out.append(w["no_ex"] + "\n")
@@ -484,7 +494,7 @@ def lesson_sections(lesson: Lesson, lessons: list[Lesson], lang: str, page: str)
             topic = other.topic_zh if lang == "zh" else other.topic_en
             link = md_link(lang, page, other.page)
             out.append(f"- {w[word]}{w['colon']}[{other.number} {topic}]({link})\n")
-    return "".join(out)
+    return out
 
 
 def nav_line(lesson: Lesson, lessons: list[Lesson], lang: str, page: str) -> str:
@@ -509,130 +519,103 @@ def nav_line(lesson: Lesson, lessons: list[Lesson], lang: str, page: str) -> str
 
 
 # ---- staging -----------------------------------------------------------------------------------------------
-def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
-    """Lay build/site-src/LANG/ afresh from the repository's files; returns it."""
-    src = staging / lang
-    if src.exists():
-        shutil.rmtree(src)
-    src.mkdir(parents=True)
-    linker = Linker(lang, lessons)
-    pages: dict[str, str] = {}  # docname -> its text (Markdown), for what is not a notebook
-    counterparts: dict[
-        str, str
-    ] = {}  # docname -> the other language's page, where not the same docname
+WORD = {
+    "en": ("Lessons", "Routes by goal", "Reference", "Lesson", "topic", "time: ", "what it covers"),
+    "zh": ("课程", "按目标的路线", "参考页", "课", "主题", "时间：", "内容"),
+}
 
-    readme = "README.md" if lang == "en" else "README.zh-CN.md"
-    home = linker.rewrite(home_source((ROOT / readme).read_text(), lang), readme, "index")
-    if lang == "zh":
-        home = with_chinese_notebooks(home, lessons)
-    pages["index"] = link_route_goals(home, lang)
+
+def write_json_notebook(target: Path, nb: dict) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(nb, ensure_ascii=False))
+
+
+def with_nav_cell(nb: dict, nav: str) -> None:
+    """The site's navigation line as a Markdown cell after the notebook's first Markdown cell."""
+    first = next(i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown")
+    nav_cell = {"cell_type": "markdown", "id": "site-nav", "metadata": {}, "source": nav}
+    nb["cells"].insert(first + 1, nav_cell)
+
+
+def doc_pages(lang: str, linker: Linker, pages: dict[str, str]) -> None:
+    """The reference pages of docs/ (docs/zh/ in Chinese) into `pages`, with their toctree."""
     docs = ROOT / "docs" if lang == "en" else ROOT / "docs" / "zh"
-    doc_pages = []
+    found = []
     for path in sorted(docs.glob("*.md")):
         repo = path.relative_to(ROOT).as_posix()
         doc = "docs/index" if path.stem == "README" else f"docs/{path.stem}/index"
         pages[doc] = linker.rewrite(path.read_text(), repo, doc)
         if doc != "docs/index":
-            doc_pages.append(doc)
-    pages["docs/index"] += toctree(doc_pages, "docs/index")
+            found.append(doc)
+    pages["docs/index"] += toctree(found, "docs/index")
 
-    word = {
-        "en": (
-            "Lessons",
-            "Routes by goal",
-            "Reference",
-            "Lesson",
-            "topic",
-            "time: ",
-            "what it covers",
-        ),
-        "zh": ("课程", "按目标的路线", "参考页", "课", "主题", "时间：", "内容"),
-    }[lang]
-    lesson_pages = [lesson.page for lesson in lessons]
-    for lesson in lessons:
-        page = lesson.page
-        if lang == "en":
-            nb = json.loads((ROOT / "notebooks" / f"{lesson.stem}.ipynb").read_text())
-            for cell in nb["cells"]:
-                if cell["cell_type"] == "markdown":
-                    text = linker.rewrite(
-                        "".join(cell["source"]), f"notebooks/{lesson.stem}.ipynb", page
-                    )
-                    cell["source"] = text
-                elif cell["cell_type"] == "code":
-                    cell["source"] = without_nbval_markers("".join(cell["source"]))
-            first = next(i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown")
-            guide = cross_href(page, "zh", page)
-            nav = (
-                nav_line(lesson, lessons, lang, page).rstrip("\n")
-                + f' · <a href="{guide}">中文导读</a>'
-            )
-            if lesson.translated:
-                zh_notebook = cross_href(page, "zh", lesson.notebook_page)
-                nav += f' · <a href="{zh_notebook}">中文 notebook</a>'
-            nav += "\n"
-            nav_cell = {"cell_type": "markdown", "id": "site-nav", "metadata": {}, "source": nav}
-            nb["cells"].insert(first + 1, nav_cell)
-            nb["cells"].append(
-                {
-                    "cell_type": "markdown",
-                    "id": "site-sections",
-                    "metadata": {},
-                    "source": lesson_sections(lesson, lessons, lang, page),
-                }
-            )
-            target = src / f"{page}.ipynb"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(json.dumps(nb, ensure_ascii=False))
-        else:
-            repo = f"docs/zh/lessons/{lesson.stem}.md"
-            title, _, rest = (ROOT / repo).read_text().partition("\n")
-            rest, extra = without_link_paragraph(
-                rest
-            )  # the generated line below the title replaces it
-            text = linker.rewrite(title + "\n\n" + extra + "\n" + rest, repo, page)
-            title, _, text = text.partition("\n\n")
-            extra, _, rest = text.partition("\n")
-            nav = nav_line(lesson, lessons, lang, page).rstrip("\n") + (
-                " · " + extra if extra else ""
-            )
-            pages[page] = (
-                title + "\n\n" + nav + "\n\n" + rest + lesson_sections(lesson, lessons, lang, page)
-            )
-            if lesson.translated:
-                pages[page] += toctree([lesson.notebook_page], page)
-                notebook = notebook_zh(lesson, lessons)
-                nav = nav_line(lesson, lessons, lang, lesson.notebook_page)
-                nav_cell = {
-                    "cell_type": "markdown",
-                    "id": "site-nav",
-                    "metadata": {},
-                    "source": nav,
-                }
-                first = next(
-                    i for i, c in enumerate(notebook["cells"]) if c["cell_type"] == "markdown"
-                )
-                notebook["cells"].insert(first + 1, nav_cell)
-                target = src / f"{lesson.notebook_page}.ipynb"
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(json.dumps(notebook, ensure_ascii=False))
-                counterparts[lesson.notebook_page] = lesson.page
+
+def english_lesson(lesson: Lesson, lessons: list[Lesson], linker: Linker, src: Path) -> None:
+    """An English lesson page: its notebook, links rewritten, nbval markers dropped, with the site's
+    navigation after its title and the minimal script, lesson and exercise sections at its end."""
+    page = lesson.page
+    nb = json.loads((ROOT / "notebooks" / f"{lesson.stem}.ipynb").read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            text = linker.rewrite("".join(cell["source"]), f"notebooks/{lesson.stem}.ipynb", page)
+            cell["source"] = text
+        elif cell["cell_type"] == "code":
+            cell["source"] = without_nbval_markers("".join(cell["source"]))
+    guide = cross_href(page, "zh", page)
+    nav = nav_line(lesson, lessons, "en", page).rstrip("\n") + f' · <a href="{guide}">中文导读</a>'
+    if lesson.translated:
+        zh_notebook = cross_href(page, "zh", lesson.notebook_page)
+        nav += f' · <a href="{zh_notebook}">中文 notebook</a>'
+    with_nav_cell(nb, nav + "\n")
+    sections = lesson_sections(lesson, lessons, "en", page)
+    nb["cells"].append(
+        {"cell_type": "markdown", "id": "site-sections", "metadata": {}, "source": sections}
+    )
+    write_json_notebook(src / f"{page}.ipynb", nb)
+
+
+def chinese_lesson(lesson, lessons, linker: Linker, src: Path, pages, counterparts) -> None:
+    """A Chinese lesson page: its guide (docs/zh/lessons/), the site's navigation, the sections; and its
+    Chinese notebook where the lesson has one."""
+    page = lesson.page
+    repo = f"docs/zh/lessons/{lesson.stem}.md"
+    title, _, rest = (ROOT / repo).read_text().partition("\n")
+    rest, extra = without_link_paragraph(rest)  # the generated line below the title replaces it
+    text = linker.rewrite(title + "\n\n" + extra + "\n" + rest, repo, page)
+    title, _, text = text.partition("\n\n")
+    extra, _, rest = text.partition("\n")
+    nav = nav_line(lesson, lessons, "zh", page).rstrip("\n") + (" · " + extra if extra else "")
+    sections = lesson_sections(lesson, lessons, "zh", page)
+    pages[page] = title + "\n\n" + nav + "\n\n" + rest + sections
+    if lesson.translated:
+        pages[page] += toctree([lesson.notebook_page], page)
+        notebook = notebook_zh(lesson, lessons)
+        with_nav_cell(notebook, nav_line(lesson, lessons, "zh", lesson.notebook_page))
+        write_json_notebook(src / f"{lesson.notebook_page}.ipynb", notebook)
+        counterparts[lesson.notebook_page] = lesson.page
+
+
+def lessons_index(lang: str, lessons: list[Lesson], pages: dict[str, str]) -> None:
+    word = WORD[lang]
     lines = [f"# {word[0]}\n\n| # | {word[4]} | {word[6]} |\n|---|---|---|\n"]
     for lesson in lessons:
         topic = lesson.topic_zh if lang == "zh" else lesson.topic_en
         link = md_link(lang, "lessons/index", lesson.page)
         lines.append(f"| {lesson.number} | [{topic}]({link}) | {plain(summary(lesson, lang))} |\n")
-    pages["lessons/index"] = "".join(lines) + toctree(lesson_pages, "lessons/index")
+    pages["lessons/index"] = "".join(lines) + toctree([le.page for le in lessons], "lessons/index")
 
-    route_pages = []
+
+def route_pages(lang: str, lessons: list[Lesson], linker: Linker, readme: str, pages) -> None:
+    """A page for each route by goal (README's table) and their index."""
+    word, found = WORD[lang], []
     by_number = {lesson.number: lesson for lesson in lessons}
     lines = [f"# {word[1]}\n\n"]
+    colon, comma = (": ", ", ") if lang == "en" else ("：", "，")
     for route in routes(lang):
         page = f"routes/{route['slug']}/index"
-        route_pages.append(page)
+        found.append(page)
         cell = linker.rewrite(route["cell"], readme, page)
         body = [f"# {route['goal']}\n\n{cell}\n\n{word[5]}{route['time']}\n\n"]
-        colon, comma = (": ", ", ") if lang == "en" else ("：", "，")
         for n in route["lessons"]:
             lesson = by_number[n]
             topic = lesson.topic_zh if lang == "zh" else lesson.topic_en
@@ -642,21 +625,17 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
                 f"1. [{n} {topic}]({link})" + (colon + plain(said) if said != topic else "") + "\n"
             )
         pages[page] = "".join(body)
-        cell = linker.rewrite(
-            route["cell"], readme, "routes/index"
-        )  # the route's own link added after
+        # the route's own link added after
+        cell = linker.rewrite(route["cell"], readme, "routes/index")
         lines.append(
             f"- [{route['goal']}]({route['slug']}/index.md){colon}{cell}{comma}{route['time']}\n"
         )
-    pages["routes/index"] = "".join(lines) + toctree(route_pages, "routes/index")
-    pages["index"] += toctree(["lessons/index", "routes/index", "docs/index"], "index")
+    pages["routes/index"] = "".join(lines) + toctree(found, "routes/index")
 
-    for doc, text in pages.items():
-        target = src / f"{doc}.md"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
 
-    # redirects from the numbered names, written beside the pages (html_extra_path)
+def write_extras(lang: str, lessons: list[Lesson], src: Path, pages, counterparts) -> None:
+    """Redirects from the numbered names (html_extra_path), the Chinese search words, the docnames and
+    counterparts the build reads, and the compiled catalogs' source."""
     extra = src / "_extra"
     names = {lesson.stem: lesson.slug for lesson in lessons} | FORMER_NAMES
     for stem, slug in names.items():
@@ -670,10 +649,39 @@ def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
         json.dumps(sorted([p for p in pages] + [lesson.page for lesson in lessons]))
     )
     (src / "_counterparts.json").write_text(json.dumps(counterparts))
-    if (
-        lang == "zh" and CATALOGS.exists()
-    ):  # the catalogs, where Sphinx compiles them (not in the tree)
+    # the catalogs, where Sphinx compiles them (not in the tree)
+    if lang == "zh" and CATALOGS.exists():
         shutil.copytree(CATALOGS.parent.parent, src / "_locale")
+
+
+def stage(lang: str, lessons: list[Lesson], staging: Path = STAGE) -> Path:
+    """Lay build/site-src/LANG/ afresh from the repository's files; returns it."""
+    src = staging / lang
+    if src.exists():
+        shutil.rmtree(src)
+    src.mkdir(parents=True)
+    linker = Linker(lang, lessons)
+    pages: dict[str, str] = {}  # docname -> its text (Markdown), for what is not a notebook
+    counterparts: dict[str, str] = {}  # docname -> the other language's page, where not the same
+    readme = "README.md" if lang == "en" else "README.zh-CN.md"
+    home = linker.rewrite(home_source((ROOT / readme).read_text(), lang), readme, "index")
+    if lang == "zh":
+        home = with_chinese_notebooks(home, lessons)
+    pages["index"] = link_route_goals(home, lang)
+    doc_pages(lang, linker, pages)
+    for lesson in lessons:
+        if lang == "en":
+            english_lesson(lesson, lessons, linker, src)
+        else:
+            chinese_lesson(lesson, lessons, linker, src, pages, counterparts)
+    lessons_index(lang, lessons, pages)
+    route_pages(lang, lessons, linker, readme, pages)
+    pages["index"] += toctree(["lessons/index", "routes/index", "docs/index"], "index")
+    for doc, text in pages.items():
+        target = src / f"{doc}.md"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    write_extras(lang, lessons, src, pages, counterparts)
     return src
 
 
