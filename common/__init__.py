@@ -49,6 +49,7 @@ topics: a lesson's namesake algorithm, built by hand and checked against PyTorch
     pipeline.step                    one recorded training step of a rank's stages under any schedule (09)
     tensor_parallel.layers           Megatron-style f / g, column and row parallel layers and blocks (10, 11)
     tensor_parallel.compare          a split module held to its unsplit one: differences, collectives (10)
+    tensor_parallel.training         the split model trained beside the unsplit one on the same batches (10)
     sharding.zero                    ZeRO-1/2/3 by hand on flat padded buffers (13)
     sharding.accounting              what a sharded rank holds and sends, ZeRO and FSDP2 (13)
     sharding.fsdp                   FSDP2 in practice: wrapping, predicted bytes, init equal to eager (14)

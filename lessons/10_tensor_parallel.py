@@ -55,7 +55,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -64,8 +63,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from common.data import digits_split
-from common.harness.env import LessonError, read_torchrun_env
+from common.harness.env import DistInfo, LessonError, read_torchrun_env
 from common.harness.grid import Grid
 from common.harness.ranks import print0
 from common.harness.results import Report
@@ -82,10 +80,9 @@ from common.tensor_parallel.layers import (
     SelfAttention,
     TPAttention,
     check_tp_degree,
-    digits_transformer,
     max_shard_diff,
-    tensor_parallelize,
 )
+from common.tensor_parallel.training import test_loss, train_both
 
 SEQ = 8  # tokens per image: its 8 rows
 TOL = 1e-5
@@ -115,6 +112,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@dataclass
+class Run:
+    """What the sections share: options, rank, report, the tp grid, the input x (B, S, H) every rank holds."""
+
+    args: argparse.Namespace
+    info: DistInfo
+    report: Report
+    grid: Grid
+    x: torch.Tensor
+
+
 def calls(c) -> str:
     """'all_gather x1, reduce_scatter x1': the calls of a CollectiveCount, as text."""
     return ", ".join(f"{op} x{n}" for op, n in sorted(c.calls.items())) or "none"
@@ -125,20 +133,20 @@ def counted(c, op: str = "all_reduce") -> tuple[int, int]:
     return c.calls.get(op, 0), c.bytes.get(op, 0)
 
 
-def hand_built(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> None:
+def hand_built(run: Run) -> None:
     """Section 1: the Megatron MLP and attention, split by hand; equalities, collectives, weight bytes."""
-    tp_rank, tp = grid.coords["tp"], grid.size("tp")
-    B, S, H = x.shape
-    act_bytes = B * S * H * x.element_size()  # what g sums in forward and f in backward
+    tp_rank, tp = run.grid.coords["tp"], run.grid.size("tp")
+    B, S, H = run.x.shape
+    act_bytes = B * S * H * run.x.element_size()  # what g sums in forward and f in backward
     want = 1 if tp > 1 else 0  # at tp = 1 f and g are identities: nothing to add up
     blocks = {
-        "mlp": (MLP(H).to(x.device), TPMLP),
-        "attention": (SelfAttention(H, heads).to(x.device), TPAttention),
+        "mlp": (MLP(H).to(run.x.device), TPMLP),
+        "attention": (SelfAttention(H, run.args.heads).to(run.x.device), TPAttention),
     }
     for name, (full, split_class) in blocks.items():
-        split = split_class(full, tp_rank, tp, grid.group("tp"))
-        diff, fwd, bwd = split_vs_unsplit(full, split, x, grid, count_collectives)
-        report.claim(
+        split = split_class(full, tp_rank, tp, run.grid.group("tp"))
+        diff, fwd, bwd = split_vs_unsplit(full, split, run.x, run.grid, count_collectives)
+        run.report.claim(
             f"hand_{name}_equals_unsplit",
             diff,
             "<=",
@@ -149,10 +157,10 @@ def hand_built(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> None:
         )
         (fc, fb), (bc, bb) = counted(fwd), counted(bwd)
         text = "  all-reduces in forward (g): {value}"
-        report.claim(f"hand_{name}_allreduces_forward", fc, "==", want, text)
+        run.report.claim(f"hand_{name}_allreduces_forward", fc, "==", want, text)
         text = "  all-reduces in backward (f): {value}"
-        report.claim(f"hand_{name}_allreduces_backward", bc, "==", want, text)
-        report.claim(
+        run.report.claim(f"hand_{name}_allreduces_backward", bc, "==", want, text)
+        run.report.claim(
             f"hand_{name}_allreduce_bytes",
             fb + bb,
             "==",
@@ -160,35 +168,35 @@ def hand_built(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> None:
             "  bytes all-reduced, forward + backward: {value} = 2 x B x S x H x 4 at tp > 1",
         )
         # by construction (each shard is a chunk of the full matrix), so a number to read, not a claim
-        report.value(
+        run.report.value(
             f"hand_{name}_weight_bytes",
             [weight_bytes(split), weight_bytes(full)],
             "  weight-matrix bytes per rank: {value[0]} of {value[1]} (1/tp; biases left out)",
         )
 
 
-def with_dtensor(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> None:
+def with_dtensor(run: Run) -> None:
     """Section 2: the same blocks split by parallelize_module; DTensor's collectives counted."""
-    mesh, tp_rank = grid.submesh("tp"), grid.coords["tp"]
-    H = x.shape[-1]
-    full = MLP(H).to(x.device)
+    mesh, tp_rank = run.grid.submesh("tp"), run.grid.coords["tp"]
+    H = run.x.shape[-1]
+    full = MLP(H).to(run.x.device)
     plan = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
     split = parallelize_module(copy.deepcopy(full), mesh, plan)
     shown = placements(split)
     rows = "\n".join(f"  {name:<10} {placement}" for name, placement in shown.items())
     text = "parallelize_module, MLP: parameter placements\n{rows}"
-    report.value("dtensor_mlp_placements", shown, text, rows=rows)
-    diff, fwd, bwd = split_vs_unsplit(full, split, x, grid, count_dtensor_collectives)
+    run.report.value("dtensor_mlp_placements", shown, text, rows=rows)
+    diff, fwd, bwd = split_vs_unsplit(full, split, run.x, run.grid, count_dtensor_collectives)
     text = "  max |split - unsplit| (output, input and weight gradients) = {value:.1e}"
-    report.claim("dtensor_mlp_equals_unsplit", diff, "<=", TOL, text)
-    hand = TPMLP(full, tp_rank, grid.size("tp"), grid.group("tp"))
-    _, hand_fwd, hand_bwd = split_vs_unsplit(full, hand, x, grid, count_collectives)
+    run.report.claim("dtensor_mlp_equals_unsplit", diff, "<=", TOL, text)
+    hand = TPMLP(full, tp_rank, run.grid.size("tp"), run.grid.group("tp"))
+    _, hand_fwd, hand_bwd = split_vs_unsplit(full, hand, run.x, run.grid, count_collectives)
 
     def every(c):  # every op, not only the all-reduces
         return c.calls, c.bytes, c.groups
 
     same = (every(fwd), every(bwd)) == (every(hand_fwd), every(hand_bwd))
-    report.claim(
+    run.report.claim(
         "dtensor_mlp_collectives_as_by_hand",
         int(same),
         "==",
@@ -197,7 +205,7 @@ def with_dtensor(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> Non
         fwd=calls(fwd),
         bwd=calls(bwd),
     )
-    full = SelfAttention(H, heads).to(x.device)
+    full = SelfAttention(H, run.args.heads).to(run.x.device)
     plan = {
         "q": ColwiseParallel(),
         "k": ColwiseParallel(),
@@ -205,10 +213,10 @@ def with_dtensor(report: Report, grid: Grid, x: torch.Tensor, heads: int) -> Non
         "proj": RowwiseParallel(),
     }
     split = parallelize_module(copy.deepcopy(full), mesh, plan)
-    diff, fwd, bwd = split_vs_unsplit(full, split, x, grid, count_dtensor_collectives)
+    diff, fwd, bwd = split_vs_unsplit(full, split, run.x, run.grid, count_dtensor_collectives)
     text = "parallelize_module, attention: max |split - unsplit| = {value:.1e}"
-    report.claim("dtensor_attention_equals_unsplit", diff, "<=", TOL, text)
-    report.value(
+    run.report.claim("dtensor_attention_equals_unsplit", diff, "<=", TOL, text)
+    run.report.value(
         "dtensor_attention_backward_allreduces",
         bwd.calls.get("all_reduce", 0),
         "  all-reduces in its backward: {value} (q, k and v each sum their input gradient; "
@@ -229,18 +237,18 @@ def sp_blocks(full: Block, mesh):
     return tp_block, sp_block
 
 
-def sequence_parallel(report: Report, grid: Grid, x: torch.Tensor) -> None:
+def sequence_parallel(run: Run) -> None:
     """Section 3: LayerNorm on S/tp tokens per rank; all-gather + reduce-scatter instead of the all-reduce."""
-    mesh, tp_rank, tp = grid.submesh("tp"), grid.coords["tp"], grid.size("tp")
-    B, S, H = x.shape
-    full = Block(H).to(x.device)  # x + mlp(norm2(x)), no attention
+    mesh, tp_rank, tp = run.grid.submesh("tp"), run.grid.coords["tp"], run.grid.size("tp")
+    B, S, H = run.x.shape
+    full = Block(H).to(run.x.device)  # x + mlp(norm2(x)), no attention
     tp_block, sp_block = sp_blocks(full, mesh)
     count = count_dtensor_collectives
-    diff, fwd, bwd = split_vs_unsplit(full, sp_block, x, grid, count, shard_seq=True)
+    diff, fwd, bwd = split_vs_unsplit(full, sp_block, run.x, run.grid, count, shard_seq=True)
     text = "sequence parallel block (norm + MLP): max |split - unsplit| on this rank's tokens = {value:.1e}"
-    report.claim("sequence_parallel_equals_unsplit", diff, "<=", TOL, text)
+    run.report.claim("sequence_parallel_equals_unsplit", diff, "<=", TOL, text)
     one_each = fwd.calls == bwd.calls == {"all_gather": 1, "reduce_scatter": 1}
-    report.claim(
+    run.report.claim(
         "sequence_parallel_collectives",
         int(one_each),
         "==",
@@ -248,17 +256,17 @@ def sequence_parallel(report: Report, grid: Grid, x: torch.Tensor) -> None:
         "  one all-gather + one reduce-scatter each way: {value} (forward: {fwd})",
         fwd=calls(fwd),
     )
-    norm_gradients(report, sp_block, full)
+    norm_gradients(run, sp_block, full)
     # the block without sequence parallelism, forward + backward
     with count_dtensor_collectives() as without:
-        tp_block(x.clone().requires_grad_()).sum().backward()
+        tp_block(run.x.clone().requires_grad_()).sum().backward()
     sp_ops = ("all_gather", "reduce_scatter")
     sp_bytes = sum(c.bytes.get(op, 0) for c in (fwd, bwd) for op in sp_ops)
     ar_bytes = counted(without)[1]
     # Ring costs per rank for a buffer of N bytes: all-reduce 2 (tp-1)/tp N, all-gather and reduce-scatter
     # (tp-1)/tp N each. So the same bytes travel when the gathered + scattered buffers are twice the
     # all-reduced ones.
-    report.claim(
+    run.report.claim(
         "sequence_parallel_same_bytes",
         sp_bytes / (2 * ar_bytes),
         "==",
@@ -268,14 +276,17 @@ def sequence_parallel(report: Report, grid: Grid, x: torch.Tensor) -> None:
         ar=ar_bytes,
     )
     saved = {}
-    for name, block, xin in (("tp", tp_block, x), ("sp", sp_block, x.chunk(tp, 1)[tp_rank])):
+    for name, block, xin in (
+        ("tp", tp_block, run.x),
+        ("sp", sp_block, run.x.chunk(tp, 1)[tp_rank]),
+    ):
         with saved_bytes(exclude=list(block.parameters())) as s:
             block(xin.clone().requires_grad_()).sum().backward()
         saved[name] = s.bytes
     norm_saved = (
         B * S * H + 2 * B * S
-    ) * x.element_size()  # LayerNorm keeps its input, mean and 1/std
-    report.claim(
+    ) * run.x.element_size()  # LayerNorm keeps its input, mean and 1/std
+    run.report.claim(
         "sequence_parallel_saves_less",
         saved["tp"] - saved["sp"],
         "==",
@@ -286,7 +297,7 @@ def sequence_parallel(report: Report, grid: Grid, x: torch.Tensor) -> None:
     )
 
 
-def norm_gradients(report: Report, sp_block: Block, full: Block) -> None:
+def norm_gradients(run: Run, sp_block: Block, full: Block) -> None:
     """The sequence-parallel LayerNorm's weight and bias gradients, right after backward: Partial (each rank
     holds its tokens' share), until an all-reduce per parameter (redistribute, or the optimizer step) sums
     them."""
@@ -295,7 +306,7 @@ def norm_gradients(report: Report, sp_block: Block, full: Block) -> None:
     # The tp shares sum to the full gradient g, so the worst rank's share is at least (tp-1)/tp |g| away from
     # g (0.5 at tp = 2): bound 0.25. A gradient already summed in backward would be 0 away and fail it.
     off = [(p.grad.to_local() - f.grad).norm().item() / f.grad.norm().item() for p, f in pairs]
-    report.claim(
+    run.report.claim(
         "sequence_parallel_norm_grads_partial",
         max_over_ranks(nan_max(off)),
         ">=",
@@ -306,7 +317,7 @@ def norm_gradients(report: Report, sp_block: Block, full: Block) -> None:
     with count_dtensor_collectives() as summed:
         whole = [p.grad.redistribute(placements=[Replicate()]) for p, _ in pairs]
     after = nan_max(max_abs_diff(w.to_local(), f.grad) for w, (_, f) in zip(whole, pairs))
-    report.claim(
+    run.report.claim(
         "sequence_parallel_norm_grad_allreduces",
         counted(summed)[0],
         "==",
@@ -315,12 +326,14 @@ def norm_gradients(report: Report, sp_block: Block, full: Block) -> None:
         calls=calls(summed),
     )
     text = "  ... after them, max |local - full| = {value:.1e}"
-    report.claim("sequence_parallel_norm_grads_equal_after", max_over_ranks(after), "<=", TOL, text)
+    run.report.claim(
+        "sequence_parallel_norm_grads_equal_after", max_over_ranks(after), "<=", TOL, text
+    )
     # lr 0: only to see what a step communicates
     opt = torch.optim.SGD([p for p, _ in pairs], lr=0.0)
     with count_dtensor_collectives() as stepped:
         opt.step()
-    report.value(
+    run.report.value(
         "sequence_parallel_norm_step_allreduces",
         counted(stepped)[0],
         "  an optimizer step on these Partial gradients all-reduces them itself: {value} "
@@ -328,91 +341,44 @@ def norm_gradients(report: Report, sp_block: Block, full: Block) -> None:
     )
 
 
-@dataclass
-class Trained:
-    """The unsplit model and its split copy after training on the same batches, their losses per
-    step ("unsplit", "split"), the held-out images (x (359, 8, 8), y (359,)) and the split model's
-    loss on them before training."""
-
-    full: torch.nn.Module
-    split: torch.nn.Module
-    losses: dict
-    test: tuple
-    before: float
-
-
-def train_both(grid: Grid, args: argparse.Namespace) -> Trained:
-    """SGD on the digits for --steps, the unsplit model and its split copy on the same batches."""
-    device = grid.info.device
-    set_seed(args.seed)
-    full = digits_transformer(args.hidden, args.heads, layers=1).to(device)
-    # every rank cuts its shards from one init
-    split = tensor_parallelize(full, grid.coords["tp"], grid.size("tp"), grid.group("tp"))
-    train_set, test_set = digits_split()
-    images, labels = train_set.tensors
-    # the same batches on every rank: tp ranks share them
-    g = torch.Generator().manual_seed(args.seed)
-    tx, ty = (t.to(device) for t in test_set.tensors)  # (359, 1, 8, 8), (359,)
-    test = (tx.squeeze(1), ty)  # held out: less noisy than a few training batches
-    before = test_loss(split, test)
-    opts = [torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9) for m in (full, split)]
-    losses = {"unsplit": [], "split": []}
-    for _step in range(args.steps):
-        pick = torch.randint(len(labels), (args.batch_size,), generator=g)
-        x = images[pick].squeeze(1).to(device)  # (B, 8, 8): 8 tokens of 8 pixels
-        y = labels[pick].to(device)
-        for (name, model), opt in zip((("unsplit", full), ("split", split)), opts):
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses[name].append(loss.item())
-    return Trained(full, split, losses, test, before)
-
-
-def test_loss(model, test) -> float:
-    with torch.no_grad():
-        return F.cross_entropy(model(test[0]), test[1]).item()
-
-
-def train(report: Report, grid: Grid, args: argparse.Namespace) -> None:
+def train(run: Run) -> None:
     """Section 4: the split model trains on the digits exactly like the unsplit one."""
-    trained = train_both(grid, args)
-    report.record("losses", trained.losses)
+    trained = train_both(run.grid, run.args)
+    run.report.record("losses", trained.losses)
     bad = [i for i, loss in enumerate(trained.losses["unsplit"]) if not math.isfinite(loss)]
     if bad:  # the equality claims below then fail on NaN, as they must; say why once
         loss = trained.losses["unsplit"][bad[0]]
         print0(
             f"training: the unsplit run itself diverged at step {bad[0]} "
-            f"(loss {loss}): --lr {args.lr:g} is too large for this model and batch"
+            f"(loss {loss}): --lr {run.args.lr:g} is too large for this model and batch"
         )
     gap = max_over_ranks(
         nan_max(abs(a - b) for a, b in zip(trained.losses["unsplit"], trained.losses["split"]))
     )
-    report.claim(
+    run.report.claim(
         "training_follows_unsplit",
         gap,
         "<=",
         TOL,
         "training, {steps} SGD steps at tp={tp}: max |loss split - loss unsplit| = {value:.1e}",
-        steps=args.steps,
-        tp=grid.size("tp"),
+        steps=run.args.steps,
+        tp=run.grid.size("tp"),
     )
-    params_diff = max_over_ranks(max_shard_diff(trained.full, trained.split, grid.coords["tp"]))
+    params_diff = max_over_ranks(max_shard_diff(trained.full, trained.split, run.grid.coords["tp"]))
     text = "  max |parameter shard - unsplit slice| after training = {value:.1e}"
-    report.claim("training_params_equal_unsplit", params_diff, "<=", TOL, text)
+    run.report.claim("training_params_equal_unsplit", params_diff, "<=", TOL, text)
     after = {
         name: test_loss(m, trained.test)
         for name, m in (("unsplit", trained.full), ("split", trained.split))
     }
-    report.claim(
+    run.report.claim(
         "training_test_loss_equals_unsplit",
         max_over_ranks(abs(after["split"] - after["unsplit"])),
         "<=",
         TOL,
         "  held-out test loss, split vs unsplit model: max |difference| = {value:.1e}",
     )
-    report.value(
+    run.report.value(
         "test_loss_ratio",
         after["split"] / trained.before,
         "  test loss of the split model {before:.3f} before training, {after:.3f} after: "
@@ -424,7 +390,7 @@ def train(report: Report, grid: Grid, args: argparse.Namespace) -> None:
         accuracy = (
             (trained.split(trained.test[0]).argmax(1) == trained.test[1]).float().mean().item()
         )
-    report.value("test_accuracy", accuracy, "  test accuracy of the split model: {value:.3f}")
+    run.report.value("test_accuracy", accuracy, "  test accuracy of the split model: {value:.3f}")
 
 
 def main(argv=None) -> None:
@@ -436,13 +402,14 @@ def main(argv=None) -> None:
         set_seed(args.seed)
         # x (B, S, H): the same on every rank (same seed)
         x = torch.randn(args.batch_size, SEQ, args.hidden).to(info.device)
-        hand_built(report, grid, x, args.heads)  # 1. by hand
+        run = Run(args, info, report, grid, x)
+        hand_built(run)  # 1. by hand
         if grid.size("tp") > 1:  # at tp = 1 there is nothing to split
-            with_dtensor(report, grid, x, args.heads)  # 2. with parallelize_module
-            sequence_parallel(report, grid, x)  # 3. sequence parallelism
+            with_dtensor(run)  # 2. with parallelize_module
+            sequence_parallel(run)  # 3. sequence parallelism
         else:
             print0("tp = 1: parallelize_module and sequence parallelism skipped: nothing to split")
-        train(report, grid, args)  # 4. training on the digits
+        train(run)  # 4. training on the digits
         report.finish(args.results)
 
 
