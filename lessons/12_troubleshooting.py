@@ -129,8 +129,11 @@ def symptom_index() -> str:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.list or args.index:
-        print(symptom_index()) if args.index else list_exhibits()
+    if args.index:  # before --list when both are given
+        print(symptom_index())
+        return
+    if args.list:
+        list_exhibits()
         return
     exhibits = load_exhibits()
     chosen = [ex for ex in exhibits.values() if args.show in (ex.name, ex.group, "all")]
