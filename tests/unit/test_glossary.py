@@ -60,7 +60,9 @@ def duplicate_terms(text: str) -> list[str]:
     seen, dup = set(), []
     for names, _ in rows(text):
         for name in set(names):
-            (dup.append(name) if name in seen else seen.add(name))
+            if name in seen:
+                dup.append(name)
+            seen.add(name)
     return sorted(dup)
 
 
