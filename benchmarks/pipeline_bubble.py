@@ -85,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def time_microbatches(args, info, grid: Grid, stage, batch: tuple, m: int) -> dict | None:
+def time_microbatches(args, info, grid: Grid, stage, batch: tuple, m: int) -> list[dict] | None:
     """`--steps` pipelined steps of the batch (x, y) in m micro-batches under `--schedule`: each step's span
     and bubble, measured from every stage's events, on rank 0 (None elsewhere)."""
     p, pp_rank, (x, y) = grid.size("pp"), grid.coords["pp"], batch

@@ -37,7 +37,7 @@ What to look for, section by section:
    model's step by step. How far the loss falls depends on --steps, --batch-size and --lr (it is printed, and
    the test checks it at the defaults); what is claimed for every option is that the split model does exactly
    what the unsplit one does. A learning rate that makes the unsplit run diverge (NaN) fails every equality
-   claim, as it must, and the lesson exits 1.
+   claim, as it must, and the lesson exits 1. The two runs: common/tensor_parallel/training.py.
 
 Sources: Shoeybi et al. 2019, Megatron-LM, section 3 (https://arxiv.org/abs/1909.08053); Korthikanti et al.
 2022, sequence parallelism (https://arxiv.org/abs/2205.05198);
@@ -82,7 +82,7 @@ from common.tensor_parallel.layers import (
     check_tp_degree,
     max_shard_diff,
 )
-from common.tensor_parallel.training import test_loss, train_both
+from common.tensor_parallel.training import loss_on, train_both
 
 SEQ = 8  # tokens per image: its 8 rows
 TOL = 1e-5
@@ -368,7 +368,7 @@ def train(run: Run) -> None:
     text = "  max |parameter shard - unsplit slice| after training = {value:.1e}"
     run.report.claim("training_params_equal_unsplit", params_diff, "<=", TOL, text)
     after = {
-        name: test_loss(m, trained.test)
+        name: loss_on(m, trained.test)
         for name, m in (("unsplit", trained.full), ("split", trained.split))
     }
     run.report.claim(

@@ -59,8 +59,8 @@ def check_order(order: Sequence[tuple[str, int]], num_microbatches: int) -> None
 
 @dataclass
 class _StageStep:
-    """One pipelined training step of one stage (`run_pipeline_step` says what each field is): the micro-batches
-    it holds for backward, its messages to its neighbours, the loss and the peaks of what it held.
+    """One pipelined training step of one stage (its arguments: `run_pipeline_step`'s): the micro-batches it
+    holds for backward, its messages to its neighbours, the loss and the peaks of what it held.
 
     A send that is directly followed by a receive from the same peer is posted together with it in one
     `dist.batch_isend_irecv` (as torch.distributed.pipelining's Schedule1F1B does). Why: NCCL runs a rank's

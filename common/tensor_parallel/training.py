@@ -17,7 +17,7 @@ from common.tensor_parallel.layers import (
     tensor_parallelize,
 )
 
-__all__ = ["Trained", "train_both", "test_loss"]
+__all__ = ["Trained", "train_both", "loss_on"]
 
 
 @dataclass
@@ -46,7 +46,7 @@ def train_both(grid: Grid, args: argparse.Namespace) -> Trained:
     g = torch.Generator().manual_seed(args.seed)
     tx, ty = (t.to(device) for t in test_set.tensors)  # (359, 1, 8, 8), (359,)
     test = (tx.squeeze(1), ty)  # held out: less noisy than a few training batches
-    before = test_loss(split, test)
+    before = loss_on(split, test)
     opts = [torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9) for m in (full, split)]
     losses = {"unsplit": [], "split": []}
     for _step in range(args.steps):
@@ -62,6 +62,7 @@ def train_both(grid: Grid, args: argparse.Namespace) -> Trained:
     return Trained(full, split, losses, test, before)
 
 
-def test_loss(model, test) -> float:
+def loss_on(model, test) -> float:
+    """The mean cross-entropy of `model` on the held-out (images, labels), without gradients."""
     with torch.no_grad():
         return F.cross_entropy(model(test[0]), test[1]).item()

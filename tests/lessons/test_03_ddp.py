@@ -212,7 +212,8 @@ def test_linear_lr_scaling_on_four_processes(ddp2, one):
     assert_claims(r, DDP_CLAIMS)
     assert "ddp_equals_one_process" not in r["claims"] and r["ddp_vs_one_process_max"] >= 0.0
     assert r["lr"] == pytest.approx(0.08) and r["global_batch_size"] == 128
-    assert [f["steps"] for f in r["ranks"]] == [48] * 4  # 1438 / 4 -> 360 -> 12 batches x 4 epochs
+    # 1438 / 4 -> 360 -> 12 batches of 32 x 4 epochs
+    assert [f["steps"] for f in r["ranks"]] == [48] * 4
 
     from common.data import digits_split
     from common.data_parallel.references import replay_on_one_process
